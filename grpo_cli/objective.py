@@ -1,0 +1,241 @@
+"""The GRPO objective as pure tensor functions: no model, no I/O, no config objects.
+
+Seeds: 000 (eq. 1-2 group-whitened advantages, eq. 6 clipped surrogate with KL, §1.8 token
+factorisation), 001 (eq. 1 seq-mean-token-mean), 003 (token-sum toy objective), 004 (k3 KL).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "RATIO_LEVELS",
+    "STD_KINDS",
+    "group_advantages",
+    "micro_batch_weight",
+    "policy_loss",
+    "token_kl",
+]
+
+ADVANTAGE_SCALES = ("group", "batch", "none")
+STD_KINDS = ("population", "sample")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+RATIO_LEVELS = ("token", "sequence", "sequence_mean")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant_norm")
+
+
+def _check_choice(kind: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"Unknown {kind} {value!r}; expected one of {', '.join(allowed)}.")
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    # bf16/fp16 log-probs lose too much in exp() and in long sums; float64 is kept for tests.
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def group_advantages(
+    rewards: Tensor, *, scale: str = "group", std: str = "population", eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages A = (R - mean_group) / sigma, seed 000 eq. 1-2.
+
+    rewards: [n_prompts, group_size]. sigma = sqrt(var + eps**2) (eq. 1), with var taken per
+    group (``scale="group"``) or over the whole batch around the batch mean (``"batch"``); the
+    mean subtracted is always the group's. ``scale="none"`` only centres (Dr. GRPO).
+    ``std="population"`` divides the sum of squares by the count, ``"sample"`` by count - 1.
+    The result is detached: advantages are stop-gradient (seed 000, footnote 1).
+    """
+    _check_choice("advantage scale", scale, ADVANTAGE_SCALES)
+    _check_choice("std kind", std, STD_KINDS)
+    rewards = torch.as_tensor(rewards)
+    if rewards.dim() != 2 or rewards.shape[1] == 0:
+        raise ValueError(
+            f"rewards must be a 2-D tensor [n_prompts, group_size] with group_size >= 1, "
+            f"got shape {tuple(rewards.shape)}."
+        )
+    if eps < 0:
+        raise ValueError(f"eps must be non-negative, got {eps}.")
+    rewards = rewards.detach().to(_compute_dtype(rewards))  # [n, G]
+
+    # A float mean of identical values can miss them by an ulp, which sigma ~ eps would blow
+    # up; a flat group carries no signal, so its advantages are set to exactly zero.
+    flat = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)  # [n, 1]
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    centred = torch.where(flat, torch.zeros_like(centred), centred)
+    if scale == "none":
+        return centred
+
+    ddof = 1 if std == "sample" else 0
+    if scale == "group":
+        count = rewards.shape[1]
+        sum_sq = centred.pow(2).sum(dim=1, keepdim=True)  # [n, 1]
+    else:
+        count = rewards.numel()
+        sum_sq = (rewards - rewards.mean()).pow(2).sum()
+    if count - ddof < 1:
+        raise ValueError(
+            f"std='sample' needs at least two rewards per {scale} to estimate a spread, "
+            f"got {count}."
+        )
+    sigma = torch.sqrt(sum_sq / (count - ddof) + eps**2)
+    # With eps = 0 a flat group would be 0 / 0.
+    return torch.where(flat, torch.zeros_like(centred), centred / sigma)
+
+
+def token_kl(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled from pi_theta.
+
+    Elementwise. k1 = log(pi/pi_ref); k2 = 0.5 * log(pi/pi_ref)**2;
+    k3 = pi_ref/pi - log(pi_ref/pi) - 1 (seed 004, DeepSeek's per-token approximation), which is
+    unbiased and never negative.
+    """
+    _check_choice("KL estimator", estimator, KL_ESTIMATORS)
+    log_ratio = logp - ref_logp  # log(pi / pi_ref)
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.pow(2)
+    return torch.exp(-log_ratio) + log_ratio - 1
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    beta: float = 0.0,
+    ref_logp: Tensor | None = None,
+    kl_estimator: str = "k3",
+    aggregation: str = "seq_mean_token_mean",
+    ratio_level: str = "token",
+    max_completion_length: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The negated clipped GRPO surrogate of seed 000 eq. 6, to minimise.
+
+    Per token: L = -min(r*A, clip(r, 1 - clip_eps, 1 + clip_eps_high) * A) + beta * KL, with the
+    sequence advantage A broadcast over its tokens (seed 000 §1.8) and KL from ``token_kl``.
+
+    logp, old_logp, ref_logp, mask: [B, T], mask marking completion tokens; advantages: [B].
+    old_logp, advantages and ref_logp are constants (detached).
+
+    ratio_level: ``"token"`` r_t = exp(logp_t - old_logp_t) (seeds 001, 003, 004);
+    ``"sequence"`` r = exp(sum_t log-ratio), the whole-sequence ratio of seed 000 §1.6 factorised
+    by §1.8; ``"sequence_mean"`` r = exp(mean_t log-ratio) (GSPO).
+
+    aggregation: ``"seq_mean_token_mean"`` mean over sequences of the per-sequence token mean
+    (seed 001 eq. 1); ``"token_mean"`` mean over all completion tokens (DAPO);
+    ``"seq_mean_token_sum"`` mean over sequences of the token sum (seed 003);
+    ``"constant_norm"`` token sum / (B * max_completion_length), default T (Dr. GRPO).
+    A sequence with no completion tokens contributes zero.
+
+    Returns (loss, metrics); metrics are floats: kl, clip_frac_low, clip_frac_high, ratio_mean,
+    ratio_min, ratio_max, all over completion tokens.
+    """
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    _check_choice("ratio level", ratio_level, RATIO_LEVELS)
+    _check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
+    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp}
+    for name, t in named.items():
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but logp has {tuple(logp.shape)}; "
+                "they must match."
+            )
+    batch, tokens = logp.shape
+    if advantages.shape != (batch,):
+        raise ValueError(
+            f"advantages must have shape ({batch},), one per sequence, "
+            f"got {tuple(advantages.shape)}."
+        )
+    if beta != 0 and ref_logp is None:
+        raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
+    if max_completion_length is not None and max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}.")
+    clip_low = clip_eps
+    clip_high = clip_eps if clip_eps_high is None else clip_eps_high
+
+    dtype = _compute_dtype(logp)
+    keep = mask.bool()  # [B, T]
+    weight = keep.to(dtype)
+    # Padding may hold anything (even -inf); zeroing it keeps exp() finite there, so no NaN can
+    # reach the loss or, through 0 * inf, the gradient.
+    logp = logp.to(dtype).masked_fill(~keep, 0.0)
+    old_logp = old_logp.detach().to(dtype).masked_fill(~keep, 0.0)
+    adv = advantages.detach().to(dtype)[:, None]  # [B, 1]
+    # An empty completion then divides its zero sum by one and contributes nothing.
+    seq_tokens = weight.sum(dim=1).clamp(min=1)  # [B]
+
+    log_ratio = logp - old_logp  # [B, T]
+    if ratio_level != "token":
+        seq_log_ratio = log_ratio.sum(dim=1)  # [B], log of the sequence ratio (seed 000 §1.8)
+        if ratio_level == "sequence_mean":
+            seq_log_ratio = seq_log_ratio / seq_tokens
+        log_ratio = seq_log_ratio[:, None].expand(-1, tokens)
+    ratio = torch.exp(log_ratio)  # [B, T]
+
+    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
+    per_token = -surrogate
+    kl = None
+    if ref_logp is not None:
+        ref_logp = ref_logp.detach().to(dtype).masked_fill(~keep, 0.0)
+        kl = token_kl(logp, ref_logp, kl_estimator)
+        if beta != 0:  # skipped at beta = 0 so an overflowing k3 cannot turn 0 * inf into NaN
+            per_token = per_token + beta * kl
+
+    seq_sums = (per_token * weight).sum(dim=1)  # [B]
+    if aggregation == "seq_mean_token_mean":
+        loss = (seq_sums / seq_tokens).mean()
+    elif aggregation == "token_mean":
+        loss = seq_sums.sum() / weight.sum().clamp(min=1)
+    elif aggregation == "seq_mean_token_sum":
+        loss = seq_sums.mean()
+    else:
+        loss = seq_sums.sum() / (batch * (max_completion_length or tokens))
+
+    with torch.no_grad():
+        n_tokens = weight.sum().clamp(min=1)
+
+        def masked_mean(x: Tensor) -> float:
+            return float((x.to(dtype) * weight).sum() / n_tokens)
+
+        kept_ratios = ratio[keep]  # [n_tokens]
+        if kept_ratios.numel() == 0:
+            kept_ratios = ratio.new_ones(1)  # no completion tokens: report unchanged policies
+        metrics = {
+            "kl": masked_mean(kl) if kl is not None else 0.0,
+            "clip_frac_low": masked_mean((ratio < 1 - clip_low) & (adv < 0)),
+            "clip_frac_high": masked_mean((ratio > 1 + clip_high) & (adv > 0)),
+            "ratio_mean": float(kept_ratios.mean()),
+            "ratio_min": float(kept_ratios.min()),
+            "ratio_max": float(kept_ratios.max()),
+        }
+    return loss, metrics
+
+
+def micro_batch_weight(
+    aggregation: str, micro_mask: Tensor, total_tokens: int | Tensor, total_sequences: int
+) -> float:
+    """Factor w such that sum over micro-batches of w * policy_loss(micro) = policy_loss(batch).
+
+    Gradient accumulation for the aggregations of ``policy_loss`` (seed 000 eq. 6 over a split
+    batch): ``token_mean`` divides by the batch's token count, so w = micro tokens / total tokens;
+    the others divide by the number of sequences, so w = micro sequences / total sequences.
+    For ``constant_norm`` every micro-batch must use the same max_completion_length (pass it
+    explicitly if micro-batches are padded to different lengths).
+    """
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    if aggregation == "token_mean":
+        # policy_loss clamps an empty token count to 1, and so must the total here.
+        return float(micro_mask.bool().sum()) / max(float(total_tokens), 1.0)
+    if total_sequences < 1:
+        raise ValueError(f"total_sequences must be >= 1, got {total_sequences}.")
+    return micro_mask.shape[0] / total_sequences
