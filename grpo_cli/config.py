@@ -1,0 +1,145 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+The YAML files under `conf/` hold the values and a comment per key; these dataclasses hold the
+types. Hydra merges the YAML into them, so a mistyped key (`trainer.stepz=3`) or a wrong type
+(`trainer.steps=many`) fails at composition with the key named, before any work starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    path: str = "builtin:tiny"
+    dtype: str = "float32"
+    device: str = "auto"
+    trust_remote_code: bool = False
+
+
+@dataclass
+class RewardConfig:
+    name: str = "exact_match"
+    extract: str = "last_number"
+    pattern: Optional[str] = None
+
+
+@dataclass
+class SamplerConfig:
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 6
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"
+    lr: float = 3e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    scheduler: str = "constant_with_warmup"
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "arithmetic"
+    max_operand: int = 49
+    num_test: int = 200
+    seed: int = 0
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    clip_eps: float = 0.2
+    clip_eps_high: Optional[float] = None
+    beta: float = 0.04
+    kl_estimator: str = "k3"
+    num_iterations: int = 1
+    aggregation: str = "seq_mean_token_mean"
+    ratio_level: str = "token"
+    scale: str = "group"
+    std: str = "population"
+    eps: float = 1e-6
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 300
+    prompts_per_step: int = 32
+    micro_batch_size: int = 64
+    seed: int = 0
+    log_every: int = 1
+    save_every: int = 100
+    eval_before_after: bool = True
+    eval_prompts: int = 200
+    zero_variance_warn_steps: int = 5
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    output_dir: Optional[str] = None
+
+
+@dataclass
+class EvaluateConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: Optional[str] = None
+    split: str = "test"
+    limit: Optional[int] = None
+    seed: int = 0
+    output_dir: Optional[str] = None
+
+
+@dataclass
+class SampleConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    checkpoint: Optional[str] = None
+    prompt: Optional[str] = None
+    prompts: List[str] = field(default_factory=list)
+    answer: Optional[str] = None
+    seed: int = 0
+    output: Optional[str] = None
+
+
+GROUP_SCHEMAS: dict[str, Any] = {
+    "model": ModelConfig,
+    "reward": RewardConfig,
+    "sampler": SamplerConfig,
+    "optimizer": OptimizerConfig,
+    "data": DataConfig,
+    "algo": AlgoConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the primary schemas; each primary YAML names its schema first in its defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="sample_schema", node=SampleConfig)

@@ -1,0 +1,61 @@
+"""Held-out scoring of a model: greedy accuracy, mean reward, completion length, truncation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from grpo_cli.rewards.exact_match import is_correct
+from grpo_cli.rollout import generate
+
+
+@torch.no_grad()
+def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_tokens: int, batch_size: int = 256) -> dict:
+    """Greedy completions for every prompt, scored by the reward and by exact match."""
+    rewards, correct, lengths, truncated = [], [], [], []
+    for start in range(0, len(prompts), batch_size):
+        p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
+        roll = generate(model, tokenizer, p, max_new_tokens=max_new_tokens, greedy=True)
+        rewards += reward_fn(p, roll.completions, a)
+        correct += [is_correct(c, ans) for c, ans in zip(roll.completions, a)]
+        lengths += roll.completion_mask.sum(1).tolist()
+        truncated += roll.truncated.tolist()
+    n = max(len(prompts), 1)
+    return {
+        "accuracy": sum(correct) / n,
+        "reward_mean": sum(rewards) / n,
+        "completion_len": sum(lengths) / n,
+        "truncated_frac": sum(truncated) / n,
+        "num_prompts": len(prompts),
+    }
+
+
+def run_evaluate(cfg, out_dir: Path, console) -> dict:
+    """`grpo evaluate`: greedy scores of a checkpoint (or the base model) on a data split."""
+    from grpo_cli.data import load_data
+    from grpo_cli.models import load_model, load_tokenizer
+    from grpo_cli.rewards import build_reward
+
+    torch.manual_seed(cfg.seed)
+    path = cfg.checkpoint or cfg.model.path
+    model = load_model(path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+    data = load_data(cfg.data)
+    if cfg.split not in data:
+        from grpo_cli.errors import GrpoError
+
+        raise GrpoError(f"split={cfg.split!r} is not in data={cfg.data.name}; it has {list(data)}.")
+    rows = data[cfg.split]
+    if cfg.limit:
+        rows = rows.select(range(min(cfg.limit, len(rows))))
+    scores = greedy_scores(
+        model, tokenizer, rows[cfg.data.prompt_field], rows[cfg.data.answer_field],
+        build_reward(cfg.reward), max_new_tokens=cfg.sampler.max_new_tokens,
+    )
+    result = {"checkpoint": str(path), "split": cfg.split, **scores}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    console.eval_table([result])
+    return result

@@ -1,0 +1,81 @@
+"""Policy, reference and tokenizer from a hub id, a local directory, or the built-in tiny model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_cli.errors import GrpoError
+
+BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def resolve_path(path: str) -> str:
+    """A loadable location: the built-in model's directory, an existing local directory, or a hub id."""
+    if path in BUILTIN:
+        return str(BUILTIN[path])
+    if path.startswith("builtin:"):
+        raise GrpoError(f"Unknown built-in model {path!r}; the built-in models are {sorted(BUILTIN)}.")
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise GrpoError(
+                f"{path} has no config.json, so it is not a Hugging Face model directory; "
+                "point model.path (or checkpoint=) at a directory written by save_pretrained."
+            )
+        return str(local)
+    if path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1] or path.count("/") > 1:
+        raise GrpoError(f"Model path {path} does not exist; pass model.path=DIR with a saved model or a hub id.")
+    return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise GrpoError(f"model.device={device} but no CUDA device is visible; use model.device=cpu or auto.")
+    return torch.device(device)
+
+
+def resolve_dtype(name: str):
+    if name not in DTYPES:
+        raise GrpoError(f"model.dtype={name!r} is not one of {sorted(DTYPES)}.")
+    return DTYPES[name]
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    location = resolve_path(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise GrpoError(
+            f"Could not load a tokenizer from {path!r} ({_first_line(e)}); "
+            "check the hub id and your network, or pass model.path=LOCAL_DIR."
+        ) from None
+    tok.padding_side = "left"  # generation appends on the right
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str, dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False):
+    """A causal LM in eval mode on the requested device and dtype."""
+    location = resolve_path(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
+        )
+    except OSError as e:
+        raise GrpoError(
+            f"Could not load a model from {path!r} ({_first_line(e)}); "
+            "check the hub id and your network, or pass model.path=LOCAL_DIR."
+        ) from None
+    return model.to(resolve_device(device)).eval()
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
