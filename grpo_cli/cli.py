@@ -75,6 +75,8 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global _job_started
+    _job_started = False
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -13,7 +13,8 @@ from rich.table import Table
 
 class Console:
     def __init__(self, progress: bool = True):
-        self.rich = RichConsole(stderr=True)
+        self.rich = RichConsole(stderr=True)  # progress, warnings, errors
+        self.out = RichConsole()  # results: tables a user may pipe or save
         self.show_progress = progress
         self._progress = None
         self._task = None
@@ -69,7 +70,7 @@ class Console:
             table.add_column(k, justify="right" if isinstance(rows[0][k], (int, float)) else "left")
         for r in rows:
             table.add_row(*[f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys])
-        self.rich.print(table)
+        self.out.print(table)
 
 
 class MetricsLog:

@@ -64,6 +64,7 @@ def generate(
     greedy: bool = False,
 ) -> Rollout:
     """G completions per prompt in one batched, KV-cached `generate` with left padding."""
+    prompts = list(prompts)
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(device)
     eos = eos_token_ids(model, tokenizer)

@@ -38,7 +38,7 @@ def run_sample(cfg, console) -> list[dict]:
         table.add_column(col)
     for r in rows:
         table.add_row(*[f"{v:.3f}" if isinstance(v, float) else repr(v) if k == "completion" else str(v) for k, v in r.items()])
-    console.rich.print(table)
+    console.out.print(table)
     if cfg.output:
         out = Path(cfg.output)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,374 @@
+"""Time one GRPO step (generation, scoring, update) per model and print a table.
+
+    python scripts/bench.py                                   # tiny and qwen0.5b-shape, defaults below
+    python scripts/bench.py --models tiny --repeats 3
+    python scripts/bench.py --models qwen0.5b-shape --max-new-tokens 64 --dtype bfloat16
+    make bench ARGS="--models tiny --threads 1"
+
+Each step is `grpo_cli.trainer.grpo_step`, the trainer's own step, so the phases are its phases:
+  generation  sampling n prompts x G completions (one batched, KV-cached `generate`)
+  scoring     rewards, advantages and the no-grad log-prob passes: the reference's when beta != 0,
+              the old policy's when mu (algo.num_iterations) > 1
+  update      mu clipped-surrogate passes with backward over micro-batches, clipping, AdamW step
+
+Models (none is downloaded):
+  tiny            the built-in model (builtin:tiny) on the arithmetic prompts with the exact-match
+                  reward, at the training defaults (32 prompts x G=8, 6 new tokens, micro-batch 64).
+  qwen0.5b-shape  Qwen2.5-0.5B's architecture with random weights, a tokenizer with one token per id,
+                  random prompts of --prompt-len tokens and a seeded random 0/1 reward. Defaults
+                  (2 prompts x G=4, 16 new tokens, prompt 32, micro-batch 4) take about a minute or two
+                  on a 2-core CPU; raise them on a GPU.
+
+The numbers are means over --repeats timed steps, after --warmup untimed ones (the first step also
+allocates AdamW's state). Each model runs in a fresh child process, so on CPU its peak RSS is its
+own (interpreter and libraries included) and not the high-water mark of an earlier model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing import get_context
+
+import torch
+import transformers
+from rich.console import Console
+from rich.table import Table
+
+from grpo_cli import trainer
+from grpo_cli.config import RewardConfig, TrainConfig
+from grpo_cli.data import PromptOrder, arithmetic_problems
+from grpo_cli.errors import GrpoError
+from grpo_cli.models import load_model, load_tokenizer, resolve_device
+from grpo_cli.rewards import build_reward, checked
+
+
+@dataclass(frozen=True)
+class Shape:
+    prompts: int
+    group_size: int
+    max_new_tokens: int
+    micro_batch: int
+    prompt_len: int | None = None  # only for models whose prompts are random tokens
+    lr: float = 3e-4
+
+
+DEFAULTS = {
+    "tiny": Shape(prompts=32, group_size=8, max_new_tokens=6, micro_batch=64),
+    "qwen0.5b-shape": Shape(prompts=2, group_size=4, max_new_tokens=16, micro_batch=4, prompt_len=32, lr=1e-6),
+}
+
+# Qwen2.5-0.5B's shape. The ids of its <|endoftext|> and <|im_end|> serve as pad and EOS, and
+# prompts draw from the ids below them (the real tokenizer's ordinary tokens).
+QWEN_SHAPE = dict(
+    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+)
+QWEN_PAD_ID, QWEN_EOS_ID = 151643, 151645
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- qwen0.5b-shape: a random model, a tokenizer that decodes any id, random prompts and rewards ---
+
+
+def id_tokenizer(vocab_size: int, pad_id: int, eos_id: int) -> transformers.PreTrainedTokenizerFast:
+    """One WordLevel token "<tN>" per id; decoding fuses them into one string."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={f"<t{i}>": i for i in range(vocab_size)}, unk_token=f"<t{pad_id}>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<t\d+>"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=f"<t{pad_id}>", eos_token=f"<t{eos_id}>", unk_token=f"<t{pad_id}>",
+        padding_side="left",
+    )
+
+
+def random_prompts(n: int, length: int, high: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(f"<t{rng.randrange(high)}>" for _ in range(length)) for _ in range(n)]
+
+
+def random_reward(seed: int):
+    """A seeded 0/1 reward, so groups have non-zero advantages and the update is a real one."""
+    rng = random.Random(seed)
+
+    def reward(prompts, completions, answers):
+        return [float(rng.random() < 0.5) for _ in completions]
+
+    return checked("random", reward)
+
+
+def build_qwen_shape(cfg, shape: Shape):
+    torch.manual_seed(cfg.trainer.seed)
+    config = transformers.Qwen2Config(
+        **QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID, bos_token_id=QWEN_PAD_ID
+    )
+    policy = transformers.Qwen2ForCausalLM(config)
+    # The rollout stops on the generation config's EOS. A random model samples this id with p ~ 1/vocab
+    # per token, so completions (almost always) run to max_new_tokens: a fixed, worst-case length.
+    policy.generation_config.eos_token_id = QWEN_EOS_ID
+    policy.generation_config.pad_token_id = QWEN_PAD_ID
+    policy = policy.to(device=resolve_device(cfg.model.device), dtype=getattr(torch, cfg.model.dtype)).eval()
+    # pi_ref = the initial policy; loaded only when used, as the trainer does
+    reference = copy.deepcopy(policy).requires_grad_(False) if cfg.algo.beta != 0 else None
+    tokenizer = id_tokenizer(config.vocab_size, QWEN_PAD_ID, QWEN_EOS_ID)
+    n, length, seed = cfg.trainer.prompts_per_step, shape.prompt_len, cfg.trainer.seed
+
+    def batch(step: int):
+        return random_prompts(n, length, QWEN_PAD_ID, seed * 1_000_003 + step), [""] * n
+
+    return tokenizer, policy, reference, batch, random_reward(seed)
+
+
+def build_tiny(cfg, shape: Shape):
+    m = cfg.model
+    tokenizer = load_tokenizer(m.path)
+    policy = load_model(m.path, m.dtype, m.device)
+    reference = load_model(m.path, m.dtype, m.device).requires_grad_(False) if cfg.algo.beta != 0 else None
+    train = arithmetic_problems(cfg.data.max_operand, cfg.data.num_test, cfg.data.seed)["train"]
+    order = PromptOrder(len(train), cfg.trainer.prompts_per_step, cfg.trainer.seed)
+
+    def batch(step: int):
+        rows = train[order.indices(step)]
+        return rows[cfg.data.prompt_field], rows[cfg.data.answer_field]
+
+    return tokenizer, policy, reference, batch, build_reward(RewardConfig())
+
+
+BUILDERS = {"tiny": build_tiny, "qwen0.5b-shape": build_qwen_shape}
+
+
+# --- one model, in its own process ---
+
+
+@contextmanager
+def cuda_phase_sync(device: torch.device):
+    """grpo_step reads the clock without synchronising, so on CUDA the reference pass (still queued when
+    scoring 'ends') would be billed to the update, and the last optimizer.step to nobody. Wrap the
+    trainer's own `score` and `optimise` to synchronise after each; on CPU this is a no-op."""
+    if device.type != "cuda":
+        yield
+        return
+    originals = trainer.score, trainer.optimise
+
+    def synced(fn):
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            torch.cuda.synchronize(device)
+            return out
+
+        return call
+
+    trainer.score, trainer.optimise = synced(originals[0]), synced(originals[1])
+    try:
+        yield
+    finally:
+        trainer.score, trainer.optimise = originals
+
+
+def peak_rss_mib() -> float:
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kib / (1024**2 if sys.platform == "darwin" else 1024)
+
+
+def bench_model(name: str, shape: Shape, opts: dict) -> dict:
+    transformers.utils.logging.disable_progress_bar()
+    if opts["threads"]:
+        torch.set_num_threads(opts["threads"])
+    device = resolve_device(opts["device"])
+
+    cfg = TrainConfig()
+    cfg.model.name, cfg.model.path = name, ("builtin:tiny" if name == "tiny" else name)
+    cfg.model.dtype, cfg.model.device = opts["dtype"], str(device)
+    cfg.sampler.group_size, cfg.sampler.max_new_tokens = shape.group_size, shape.max_new_tokens
+    cfg.trainer.prompts_per_step, cfg.trainer.micro_batch_size = shape.prompts, shape.micro_batch
+    cfg.trainer.seed = opts["seed"]
+    cfg.algo.beta = opts["beta"]
+    cfg.optimizer.lr = shape.lr
+    trainer.check_config(cfg)
+    trainer.set_seed(cfg.trainer.seed)
+
+    log(f"[{name}] building")
+    tokenizer, policy, reference, batch, reward_fn = BUILDERS[name](cfg, shape)
+    params = sum(p.numel() for p in policy.parameters())
+    warmup, repeats = opts["warmup"], opts["repeats"]
+    optimizer, scheduler = trainer.build_optimizer(policy, cfg.optimizer, warmup + repeats)
+
+    rows = []
+    with cuda_phase_sync(device):
+        for step in range(warmup + repeats):
+            timed = step >= warmup
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                if step == warmup:
+                    torch.cuda.reset_peak_memory_stats(device)
+            prompts, answers = batch(step)
+            policy.train()  # as the trainer's loop does
+            row = trainer.grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg)
+            scheduler.step()
+            log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
+            if timed:
+                rows.append(row)
+
+    batch_size = shape.prompts * shape.group_size
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    tokens = [r["completion_len"] * batch_size for r in rows]  # completion tokens (up to and incl. EOS)
+    return {
+        "name": name,
+        "params": params,
+        "batch": f"{shape.prompts} x {shape.group_size}",
+        "tokens": sum(tokens) / len(tokens),
+        "gen_s": mean("gen_s"),
+        "score_s": mean("score_s"),
+        "update_s": mean("update_s"),
+        "seconds": mean("seconds"),
+        "tokens_per_s": sum(tokens) / sum(r["seconds"] for r in rows),
+        "peak_mib": (torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else peak_rss_mib(),
+        "truncated_frac": mean("truncated_frac"),
+        "micro_batch": shape.micro_batch,
+        "prompt_len": shape.prompt_len,
+        "max_new_tokens": shape.max_new_tokens,
+        "threads": torch.get_num_threads(),
+    }
+
+
+# --- the command ---
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(DEFAULTS), help=f"comma-separated, from {', '.join(DEFAULTS)}")
+    p.add_argument("--prompts", type=int, help="distinct prompts per step (default: per model, see above)")
+    p.add_argument("--group-size", type=int, help="G completions per prompt (default: per model)")
+    p.add_argument("--max-new-tokens", type=int, help="completion length cap (default: per model)")
+    p.add_argument("--prompt-len", type=int, help="prompt tokens for qwen0.5b-shape (default 32)")
+    p.add_argument("--micro-batch", type=int, help="completions per forward/backward (default: per model)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="parameter dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--beta", type=float, default=0.04,
+                   help="KL weight; != 0 loads a reference model and times its log-prob pass (default 0.04; 0 skips it)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
+    p.add_argument("--repeats", type=int, default=1, help="timed steps, averaged (default 1)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.model_list if m not in DEFAULTS]
+    if unknown or not args.model_list:
+        p.error(f"--models: unknown {unknown or args.models!r}; choose from {', '.join(DEFAULTS)}")
+    if args.warmup < 0 or args.repeats < 1:
+        p.error("--warmup must be >= 0 and --repeats >= 1")
+    if args.prompt_len is not None and args.prompt_len < 1:
+        p.error("--prompt-len must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        p.error("--threads must be >= 1")
+    return args
+
+
+def shape_for(name: str, args) -> Shape:
+    d = DEFAULTS[name]
+    pick = lambda given, default: default if given is None else given  # noqa: E731
+    return Shape(
+        prompts=pick(args.prompts, d.prompts),
+        group_size=pick(args.group_size, d.group_size),
+        max_new_tokens=pick(args.max_new_tokens, d.max_new_tokens),
+        micro_batch=pick(args.micro_batch, d.micro_batch),
+        prompt_len=pick(args.prompt_len, d.prompt_len) if d.prompt_len is not None else None,
+        lr=d.lr,
+    )
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Console()
+    if not out.is_terminal:  # piped or redirected: rich would squeeze the table into 80 columns
+        out = Console(width=max(out.width, 120))
+    try:
+        device = resolve_device(args.device)
+    except GrpoError as e:
+        out.print(f"[bold red]error:[/] {e}")
+        return 2
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    threads = args.threads or torch.get_num_threads()
+    where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+    out.print(
+        f"device [bold]{where}[/]  torch {torch.__version__}  transformers {transformers.__version__}  "
+        f"threads {threads}  dtype {dtype}"
+    )
+    out.print(
+        f"one grpo_step per row: beta {args.beta} ({'reference model scored' if args.beta else 'no reference model'}), "
+        f"mu 1, {args.warmup} warm-up + {args.repeats} timed step(s), seed {args.seed}"
+    )
+
+    opts = dict(device=args.device, dtype=dtype, beta=args.beta, warmup=args.warmup, repeats=args.repeats,
+                threads=args.threads, seed=args.seed)
+    results = []
+    for name in args.model_list:
+        # A fresh process per model: the peak RSS is then this model's, not an earlier one's.
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            try:
+                results.append(pool.submit(bench_model, name, shape_for(name, args), opts).result())
+            except GrpoError as e:
+                out.print(f"[bold red]error[/] ({name}): {e}")
+                return 1
+
+    cuda = device.type == "cuda"
+    table = Table(title="one GRPO step (means over the timed steps)")
+    for col in ("model", "params", "batch\nprompts x G", "completion\ntokens", "generation\ns", "scoring\ns",
+                "update\ns", "total\ns", "tokens/s", "peak MiB\n" + ("(CUDA alloc)" if cuda else "(CPU RSS)")):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in results:
+        table.add_row(
+            r["name"] + (" *" if r["name"] == "qwen0.5b-shape" else ""),
+            f"{r['params'] / 1e6:.1f}M",
+            r["batch"],
+            f"{r['tokens']:.0f}",
+            f"{r['gen_s']:.2f}",
+            f"{r['score_s']:.2f}",
+            f"{r['update_s']:.2f}",
+            f"{r['seconds']:.2f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['peak_mib']:,.0f}",
+        )
+    out.print(table)
+
+    notes = [
+        "tokens/s = completion tokens (up to and including EOS) / total seconds of the step.",
+        ("peak = torch.cuda.max_memory_allocated over the timed steps (after reset_peak_memory_stats)."
+         if cuda else
+         "peak = the child process's peak RSS (resource.getrusage ru_maxrss): interpreter, libraries, "
+         "policy, " + ("reference, " if args.beta else "") + "gradients and AdamW state included."),
+        "scoring = rewards + advantages + the reference model's log-prob pass"
+        + (" (beta != 0)." if args.beta else "; with --beta 0 there is no reference pass, so it is near zero."),
+    ]
+    for r in results:
+        extra = f", prompt {r['prompt_len']} tokens" if r["prompt_len"] else ""
+        notes.append(
+            f"{r['name']}: max_new_tokens {r['max_new_tokens']}, micro-batch {r['micro_batch']}{extra}, "
+            f"{r['truncated_frac']:.0%} of completions hit max_new_tokens."
+        )
+    if any(r["name"] == "qwen0.5b-shape" for r in results):
+        notes.append(
+            f"* random weights in Qwen2.5-0.5B's shape, id-per-token tokenizer, random 0/1 reward; "
+            f"generation_config.eos_token_id = {QWEN_EOS_ID}, which a random model samples with p ~ 1/151936 "
+            "per token, so generation runs to max_new_tokens."
+        )
+    for n in notes:
+        out.print(f"[dim]{n}[/]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Plot a run's metrics.jsonl: reward, accuracy, KL, clip fraction and completion length against step.
+
+    python scripts/plot_metrics.py runs/2026-11-21_12-00-00            # writes RUN/metrics.png
+    python scripts/plot_metrics.py runA runB --out compare.png          # overlays runs
+    python scripts/plot_metrics.py multirun/2026-11-21_12-00-00         # a sweep: every job overlaid
+
+Needs matplotlib (`pip install grpo-cli[plot]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+PANELS = [
+    ("reward_mean", "mean reward (sampled)"),
+    ("accuracy", "accuracy (sampled)"),
+    ("kl", "KL to reference"),
+    ("clip_frac", "clip fraction (low + high)"),
+    ("completion_len", "completion length (tokens)"),
+]
+
+
+def find_runs(paths: list[str]) -> list[Path]:
+    """Each path is a run (has metrics.jsonl) or a sweep/parent directory holding runs."""
+    runs = []
+    for p in map(Path, paths):
+        if (p / "metrics.jsonl").exists():
+            runs.append(p)
+        else:
+            runs += sorted(m.parent for m in p.glob("*/metrics.jsonl"))
+    if not runs:
+        raise SystemExit(f"error: no metrics.jsonl found in {', '.join(paths)}; pass a run or sweep directory.")
+    return runs
+
+
+def read_rows(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["clip_frac"] = r.get("clip_frac_low", 0.0) + r.get("clip_frac_high", 0.0)
+    return [r for r in rows if "reward_mean" in r]
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, grid = plt.subplots(2, 3, figsize=(12, 6.4), constrained_layout=True)
+    axes = list(grid.flat)
+    axes.pop().axis("off")
+    for run in runs:
+        rows = read_rows(run)
+        steps = [r["step"] for r in rows]
+        label = run.name if len(runs) > 1 else None
+        for ax, (key, title) in zip(axes, PANELS):
+            values = [r.get(key, float("nan")) for r in rows]
+            line = ax.plot(steps, values, alpha=0.25, linewidth=0.8)[0]
+            ax.plot(steps, smooth(values, window), color=line.get_color(), linewidth=1.8, label=label)
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    if len(runs) > 1:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"{runs[0].name if len(runs) == 1 else f'{len(runs)} runs'} (thin: per step; thick: {window}-step mean)",
+                 fontsize=10)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="run directories or sweep directories")
+    p.add_argument("--out", help="PNG path (default: metrics.png in the first directory)")
+    p.add_argument("--window", type=int, default=10, help="steps in the moving average")
+    args = p.parse_args()
+    runs = find_runs(args.paths)
+    out = Path(args.out) if args.out else Path(args.paths[0]) / "metrics.png"
+    print(f"wrote {plot(runs, out, args.window)} ({len(runs)} run{'s' * (len(runs) > 1)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The CLI end to end: real `grpo` entry points on a freshly built tiny model (no network)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo_cli.cli import main
+from grpo_cli.models import resolve_path
+
+FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
+        "trainer.progress=false", "data.max_operand=9", "data.num_test=20"]
+
+
+def grpo(*args, check_rc=None):
+    """Run `grpo` as a user would, in a fresh process."""
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", *args], capture_output=True, text=True, timeout=300)
+    if check_rc is not None:
+        assert out.returncode == check_rc, out.stdout + out.stderr
+    return out
+
+
+def run_in_process(*args):
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+        raise SystemExit(0)
+    assert e.value.code in (0, None), f"grpo {' '.join(args)} exited {e.value.code}"
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_few_real_steps_change_the_weights_and_write_metrics_and_a_loadable_checkpoint(tmp_path):
+    run_in_process("train", f"output_dir={tmp_path}", "trainer.save_every=1", *FAST)
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward_mean", "reward_std", "accuracy", "zero_var_frac", "kl", "clip_frac_low", "clip_frac_high",
+                "completion_len", "lr", "grad_norm", "seconds", "tokens_per_s"):
+        assert all(key in r for r in rows), key
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-2"
+    state = torch.load(tmp_path / "checkpoints" / "step-2" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2 and {"optimizer", "scheduler", "rng"} <= set(state)
+    before = AutoModelForCausalLM.from_pretrained(resolve_path("builtin:tiny"))
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "step-2")
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    changed = [n for (n, p), q in zip(before.named_parameters(), after.parameters()) if not torch.equal(p, q)]
+    assert changed, "two GRPO steps left every parameter unchanged"
+    assert all(torch.equal(p, q) for p, q in zip(after.parameters(), final.parameters()))
+
+
+def test_the_same_seed_and_config_give_the_same_run(tmp_path):
+    for name in ("a", "b"):
+        run_in_process("train", f"output_dir={tmp_path / name}", *FAST)
+    timing = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}
+    a, b = ([{k: v for k, v in r.items() if k not in timing} for r in read_rows(tmp_path / n / "metrics.jsonl")]
+            for n in ("a", "b"))
+    assert a == b
+
+
+def test_a_mistyped_config_key_exits_2_naming_the_key_without_a_stack_trace():
+    out = grpo("train", "trainer.stepz=3", check_rc=2)
+    assert "stepz" in out.stderr + out.stdout
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_a_wrong_type_exits_2_naming_the_key():
+    out = grpo("train", "trainer.steps=many", check_rc=2)
+    assert "trainer.steps" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("model.path=/nonexistent/model", "does not exist"),
+     ("sampler.group_size=1", "group_size must be at least 2"),
+     ("data.prompt_field=question", "'question' is missing")],
+)
+def test_user_mistakes_are_one_clear_sentence_and_exit_2(override, message, tmp_path):
+    out = grpo("train", f"output_dir={tmp_path}", *FAST, override, check_rc=2)
+    assert message in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_an_unwritable_output_dir_is_reported_before_any_work(tiny_dir, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = grpo("train", f"model.path={tiny_dir}", f"output_dir={blocker}/run", *FAST, check_rc=2)
+    assert "Cannot write to the run directory" in out.stdout + out.stderr
+
+
+def test_help_lists_the_config_groups_and_their_options():
+    out = grpo("train", "--help", check_rc=0)
+    for line in ("algo: grpo", "model: qwen, tiny", "reward: exact_match", "sampler: default",
+                 "optimizer: adamw", "data: arithmetic"):
+        assert line in out.stdout
+
+
+def test_cfg_job_prints_the_composed_config_with_overrides_applied():
+    out = grpo("train", "--cfg", "job", "model=qwen", "sampler.group_size=16", check_rc=0)
+    assert "path: Qwen/Qwen2.5-0.5B-Instruct" in out.stdout and "group_size: 16" in out.stdout
+
+
+def test_unknown_subcommand_exits_2_with_usage():
+    out = grpo("trian", check_rc=2)
+    assert "unknown command 'trian'" in out.stderr and "train" in out.stderr
+
+
+def test_multirun_runs_one_job_per_combination(tiny_dir, tmp_path):
+    grpo("train", "-m", f"model.path={tiny_dir}", "trainer.seed=0,1", "trainer.steps=1",
+         *[a for a in FAST if not a.startswith("trainer.steps")], f"hydra.sweep.dir={tmp_path}", check_rc=0)
+    for job in ("0", "1"):
+        assert len(read_rows(tmp_path / job / "metrics.jsonl")) == 1
+
+
+def test_evaluate_writes_eval_json_and_sample_shows_scored_completions(tiny_dir, tmp_path):
+    grpo("evaluate", f"checkpoint={tiny_dir}", "data.max_operand=9", "data.num_test=20", f"output_dir={tmp_path}",
+         check_rc=0)
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["num_prompts"] == 20 and 0.0 <= result["accuracy"] <= 1.0
+    out = grpo("sample", f"checkpoint={tiny_dir}", "prompt='3+4='", "answer=7", "sampler.group_size=3",
+               f"output={tmp_path / 's.jsonl'}", check_rc=0)
+    rows = read_rows(tmp_path / "s.jsonl")
+    assert len(rows) == 3 and all(r["prompt"] == "3+4=" and r["reward"] in (0.0, 1.0) for r in rows)
+    assert "3+4=" in out.stdout
