@@ -99,7 +99,8 @@ def token_kl(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
         return log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio.pow(2)
-    return torch.exp(-log_ratio) + log_ratio - 1
+    # expm1 keeps k3 >= 0 to the last bit: exp(-x) - 1 + x rounds to -1e-16 for tiny negative x.
+    return torch.expm1(-log_ratio) + log_ratio
 
 
 def policy_loss(

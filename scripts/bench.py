@@ -16,7 +16,7 @@ Models (none is downloaded):
                   reward, at the training defaults (32 prompts x G=8, 6 new tokens, micro-batch 64).
   qwen0.5b-shape  Qwen2.5-0.5B's architecture with random weights, a tokenizer with one token per id,
                   random prompts of --prompt-len tokens and a seeded random 0/1 reward. Defaults
-                  (2 prompts x G=4, 16 new tokens, prompt 32, micro-batch 4) take about a minute or two
+                  (2 prompts x G=4, 16 new tokens, prompt 16, micro-batch 4) take two to three minutes
                   on a 2-core CPU; raise them on a GPU.
 
 The numbers are means over --repeats timed steps, after --warmup untimed ones (the first step also
@@ -62,7 +62,7 @@ class Shape:
 
 DEFAULTS = {
     "tiny": Shape(prompts=32, group_size=8, max_new_tokens=6, micro_batch=64),
-    "qwen0.5b-shape": Shape(prompts=2, group_size=4, max_new_tokens=16, micro_batch=4, prompt_len=32, lr=1e-6),
+    "qwen0.5b-shape": Shape(prompts=2, group_size=4, max_new_tokens=16, micro_batch=4, prompt_len=16, lr=1e-6),
 }
 
 # Qwen2.5-0.5B's shape. The ids of its <|endoftext|> and <|im_end|> serve as pad and EOS, and
@@ -252,7 +252,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, help="distinct prompts per step (default: per model, see above)")
     p.add_argument("--group-size", type=int, help="G completions per prompt (default: per model)")
     p.add_argument("--max-new-tokens", type=int, help="completion length cap (default: per model)")
-    p.add_argument("--prompt-len", type=int, help="prompt tokens for qwen0.5b-shape (default 32)")
+    p.add_argument("--prompt-len", type=int, help="prompt tokens for qwen0.5b-shape (default 16)")
     p.add_argument("--micro-batch", type=int, help="completions per forward/backward (default: per model)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                    help="parameter dtype (default float32 on CPU, bfloat16 on CUDA)")
