@@ -73,6 +73,13 @@ class AlgoConfig:
     scale: str = "group"
     std: str = "population"
     eps: float = 1e-6
+    behaviour: str = "current"
+    behaviour_path: Optional[str] = None
+    behaviour_refresh: int = 0
+    ref_refresh: int = 0
+    mask_truncated: bool = False
+    dynamic_sampling: bool = False
+    max_refill_rounds: int = 4
 
 
 @dataclass

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import GenerationConfig
 
@@ -23,6 +24,7 @@ class Rollout:
     completion_mask: Tensor  # [n*G, T] 1 on completion tokens up to and including EOS
     truncated: Tensor  # [n*G] bool: hit max_new_tokens without EOS
     completions: list[str]  # [n*G] decoded, special tokens dropped
+    pad_token_id: int = 0
     rewards: Optional[Tensor] = None  # [n, G]
     advantages: Optional[Tensor] = None  # [n*G]
     old_logp: Optional[Tensor] = None  # [n*G, T] pi_theta_old, only when mu > 1
@@ -32,6 +34,37 @@ class Rollout:
     @property
     def completion_len(self) -> int:
         return self.completion_mask.shape[1]
+
+    def select_groups(self, groups: list[int]) -> "Rollout":
+        """The rollout restricted to whole groups (token fields only; scores are added later)."""
+        G = self.group_size
+        rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
+        return Rollout(
+            prompts=[self.prompts[g] for g in groups], group_size=G,
+            input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
+            completion_mask=self.completion_mask[rows], truncated=self.truncated[rows],
+            completions=[self.completions[i] for i in rows.tolist()], pad_token_id=self.pad_token_id,
+        )
+
+
+def concat_rollouts(rolls: list[Rollout]) -> Rollout:
+    """Rollouts of the same group size joined: prompts re-padded on the left, completions on the right."""
+    if len(rolls) == 1:
+        return rolls[0]
+    T = max(r.completion_len for r in rolls)
+    P = max(r.input_ids.shape[1] - r.completion_len for r in rolls)
+
+    def pad(r: Rollout, t: Tensor, fill: int) -> Tensor:
+        return F.pad(t, (P - (r.input_ids.shape[1] - r.completion_len), T - r.completion_len), value=fill)
+
+    return Rollout(
+        prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size,
+        input_ids=torch.cat([pad(r, r.input_ids, r.pad_token_id) for r in rolls]),
+        attention_mask=torch.cat([pad(r, r.attention_mask, 0) for r in rolls]),
+        completion_mask=torch.cat([F.pad(r.completion_mask, (0, T - r.completion_len)) for r in rolls]),
+        truncated=torch.cat([r.truncated for r in rolls]),
+        completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id,
+    )
 
 
 def completion_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
@@ -100,6 +133,7 @@ def generate(
         completion_mask=mask,
         truncated=truncated,
         completions=completions,
+        pad_token_id=tokenizer.pad_token_id,
     )
 
 

@@ -20,10 +20,10 @@ from grpo_cli.data import PromptOrder, load_data
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import greedy_scores
 from grpo_cli.models import load_model, load_tokenizer
-from grpo_cli.objective import group_advantages, micro_batch_weight, policy_loss
+from grpo_cli.objective import group_advantages, micro_batch_weight, policy_loss, token_kl
 from grpo_cli.rewards import build_reward
 from grpo_cli.rewards.exact_match import is_correct
-from grpo_cli.rollout import Rollout, generate, token_logprobs
+from grpo_cli.rollout import Rollout, concat_rollouts, generate, token_logprobs
 
 
 def set_seed(seed: int) -> None:
@@ -47,6 +47,14 @@ def check_config(cfg) -> None:
         problems.append("algo.num_iterations (mu) must be at least 1")
     if cfg.algo.beta < 0 or not 0 < cfg.algo.clip_eps < 1:
         problems.append("algo.beta must be >= 0 and algo.clip_eps in (0, 1)")
+    if cfg.algo.behaviour not in ("current", "frozen", "lagged"):
+        problems.append(f"algo.behaviour={cfg.algo.behaviour!r} must be current, frozen or lagged")
+    if cfg.algo.behaviour == "lagged" and cfg.algo.behaviour_refresh < 1:
+        problems.append("algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")
+    if cfg.algo.behaviour_path and cfg.algo.behaviour != "frozen":
+        problems.append("algo.behaviour_path is only used with algo.behaviour=frozen")
+    if cfg.algo.ref_refresh < 0 or cfg.algo.behaviour_refresh < 0:
+        problems.append("algo.ref_refresh and algo.behaviour_refresh must be >= 0")
     if problems:
         raise GrpoError("; ".join(problems) + ".")
 
@@ -65,34 +73,42 @@ def build_optimizer(model, cfg, total_steps: int):
     return opt, sched
 
 
-def score(model, roll: Rollout, temperature: float, micro_batch_size: int, with_entropy: bool = False):
+def score(model, roll: Rollout, temperature: float, micro_batch_size: int):
     """Token log-probabilities of the rollout under `model`, without gradients: [B, T]."""
-    logps, ents = [], []
     with torch.no_grad():
-        for s in range(0, roll.input_ids.shape[0], micro_batch_size):
-            lp, ent = token_logprobs(
+        return torch.cat([
+            token_logprobs(
                 model, roll.input_ids[s : s + micro_batch_size], roll.attention_mask[s : s + micro_batch_size],
-                roll.completion_len, temperature=temperature, with_entropy=with_entropy,
-            )
-            logps.append(lp)
-            ents.append(ent)
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+                roll.completion_len, temperature=temperature,
+            )[0]
+            for s in range(0, roll.input_ids.shape[0], micro_batch_size)
+        ])
 
 
-def optimise(policy, optimizer, roll: Rollout, cfg) -> dict:
+def loss_mask(roll: Rollout, mask_truncated: bool) -> torch.Tensor:
+    """Completion tokens that enter the loss; with mask_truncated, none of a completion cut off
+    by max_new_tokens (DAPO's overlong filtering): its reward judges an unfinished answer."""
+    if not mask_truncated:
+        return roll.completion_mask
+    return roll.completion_mask * (~roll.truncated)[:, None]
+
+
+def optimise(policy, optimizer, roll: Rollout, cfg, *, first_pass: bool = True) -> dict:
     """One optimiser step on the clipped surrogate (seed 000 eq. 6) over the whole rollout batch,
     accumulated over micro-batches weighted so the sum equals the full-batch loss."""
     algo, mb = cfg.algo, cfg.trainer.micro_batch_size
-    B, T = roll.completion_mask.shape
-    total_tokens = roll.completion_mask.sum()
+    full_mask = loss_mask(roll, algo.mask_truncated)
+    B, T = full_mask.shape
+    total_tokens = full_mask.sum()
     optimizer.zero_grad(set_to_none=True)
-    totals = {"loss": 0.0, "kl": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "ratio_mean": 0.0}
+    totals = dict.fromkeys(("loss", "kl", "kl_behaviour", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy"), 0.0)
     ratio_min, ratio_max = math.inf, -math.inf
     for s in range(0, B, mb):
         rows = slice(s, s + mb)
-        mask = roll.completion_mask[rows]
-        logp, _ = token_logprobs(
-            policy, roll.input_ids[rows], roll.attention_mask[rows], T, temperature=cfg.sampler.temperature
+        mask = full_mask[rows]
+        logp, entropy = token_logprobs(
+            policy, roll.input_ids[rows], roll.attention_mask[rows], T, temperature=cfg.sampler.temperature,
+            with_entropy=first_pass,
         )
         # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
         old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
@@ -106,46 +122,93 @@ def optimise(policy, optimizer, roll: Rollout, cfg) -> dict:
         w = micro_batch_weight(algo.aggregation, mask, total_tokens, B)
         (loss * w).backward()
         share = float(mask.sum()) / max(float(total_tokens), 1.0)  # metrics are token means
-        totals["loss"] += float(loss.detach()) * w
-        for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+        m["loss"] = float(loss.detach()) * w / max(share, 1e-12)
+        # k3 of the sampled tokens against the behaviour estimates KL(pi_behaviour || pi_theta).
+        m["kl_behaviour"] = float((token_kl(old, logp.detach(), "k3") * mask).sum() / mask.sum().clamp(min=1))
+        m["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1)) if entropy is not None else 0.0
+        for k in totals:
             totals[k] += m[k] * share
         ratio_min, ratio_max = min(ratio_min, m["ratio_min"]), max(ratio_max, m["ratio_max"])
     params = [p for p in policy.parameters() if p.grad is not None]
     max_norm = cfg.optimizer.max_grad_norm if cfg.optimizer.max_grad_norm > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
     optimizer.step()
+    if not first_pass:
+        del totals["entropy"]
     return {**totals, "ratio_min": ratio_min, "ratio_max": ratio_max, "grad_norm": grad_norm}
 
 
-def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg) -> dict:
-    """Collect groups, score them, whiten within groups, and run mu updates (seed 000 §1.9)."""
+def collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill=None):
+    """Sample G completions per prompt and score them: (rollout with rewards, answers, groups dropped).
+
+    With algo.dynamic_sampling (DAPO), groups whose rewards are all equal carry no signal and are
+    dropped; `refill(round)` supplies more prompts until the batch is full again or
+    algo.max_refill_rounds is spent, and the step trains on the groups it has.
+    """
+    s, G, n = cfg.sampler, cfg.sampler.group_size, len(prompts)
+    kept, kept_answers, kept_rewards, sampled, rounds = [], [], [], 0, 0
+    while True:
+        roll = generate(
+            sampler_model, tokenizer, prompts, G, max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+        )
+        rep_prompts = [p for p in prompts for _ in range(G)]
+        rep_answers = [a for a in answers for _ in range(G)]
+        rewards = torch.tensor(reward_fn(rep_prompts, roll.completions, rep_answers)).view(len(prompts), G)
+        sampled += len(prompts)
+        if not cfg.algo.dynamic_sampling:
+            roll.rewards = rewards
+            return roll, list(answers), 0.0
+        groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - sum(len(r.prompts) for r in kept)]
+        if groups:
+            kept.append(roll.select_groups(groups))
+            kept_answers += [answers[g] for g in groups]
+            kept_rewards.append(rewards[groups])
+        if sum(len(r.prompts) for r in kept) >= n or refill is None or rounds >= cfg.algo.max_refill_rounds:
+            break
+        rounds += 1
+        prompts, answers = refill(rounds)
+    if not kept:  # every group was flat: train on the last batch (its loss is zero apart from KL)
+        roll.rewards = rewards
+        return roll, list(answers), 1.0
+    roll = concat_rollouts(kept)
+    roll.rewards = torch.cat(kept_rewards)
+    return roll, kept_answers, 1.0 - len(kept_answers) / sampled
+
+
+def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg, *,
+              behaviour=None, refill=None) -> dict:
+    """Collect groups, whiten within groups, and run mu updates (seed 000 §1.9).
+
+    `behaviour` is pi_phi when it is not the current policy (seed 000 §1.2, §1.6): it samples, and
+    its log-probabilities, recomputed here in the training precision, are the denominator of every
+    ratio. On-policy they come from pi_theta_old, computed once per batch when mu > 1.
+    """
     t0 = time.perf_counter()
-    G, sampler = cfg.sampler.group_size, cfg.sampler
-    roll = generate(
-        policy, tokenizer, prompts, G, max_new_tokens=sampler.max_new_tokens,
-        temperature=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k,
-    )
+    sampler_model = behaviour if behaviour is not None else policy
+    roll, answers, dropped = collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill)
     t_gen = time.perf_counter()
 
-    rep_prompts = [p for p in prompts for _ in range(G)]
-    rep_answers = [a for a in answers for _ in range(G)]
-    rewards = torch.tensor(reward_fn(rep_prompts, roll.completions, rep_answers)).view(len(prompts), G)
-    roll.rewards = rewards
-    roll.advantages = group_advantages(rewards, scale=cfg.algo.scale, std=cfg.algo.std, eps=cfg.algo.eps).flatten().to(
+    algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
+    roll.advantages = group_advantages(roll.rewards, scale=algo.scale, std=algo.std, eps=algo.eps).flatten().to(
         roll.input_ids.device
     )
     # Only the log-probabilities this config needs (DESIGN.md: none when beta = 0 and mu = 1).
-    mb, temp = cfg.trainer.micro_batch_size, sampler.temperature
-    if cfg.algo.num_iterations > 1:
-        roll.old_logp, _ = score(policy, roll, temp, mb)
+    if behaviour is not None:
+        roll.old_logp = score(behaviour, roll, temp, mb)
+    elif algo.num_iterations > 1:
+        roll.old_logp = score(policy, roll, temp, mb)
     if reference is not None:
-        roll.ref_logp, _ = score(reference, roll, temp, mb)
+        roll.ref_logp = score(reference, roll, temp, mb)
     t_score = time.perf_counter()
 
-    for _ in range(cfg.algo.num_iterations):
-        stats = optimise(policy, optimizer, roll, cfg)
+    passes = [optimise(policy, optimizer, roll, cfg, first_pass=i == 0) for i in range(algo.num_iterations)]
+    stats = {**passes[0], **passes[-1]}  # entropy from the first pass (the sampled policy), the rest from the last
     t_end = time.perf_counter()
 
+    G = cfg.sampler.group_size
+    rep_answers = [a for a in answers for _ in range(G)]
+    rewards = roll.rewards
     lengths = roll.completion_mask.sum(1).float()
     correct = [is_correct(c, a) for c, a in zip(roll.completions, rep_answers)]
     return {
@@ -153,6 +216,7 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
         "reward_std": float(rewards.std(unbiased=False)),
         "accuracy": sum(correct) / len(correct),
         "zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean()),
+        "dropped_frac": dropped,
         **stats,
         "completion_len": float(lengths.mean()),
         "truncated_frac": float(roll.truncated.float().mean()),
@@ -162,6 +226,33 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
         "seconds": t_end - t0,
         "tokens_per_s": float(lengths.sum()) / max(t_end - t0, 1e-9),
     }
+
+
+def load_policies(cfg, policy) -> dict:
+    """The reference and behaviour policies of seed 000 §1.2, each loaded only when it differs
+    from the current policy: the reference when beta != 0, the behaviour when off-policy."""
+    m, algo = cfg.model, cfg.algo
+
+    def frozen_copy(path: str):
+        model = load_model(path, m.dtype, m.device, m.trust_remote_code)
+        return model.requires_grad_(False)
+
+    reference = frozen_copy(m.path) if algo.beta != 0 else None
+    behaviour = None
+    if algo.behaviour == "frozen":
+        behaviour = frozen_copy(algo.behaviour_path or m.path)
+    elif algo.behaviour == "lagged":
+        behaviour = frozen_copy(m.path)
+    return {"reference": reference, "behaviour": behaviour}
+
+
+def refresh(policy, reference, behaviour, step: int, algo) -> None:
+    """Seed 000 §1.9 step 5 and seed 003 step 5: copy the policy into the lagged behaviour and,
+    every ref_refresh steps, into the reference (DeepSeekMath's iterative RL)."""
+    if reference is not None and algo.ref_refresh and step % algo.ref_refresh == 0:
+        reference.load_state_dict(policy.state_dict())
+    if behaviour is not None and algo.behaviour == "lagged" and step % algo.behaviour_refresh == 0:
+        behaviour.load_state_dict(policy.state_dict())
 
 
 def train(cfg, run_dir: Path, console: Console) -> dict:
@@ -179,10 +270,8 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
 
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
     policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
-    reference = None
-    if cfg.algo.beta != 0:  # the KL anchor is loaded only when it is used
-        reference = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
-        reference.requires_grad_(False)
+    policies = load_policies(cfg, policy)
+    reference, behaviour = policies["reference"], policies["behaviour"]
     data = load_data(cfg.data)
     train_rows, test_rows = data["train"], data["test"]
     reward_fn = build_reward(cfg.reward)
@@ -201,6 +290,14 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     if before:
         console.print(f"held-out greedy accuracy before training: {before['accuracy']:.3f}")
 
+    def refill(step: int):
+        """More prompts for dynamic sampling, drawn by a generator seeded by (seed, step, round)."""
+        def draw(round_: int):
+            g = torch.Generator().manual_seed(t.seed * 1_000_003 + step * 1_009 + round_)
+            rows = train_rows[torch.randint(len(train_rows), (t.prompts_per_step,), generator=g).tolist()]
+            return rows[cfg.data.prompt_field], rows[cfg.data.answer_field]
+        return draw
+
     zero_var_streak, start = 0, time.perf_counter()
     with console.training(t.steps):
         for step in range(1, t.steps + 1):
@@ -209,9 +306,11 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
             row = grpo_step(
                 policy, reference, tokenizer, optimizer,
                 rows[cfg.data.prompt_field], rows[cfg.data.answer_field], reward_fn, cfg,
+                behaviour=behaviour, refill=refill(step),
             )
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
+            refresh(policy, reference, behaviour, step, cfg.algo)
             row = {"step": step, **row, "lr": lr}
             if step % t.log_every == 0 or step == t.steps:
                 metrics.write(row)
