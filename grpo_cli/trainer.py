@@ -32,6 +32,13 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def clock(device: torch.device) -> float:
+    """Wall time after the device's queued work: without the sync, CUDA phases bill each other."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def check_config(cfg) -> None:
     """Values the schema's types cannot rule out, caught before anything is loaded."""
     problems = []
@@ -184,10 +191,11 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
     its log-probabilities, recomputed here in the training precision, are the denominator of every
     ratio. On-policy they come from pi_theta_old, computed once per batch when mu > 1.
     """
-    t0 = time.perf_counter()
+    device = next(policy.parameters()).device
+    t0 = clock(device)
     sampler_model = behaviour if behaviour is not None else policy
     roll, answers, dropped = collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill)
-    t_gen = time.perf_counter()
+    t_gen = clock(device)
 
     algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
     roll.advantages = group_advantages(roll.rewards, scale=algo.scale, std=algo.std, eps=algo.eps).flatten().to(
@@ -200,11 +208,11 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
         roll.old_logp = score(policy, roll, temp, mb)
     if reference is not None:
         roll.ref_logp = score(reference, roll, temp, mb)
-    t_score = time.perf_counter()
+    t_score = clock(device)
 
     passes = [optimise(policy, optimizer, roll, cfg, first_pass=i == 0) for i in range(algo.num_iterations)]
     stats = {**passes[0], **passes[-1]}  # entropy from the first pass (the sampled policy), the rest from the last
-    t_end = time.perf_counter()
+    t_end = clock(device)
 
     G = cfg.sampler.group_size
     rep_answers = [a for a in answers for _ in range(G)]
@@ -219,6 +227,7 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
         "dropped_frac": dropped,
         **stats,
         "completion_len": float(lengths.mean()),
+        "completion_tokens": int(lengths.sum()),
         "truncated_frac": float(roll.truncated.float().mean()),
         "gen_s": t_gen - t0,
         "score_s": t_score - t_gen,

@@ -5,10 +5,11 @@
     python scripts/bench.py --models qwen0.5b-shape --max-new-tokens 64 --dtype bfloat16
     make bench ARGS="--models tiny --threads 1"
 
-Each step is `grpo_cli.trainer.grpo_step`, the trainer's own step, so the phases are its phases:
-  generation  sampling n prompts x G completions (one batched, KV-cached `generate`)
-  scoring     rewards, advantages and the no-grad log-prob passes: the reference's when beta != 0,
-              the old policy's when mu (algo.num_iterations) > 1
+Each step is `grpo_cli.trainer.grpo_step`, the trainer's own step, and the phases are the ones it
+times (gen_s, score_s, update_s):
+  generation  sampling n prompts x G completions (one batched, KV-cached `generate`) and the reward calls
+  scoring     advantages and the no-grad log-prob passes: the reference's when beta != 0, the old
+              policy's when mu (algo.num_iterations) > 1
   update      mu clipped-surrogate passes with backward over micro-batches, clipping, AdamW step
 
 Models (none is downloaded):
@@ -33,7 +34,6 @@ import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 
@@ -152,31 +152,6 @@ BUILDERS = {"tiny": build_tiny, "qwen0.5b-shape": build_qwen_shape}
 # --- one model, in its own process ---
 
 
-@contextmanager
-def cuda_phase_sync(device: torch.device):
-    """grpo_step reads the clock without synchronising, so on CUDA the reference pass (still queued when
-    scoring 'ends') would be billed to the update, and the last optimizer.step to nobody. Wrap the
-    trainer's own `score` and `optimise` to synchronise after each; on CPU this is a no-op."""
-    if device.type != "cuda":
-        yield
-        return
-    originals = trainer.score, trainer.optimise
-
-    def synced(fn):
-        def call(*args, **kwargs):
-            out = fn(*args, **kwargs)
-            torch.cuda.synchronize(device)
-            return out
-
-        return call
-
-    trainer.score, trainer.optimise = synced(originals[0]), synced(originals[1])
-    try:
-        yield
-    finally:
-        trainer.score, trainer.optimise = originals
-
-
 def peak_rss_mib() -> float:
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return kib / (1024**2 if sys.platform == "darwin" else 1024)
@@ -206,24 +181,23 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     optimizer, scheduler = trainer.build_optimizer(policy, cfg.optimizer, warmup + repeats)
 
     rows = []
-    with cuda_phase_sync(device):
-        for step in range(warmup + repeats):
-            timed = step >= warmup
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                if step == warmup:
-                    torch.cuda.reset_peak_memory_stats(device)
-            prompts, answers = batch(step)
-            policy.train()  # as the trainer's loop does
-            row = trainer.grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg)
-            scheduler.step()
-            log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
-            if timed:
-                rows.append(row)
+    # grpo_step synchronises CUDA at each phase boundary itself.
+    for step in range(warmup + repeats):
+        timed = step >= warmup
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            if step == warmup:
+                torch.cuda.reset_peak_memory_stats(device)
+        prompts, answers = batch(step)
+        policy.train()  # as the trainer's loop does
+        row = trainer.grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg)
+        scheduler.step()
+        log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
+        if timed:
+            rows.append(row)
 
-    batch_size = shape.prompts * shape.group_size
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
-    tokens = [r["completion_len"] * batch_size for r in rows]  # completion tokens (up to and incl. EOS)
+    tokens = [r["completion_tokens"] for r in rows]  # completion tokens (up to and incl. EOS)
     return {
         "name": name,
         "params": params,
@@ -350,7 +324,7 @@ def main(argv=None) -> int:
          if cuda else
          "peak = the child process's peak RSS (resource.getrusage ru_maxrss): interpreter, libraries, "
          "policy, " + ("reference, " if args.beta else "") + "gradients and AdamW state included."),
-        "scoring = rewards + advantages + the reference model's log-prob pass"
+        "generation = sampling + reward calls; scoring = advantages + the reference model's log-prob pass"
         + (" (beta != 0)." if args.beta else "; with --beta 0 there is no reference pass, so it is near zero."),
     ]
     for r in results:
