@@ -41,7 +41,7 @@ def _run(command: str, cfg) -> object:
             from grpo_cli.trainer import train
 
             summary = train(plain, out_dir, console)
-            console.eval_table([summary], title="run summary")
+            console.summary(summary)
             return summary
         if command == "evaluate":
             from grpo_cli.evaluate import run_evaluate

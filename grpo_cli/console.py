@@ -73,6 +73,16 @@ class Console:
         self.out.print(table)
 
 
+    def summary(self, values: dict, title: str = "run summary") -> None:
+        """A key/value table: readable at 80 columns whatever the number of keys."""
+        table = Table(title=title, show_header=False)
+        table.add_column("key", style="bold")
+        table.add_column("value", justify="right")
+        for k, v in values.items():
+            table.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
+        self.out.print(table)
+
+
 class MetricsLog:
     """One JSON object per line; appended as the run goes so a crash keeps every finished row."""
 

@@ -32,6 +32,19 @@ def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_toke
     }
 
 
+@torch.no_grad()
+def sampled_accuracy(model, tokenizer, prompts, answers, *, samples: int, max_new_tokens: int,
+                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, batch_size: int = 64) -> float:
+    """Fraction of `samples` completions per prompt, drawn as in training, that are right."""
+    hits = 0
+    for start in range(0, len(prompts), batch_size):
+        p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
+        roll = generate(model, tokenizer, p, samples, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_p=top_p, top_k=top_k)
+        hits += sum(is_correct(c, ans) for c, ans in zip(roll.completions, [x for x in a for _ in range(samples)]))
+    return hits / max(len(prompts) * samples, 1)
+
+
 def run_evaluate(cfg, out_dir: Path, console) -> dict:
     """`grpo evaluate`: greedy scores of a checkpoint (or the base model) on a data split."""
     from grpo_cli.data import load_data

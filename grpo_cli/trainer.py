@@ -18,7 +18,7 @@ from grpo_cli.checkpoint import save_checkpoint
 from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import PromptOrder, load_data
 from grpo_cli.errors import GrpoError
-from grpo_cli.evaluate import greedy_scores
+from grpo_cli.evaluate import greedy_scores, sampled_accuracy
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.objective import group_advantages, micro_batch_weight, policy_loss, token_kl
 from grpo_cli.rewards import build_reward
@@ -290,14 +290,21 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     held_out = test_rows.select(range(min(t.eval_prompts, len(test_rows))))
 
     def held_out_scores() -> dict:
-        return greedy_scores(
-            policy, tokenizer, held_out[cfg.data.prompt_field], held_out[cfg.data.answer_field],
-            reward_fn, max_new_tokens=cfg.sampler.max_new_tokens,
+        """Greedy accuracy, and the accuracy of completions sampled as in training (4 per prompt)."""
+        prompts, answers, s = held_out[cfg.data.prompt_field], held_out[cfg.data.answer_field], cfg.sampler
+        scores = greedy_scores(policy, tokenizer, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens)
+        scores["sampled_accuracy"] = sampled_accuracy(
+            policy, tokenizer, prompts, answers, samples=4, max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
         )
+        return scores
 
     before = held_out_scores() if t.eval_before_after else None
     if before:
-        console.print(f"held-out greedy accuracy before training: {before['accuracy']:.3f}")
+        console.print(
+            f"held-out accuracy on {len(held_out)} prompts before training: "
+            f"greedy {before['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f}"
+        )
 
     def refill(step: int):
         """More prompts for dynamic sampling, drawn by a generator seeded by (seed, step, round)."""
@@ -353,9 +360,12 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     }
     if before:
         after = held_out_scores()
-        summary.update(accuracy_before=before["accuracy"], accuracy_after=after["accuracy"])
+        summary.update(
+            greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
+            sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],
+        )
         console.print(
-            f"held-out greedy accuracy: before {before['accuracy']:.3f} -> after {after['accuracy']:.3f} "
-            f"({len(held_out)} test prompts)"
+            f"held-out accuracy on {len(held_out)} prompts: greedy {before['accuracy']:.3f} -> "
+            f"{after['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}"
         )
     return summary

@@ -40,13 +40,14 @@ def run(algo: str, out: Path, extra: list[str]) -> dict:
     rewards = [r["reward_mean"] for r in rows]
     window = [sum(rewards[max(0, i - 19) : i + 1]) / len(rewards[max(0, i - 19) : i + 1]) for i in range(len(rewards))]
     reached = next((rows[i]["step"] for i, m in enumerate(window) if i >= 19 and m >= TARGET), None)
-    after = next((line for line in proc.stderr.splitlines() if "before" in line and "after" in line), "")
+    after = next((line for line in proc.stderr.splitlines() if line.startswith("held-out accuracy on") and "->" in line), "")
     return {
         "algo": algo,
         "steps_to_0.9": reached,
         "first_reward": rewards[0],
         "final_reward": window[-1],
-        "accuracy_after": float(after.split("after")[1].split()[0]) if after else None,
+        # "held-out accuracy on N prompts: greedy B -> A, sampled B -> A"
+        "accuracy_after": float(after.split("sampled")[1].split("->")[1].split()[0]) if after else None,
         "seconds": seconds,
     }
 
@@ -65,7 +66,7 @@ def main() -> None:
         results = list(pool.map(lambda a: run(a, out, args.overrides), algos))
 
     table = Table(title=f"every preset on the default task ({out})")
-    for col in ("preset", "steps to 0.9", "first reward", "final reward (last 20)", "held-out acc. after", "seconds"):
+    for col in ("preset", "steps to 0.9", "first reward", "final reward (last 20)", "held-out sampled acc. after", "seconds"):
         table.add_column(col, justify="left" if col == "preset" else "right")
     for r in results:
         if "error" in r:
