@@ -12,11 +12,14 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
+from rich.markup import escape
 
 from grpo_cli.config import register_configs
 from grpo_cli.console import Console
 from grpo_cli.errors import GrpoError
+from grpo_cli.stopping import Stopped
 
 COMMANDS = {
     "train": "post-train a model with GRPO",
@@ -34,6 +37,7 @@ def _run(command: str, cfg) -> object:
     global _job_started
     _job_started = True
     console = Console(progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)))
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         out_dir = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
         plain = OmegaConf.to_object(cfg)
@@ -51,8 +55,13 @@ def _run(command: str, cfg) -> object:
 
         return run_sample(plain, console)
     except GrpoError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)  # brackets are text
+        if in_sweep:  # a failed job is reported in the sweep table; the other jobs still run
+            return {"status": "failed", "error": str(e)}
         sys.exit(2)
+    except Stopped as e:
+        console.print(f"[bold yellow]{e}[/]")
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/]")
         sys.exit(130)
@@ -90,6 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [f"grpo {command}"] + rest
     try:
         _entry(command)()
+        from grpo_cli.sweep import failed_jobs
+
+        if failed_jobs:
+            print(f"error: sweep jobs {', '.join(failed_jobs)} failed (see the table above).", file=sys.stderr)
+            sys.exit(2)
     except SystemExit as e:
         # Hydra reports a bad override or config itself (no trace) and exits 1; that is a user
         # mistake, so exit 2 like every other one. A crash inside a job keeps Hydra's code.

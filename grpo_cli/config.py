@@ -24,9 +24,20 @@ class ModelConfig:
 
 @dataclass
 class RewardConfig:
+    """One flat schema for every reward, so `combo` can build any term from the same keys."""
+
     name: str = "exact_match"
+    terms: List[str] = field(default_factory=list)
+    weights: List[float] = field(default_factory=list)
     extract: str = "last_number"
     pattern: Optional[str] = None
+    format_pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>"
+    max_length: int = 512
+    overlong_buffer: int = 128
+    model_path: Optional[str] = None
+    model_batch_size: int = 16
+    model_device: str = "auto"
+    fn: Optional[str] = None
 
 
 @dataclass
@@ -52,12 +63,28 @@ class OptimizerConfig:
 
 @dataclass
 class DataConfig:
+    """One flat schema for every data source; the template keys apply to all of them."""
+
     name: str = "arithmetic"
     max_operand: int = 49
     num_test: int = 200
     seed: int = 0
     prompt_field: str = "prompt"
     answer_field: str = "answer"
+    digits: int = 3
+    num_train: int = 10000
+    train_file: Optional[str] = None
+    test_file: Optional[str] = None
+    test_size: float = 0.1
+    hub_name: Optional[str] = None
+    hub_config: Optional[str] = None
+    train_split: str = "train"
+    test_split: Optional[str] = "test"
+    answer_extract: Optional[str] = None
+    template: Optional[str] = None
+    chat_template: bool = False
+    system_prompt: Optional[str] = None
+    max_prompt_length: Optional[int] = None
 
 
 @dataclass
@@ -94,6 +121,7 @@ class TrainerConfig:
     eval_prompts: int = 200
     zero_variance_warn_steps: int = 5
     progress: bool = True
+    keep_last: int = 0
 
 
 @dataclass
@@ -106,6 +134,7 @@ class TrainConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output_dir: Optional[str] = None
+    resume: Optional[str] = None
 
 
 @dataclass

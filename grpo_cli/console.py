@@ -94,6 +94,15 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def truncate(self, step: int) -> None:
+        """Keep only rows up to `step` (atomically): a resumed run redoes the steps after it."""
+        if not self.path.exists():
+            return
+        kept = [r for r in self.read() if r.get("step", 0) <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []

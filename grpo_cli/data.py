@@ -1,13 +1,32 @@
-"""Prompt datasets as `datasets.DatasetDict`s with `prompt` and `answer` columns, and their order."""
+"""Prompt datasets through `datasets`: built-in generated tasks, local files and hub names, as a
+DatasetDict with `train` and `test` splits, and the order in which training draws prompts.
+
+After `load_data`, column `data.prompt_field` of every split holds the text the model is prompted
+with (`data.template` rendered, the chat template applied) and `data.answer_field` the reference
+answer as text (after `data.answer_extract`); every other column is kept as loaded, for rewards.
+"""
 
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
+from typing import Callable
 
 import torch
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, load_dataset
+from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.rewards.exact_match import extract_answer
+
+SOURCES = ("arithmetic", "long_addition", "files", "hub")
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
+
+
+def addition_split(pairs: list[tuple[int, int]]) -> Dataset:
+    return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]})
 
 
 def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> DatasetDict:
@@ -21,31 +40,197 @@ def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 
             f"data.num_test={num_test} must be between 1 and {len(pairs) - 1} for max_operand={max_operand}."
         )
     random.Random(seed).shuffle(pairs)
+    return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
 
-    def split(rows: list[tuple[int, int]]) -> Dataset:
-        return Dataset.from_dict(
-            {"prompt": [f"{a}+{b}=" for a, b in rows], "answer": [str(a + b) for a, b in rows]}
+
+def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> DatasetDict:
+    """`a+b=` with operands of up to `digits` digits: distinct problems drawn by a seeded generator,
+    the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over many steps."""
+    limit = 10**digits
+    if digits < 1 or num_train < 1 or num_test < 1 or num_train + num_test > limit * limit // 2:
+        raise GrpoError(
+            f"data.digits={digits}, data.num_train={num_train}, data.num_test={num_test}: need digits >= 1, both "
+            f"counts >= 1 and together at most {limit * limit // 2} (half the distinct problems)."
         )
+    rng, seen, pairs = random.Random(seed), set(), []
+    while len(pairs) < num_train + num_test:
+        pair = (rng.randrange(limit), rng.randrange(limit))
+        if pair not in seen:
+            seen.add(pair)
+            pairs.append(pair)
+    return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
 
-    return DatasetDict(train=split(pairs[num_test:]), test=split(pairs[:num_test]))
+
+def read_file(path: str, key: str) -> Dataset:
+    """One local .jsonl/.json/.csv/.parquet file as a Dataset; `key` names the option it came from."""
+    local = Path(path).expanduser()
+    fmt = FILE_FORMATS.get(local.suffix.lower())
+    if fmt is None:
+        raise GrpoError(f"data.{key}={path} is not a .jsonl, .json, .csv or .parquet file.")
+    if not local.is_file():
+        raise GrpoError(f"data.{key}={path} does not exist.")
+    if local.stat().st_size == 0 or (fmt == "parquet" and _parquet_rows(local) == 0):
+        raise GrpoError(f"data.{key}={path} has no rows; give it some.")
+    quiet = not are_progress_bars_disabled()
+    if quiet:  # reading a local file takes a moment; its "Generating train split" bar is noise
+        disable_progress_bars()
+    try:
+        return load_dataset(fmt, data_files=str(local), split="train")
+    except Exception as e:  # a malformed file: the parser's message (the cause) says where
+        if "corresponds to no data" in str(e):  # how `datasets` reports a csv with a header only
+            raise GrpoError(f"data.{key}={path} has no rows; give it some.") from None
+        raise GrpoError(f"Could not read data.{key}={path} as {fmt} ({_first_line(e.__cause__ or e)}).") from None
+    finally:
+        if quiet:
+            enable_progress_bars()
 
 
-def load_data(cfg) -> DatasetDict:
-    """The data group's DatasetDict, checked for the configured prompt and answer columns."""
+def _parquet_rows(path: Path) -> int | None:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:  # not parquet after all: let `datasets` say so
+        return None
+
+
+def read_files(cfg) -> DatasetDict:
+    if not cfg.train_file:
+        raise GrpoError("data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file).")
+    train = read_file(cfg.train_file, "train_file")
+    if cfg.test_file:
+        return DatasetDict(train=train, test=read_file(cfg.test_file, "test_file"))
+    return split_off_test(train, cfg, f"data.train_file={cfg.train_file}")
+
+
+def read_hub(cfg) -> DatasetDict:
+    """A hub dataset's train and test splits (or the train split cut in two when test_split=null)."""
+    if not cfg.hub_name:
+        raise GrpoError("data=hub needs data.hub_name, a Hugging Face dataset name such as openai/gsm8k.")
+    what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
+    try:
+        loaded = load_dataset(cfg.hub_name, cfg.hub_config)
+    except Exception as e:  # unreachable hub, offline mode, a wrong name or config: the cause is in its message
+        raise GrpoError(
+            f"Could not load the dataset {what} from the Hugging Face hub ({_first_line(e)}); check the name, "
+            "data.hub_config and the network (offline mode, HF_HUB_OFFLINE=1, finds cached datasets only), or use data=files."
+        ) from None
+    for split in (cfg.train_split, cfg.test_split):
+        if split is not None and split not in loaded:
+            raise GrpoError(f"The dataset {what} has no split {split!r}; it has {list(loaded)}: set data.train_split/data.test_split.")
+    if cfg.test_split is None:
+        return split_off_test(loaded[cfg.train_split], cfg, what)
+    return DatasetDict(train=loaded[cfg.train_split], test=loaded[cfg.test_split])
+
+
+def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
+    """A seeded held-out split of one dataset: `test_size` rows, or that fraction of them when < 1."""
+    n, size = len(rows), cfg.test_size
+    count = round(size * n) if 0 < size < 1 else int(size)
+    if not 0 < count < n:
+        raise GrpoError(
+            f"data.test_size={size} holds out {count} of the {n} rows of {source}, leaving an empty split; "
+            "give a fraction in (0, 1) or a count below the number of rows."
+        )
+    order = list(range(n))
+    random.Random(cfg.seed).shuffle(order)
+    return DatasetDict(train=rows.select(order[count:]), test=rows.select(order[:count]))
+
+
+def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
+    """The prompt text of each row: the template filled from its columns, then the chat template."""
+    texts = [str(row[cfg.prompt_field]) for row in rows]
+    if cfg.template is not None:
+        try:
+            texts = [cfg.template.format(**row) for row in rows]
+        except KeyError as e:
+            raise GrpoError(
+                f"data.template names the column {e.args[0]!r}, which the data does not have; it has "
+                f"{list(rows[0])}."
+            ) from None
+        except (ValueError, IndexError) as e:
+            raise GrpoError(
+                f"data.template {cfg.template!r} is not a format string ({e}); write columns as {{name}} "
+                "and literal braces as {{{{ }}}}."
+            ) from None
+    if cfg.system_prompt is not None and not cfg.chat_template:
+        raise GrpoError("data.system_prompt is only used with data.chat_template=true; set it, or put the text in data.template.")
+    if not cfg.chat_template:
+        return texts
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
+    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt is not None else []
+    return [
+        tokenizer.apply_chat_template(system + [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        for t in texts
+    ]
+
+
+def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None]) -> Dataset:
+    """The split with rendered prompts and text answers, prompts over max_prompt_length dropped."""
+    where = f"the {split_name!r} split of data={cfg.name}"
+    if len(split) == 0:
+        raise GrpoError(f"{where[0].upper()}{where[1:]} is empty; give it some rows.")
+    # With a template the prompt is built from the columns it names and stored under prompt_field.
+    required = {"answer_field": cfg.answer_field, **({"prompt_field": cfg.prompt_field} if cfg.template is None else {})}
+    for key, column in required.items():
+        if column not in split.column_names:
+            raise GrpoError(
+                f"Column {column!r} is missing from {where}; it has {split.column_names}: "
+                f"set data.{key} to one of them."
+            )
+    columns = split.to_dict()
+    rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    for i, row in enumerate(rows):
+        for column in required.values():
+            if row[column] is None:
+                raise GrpoError(f"Row {i} of {where} has no value in column {column!r}; fill it or drop the row.")
+    answers = [str(row[cfg.answer_field]) for row in rows]
+    if cfg.answer_extract is not None:
+        if cfg.answer_extract not in ANSWER_EXTRACTS:
+            raise GrpoError(f"data.answer_extract={cfg.answer_extract!r} must be one of {', '.join(ANSWER_EXTRACTS)} (or null).")
+        extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
+        for i, a in enumerate(extracted):
+            if a is None:
+                raise GrpoError(
+                    f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
+                )
+        answers = [a.strip() for a in extracted]
+    columns[cfg.prompt_field], columns[cfg.answer_field] = render_prompts(rows, cfg, tokenizer), answers
+
+    if cfg.max_prompt_length is not None:
+        if tokenizer is None:
+            raise GrpoError("data.max_prompt_length needs the model's tokenizer to count tokens.")
+        lengths = [len(ids) for ids in tokenizer(columns[cfg.prompt_field])["input_ids"]]
+        keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
+        if len(keep) < len(rows):
+            log(f"dropped {len(rows) - len(keep)} of {len(rows)} prompts of {where}: longer than "
+                f"data.max_prompt_length={cfg.max_prompt_length} tokens.")
+            if not keep:
+                raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
+            columns = {k: [v[i] for i in keep] for k, v in columns.items()}
+    return Dataset.from_dict(columns)
+
+
+def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> DatasetDict:
+    """The data group's train and test splits, prompts rendered for `tokenizer`'s model (which the
+    chat template and max_prompt_length need); `log` reports dropped prompts (default: stderr)."""
+    log = log or (lambda message: print(message, file=sys.stderr))
     if cfg.name == "arithmetic":
         data = arithmetic_problems(cfg.max_operand, cfg.num_test, cfg.seed)
+    elif cfg.name == "long_addition":
+        data = long_addition_problems(cfg.digits, cfg.num_train, cfg.num_test, cfg.seed)
+    elif cfg.name == "files":
+        data = read_files(cfg)
+    elif cfg.name == "hub":
+        data = read_hub(cfg)
     else:
-        raise GrpoError(f"Unknown data.name={cfg.name!r}; choose data=arithmetic.")
-    for split_name, split in data.items():
-        if len(split) == 0:
-            raise GrpoError(f"The {split_name!r} split of data={cfg.name} is empty; give it some rows.")
-        for field in (cfg.prompt_field, cfg.answer_field):
-            if field not in split.column_names:
-                raise GrpoError(
-                    f"Column {field!r} is missing from the {split_name!r} split of data={cfg.name}; "
-                    f"it has {split.column_names}: set data.prompt_field/data.answer_field to one of them."
-                )
-    return data
+        raise GrpoError(f"Unknown data.name={cfg.name!r}; choose one of {', '.join(SOURCES)}.")
+    return DatasetDict({name: prepare(split, name, cfg, tokenizer, log) for name, split in data.items()})
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 class PromptOrder:

@@ -28,7 +28,9 @@ def run_sample(cfg, console) -> list[dict]:
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
     )
     rep = [p for p in prompts for _ in range(s.group_size)]
-    rewards = build_reward(cfg.reward)(rep, roll.completions, [cfg.answer] * len(rep)) if cfg.answer is not None else None
+    rewards = build_reward(cfg.reward)(
+        rep, roll.completions, [cfg.answer] * len(rep), completion_tokens=roll.completion_mask.sum(1).tolist(),
+    ) if cfg.answer is not None else None
     rows = [
         {"prompt": p, "completion": c, **({"reward": r} if rewards else {})}
         for p, c, r in zip(rep, roll.completions, rewards or [None] * len(rep))

@@ -7,23 +7,26 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import get_scheduler
 
-from grpo_cli.checkpoint import save_checkpoint
+from grpo_cli.checkpoint import experiment_diff, load_state, resolve_resume, save_checkpoint, set_rng_state
 from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import PromptOrder, load_data
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import greedy_scores, sampled_accuracy
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.objective import group_advantages, micro_batch_weight, policy_loss, token_kl
-from grpo_cli.rewards import build_reward
-from grpo_cli.rewards.exact_match import is_correct
+from grpo_cli.rewards import build_reward, score_batch
+from grpo_cli.rewards.exact_match import exact_match_reward
 from grpo_cli.rollout import Rollout, concat_rollouts, generate, token_logprobs
+from grpo_cli.stopping import GracefulStop, Stopped
 
 
 def set_seed(seed: int) -> None:
@@ -145,46 +148,77 @@ def optimise(policy, optimizer, roll: Rollout, cfg, *, first_pass: bool = True) 
     return {**totals, "ratio_min": ratio_min, "ratio_max": ratio_max, "grad_norm": grad_norm}
 
 
-def collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill=None):
-    """Sample G completions per prompt and score them: (rollout with rewards, answers, groups dropped).
+def collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill=None, columns=None):
+    """Sample G completions per prompt and score them: (rollout to train on, its answers, stats).
 
+    The stats describe everything sampled this step (all refill rounds), not only the groups kept
+    for training: under dynamic sampling the kept groups are mixed by construction, and their mean
+    reward says nothing about how good the policy is.
+
+    The rewards see each completion's token count and `columns` (dataset columns by name, one entry
+    per prompt) when given; each term's values go to roll.extra["reward_terms"] for logging.
     With algo.dynamic_sampling (DAPO), groups whose rewards are all equal carry no signal and are
-    dropped; `refill(round)` supplies more prompts until the batch is full again or
-    algo.max_refill_rounds is spent, and the step trains on the groups it has.
+    dropped; `refill(round)` supplies more prompts (and answers, and optionally columns) until the
+    batch is full again or algo.max_refill_rounds is spent, and the step trains on the groups it has.
     """
     s, G, n = cfg.sampler, cfg.sampler.group_size, len(prompts)
-    kept, kept_answers, kept_rewards, sampled, rounds = [], [], [], 0, 0
+    kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
+    seen_rewards, seen_terms, seen_correct = [], [], []
+    check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)  # accuracy, whatever the reward
+
+    def per_completion(values):
+        return [v for v in values for _ in range(G)]
+
+    def stats() -> dict:
+        r = torch.cat(seen_rewards)  # [groups sampled, G]
+        flat = (r.amax(1) == r.amin(1)).float().mean()
+        return {
+            "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
+            "accuracy": sum(seen_correct) / len(seen_correct), "zero_var_frac": float(flat),
+            "dropped_frac": 1.0 - sum(len(k.prompts) for k in kept) / r.shape[0] if cfg.algo.dynamic_sampling else 0.0,
+            **{f"reward/{k}": float(torch.cat([t[k] for t in seen_terms]).mean()) for k in seen_terms[0]},
+        }
+
     while True:
         roll = generate(
             sampler_model, tokenizer, prompts, G, max_new_tokens=s.max_new_tokens,
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
         )
-        rep_prompts = [p for p in prompts for _ in range(G)]
-        rep_answers = [a for a in answers for _ in range(G)]
-        rewards = torch.tensor(reward_fn(rep_prompts, roll.completions, rep_answers)).view(len(prompts), G)
-        sampled += len(prompts)
+        total, terms = score_batch(
+            reward_fn, per_completion(prompts), roll.completions, per_completion(answers),
+            completion_tokens=roll.completion_mask.sum(1).tolist(),
+            columns={k: per_completion(v) for k, v in (columns or {}).items()},
+        )
+        rewards = torch.tensor(total).view(len(prompts), G)
+        terms = {k: torch.tensor(v).view(len(prompts), G) for k, v in terms.items()}  # [n, G] each
+        seen_rewards.append(rewards)
+        seen_terms.append(terms)
+        seen_correct += check(None, roll.completions, per_completion(answers))
         if not cfg.algo.dynamic_sampling:
-            roll.rewards = rewards
-            return roll, list(answers), 0.0
+            roll.rewards, roll.extra["reward_terms"] = rewards, terms
+            return roll, list(answers), stats()
         groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - sum(len(r.prompts) for r in kept)]
         if groups:
             kept.append(roll.select_groups(groups))
             kept_answers += [answers[g] for g in groups]
             kept_rewards.append(rewards[groups])
+            kept_terms.append({k: v[groups] for k, v in terms.items()})
         if sum(len(r.prompts) for r in kept) >= n or refill is None or rounds >= cfg.algo.max_refill_rounds:
             break
         rounds += 1
-        prompts, answers = refill(rounds)
+        prompts, answers, *more = refill(rounds)
+        columns = more[0] if more else None
     if not kept:  # every group was flat: train on the last batch (its loss is zero apart from KL)
-        roll.rewards = rewards
-        return roll, list(answers), 1.0
+        roll.rewards, roll.extra["reward_terms"] = rewards, terms
+        return roll, list(answers), {**stats(), "dropped_frac": 1.0}
     roll = concat_rollouts(kept)
     roll.rewards = torch.cat(kept_rewards)
-    return roll, kept_answers, 1.0 - len(kept_answers) / sampled
+    roll.extra["reward_terms"] = {k: torch.cat([t[k] for t in kept_terms]) for k in terms}
+    return roll, kept_answers, stats()
 
 
 def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg, *,
-              behaviour=None, refill=None) -> dict:
+              behaviour=None, refill=None, columns=None) -> dict:
     """Collect groups, whiten within groups, and run mu updates (seed 000 §1.9).
 
     `behaviour` is pi_phi when it is not the current policy (seed 000 §1.2, §1.6): it samples, and
@@ -194,7 +228,7 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
     device = next(policy.parameters()).device
     t0 = clock(device)
     sampler_model = behaviour if behaviour is not None else policy
-    roll, answers, dropped = collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill)
+    roll, answers, sampled = collect(sampler_model, tokenizer, prompts, answers, reward_fn, cfg, refill, columns)
     t_gen = clock(device)
 
     algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
@@ -214,17 +248,9 @@ def grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_
     stats = {**passes[0], **passes[-1]}  # entropy from the first pass (the sampled policy), the rest from the last
     t_end = clock(device)
 
-    G = cfg.sampler.group_size
-    rep_answers = [a for a in answers for _ in range(G)]
-    rewards = roll.rewards
     lengths = roll.completion_mask.sum(1).float()
-    correct = [is_correct(c, a) for c, a in zip(roll.completions, rep_answers)]
     return {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(unbiased=False)),
-        "accuracy": sum(correct) / len(correct),
-        "zero_var_frac": float((rewards.amax(1) == rewards.amin(1)).float().mean()),
-        "dropped_frac": dropped,
+        **sampled,  # reward, accuracy and flat groups over everything sampled this step
         **stats,
         "completion_len": float(lengths.mean()),
         "completion_tokens": int(lengths.sum()),
@@ -276,30 +302,52 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     except OSError as e:
         raise GrpoError(f"Cannot write to the run directory {run_dir} ({e.strerror}); choose another with output_dir=DIR.") from None
     set_seed(t.seed)
+    resume_from = resolve_resume(cfg.resume, run_dir)
+    state = load_state(resume_from) if resume_from else {}
+    if resume_from:
+        if not cfg.output_dir and str(cfg.resume).lower() != "auto":
+            run_dir = resume_from.parent.parent  # resume=PATH continues in that checkpoint's run
+        changed = experiment_diff(state.get("config", {}), asdict(cfg))
+        if changed:
+            raise GrpoError(
+                f"Refusing to resume from {resume_from}: these settings differ from the run being resumed "
+                f"({'; '.join(changed)}); drop those overrides, or start a new run with resume=false."
+            )
+        console.print(f"resuming from {resume_from} (step {state['step']})")
 
-    tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
-    policy = load_model(cfg.model.path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
+    weights = str(resume_from) if resume_from else cfg.model.path
+    tokenizer = load_tokenizer(weights, cfg.model.trust_remote_code)
+    policy = load_model(weights, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
     policies = load_policies(cfg, policy)
     reference, behaviour = policies["reference"], policies["behaviour"]
-    data = load_data(cfg.data)
+    for name, model in policies.items():  # a refreshed reference or lagged behaviour is not on disk
+        if model is not None and name in state:
+            model.load_state_dict(state[name])
+    data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows, test_rows = data["train"], data["test"]
     reward_fn = build_reward(cfg.reward)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
     order = PromptOrder(len(train_rows), t.prompts_per_step, t.seed)
     metrics = MetricsLog(run_dir / "metrics.jsonl")
+    metrics.truncate(state.get("step", 0))  # rows past the checkpoint are redone, not duplicated
     held_out = test_rows.select(range(min(t.eval_prompts, len(test_rows))))
 
     def held_out_scores() -> dict:
         """Greedy accuracy, and the accuracy of completions sampled as in training (4 per prompt)."""
         prompts, answers, s = held_out[cfg.data.prompt_field], held_out[cfg.data.answer_field], cfg.sampler
-        scores = greedy_scores(policy, tokenizer, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens)
+        check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)
+        scores = greedy_scores(policy, tokenizer, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens,
+                               columns=held_out.to_dict(), check=check)
         scores["sampled_accuracy"] = sampled_accuracy(
             policy, tokenizer, prompts, answers, samples=4, max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, check=check,
         )
         return scores
 
-    before = held_out_scores() if t.eval_before_after else None
+    before = state.get("held_out_before") or (held_out_scores() if t.eval_before_after else None)
     if before:
         console.print(
             f"held-out accuracy on {len(held_out)} prompts before training: "
@@ -311,18 +359,36 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         def draw(round_: int):
             g = torch.Generator().manual_seed(t.seed * 1_000_003 + step * 1_009 + round_)
             rows = train_rows[torch.randint(len(train_rows), (t.prompts_per_step,), generator=g).tolist()]
-            return rows[cfg.data.prompt_field], rows[cfg.data.answer_field]
+            return rows[cfg.data.prompt_field], rows[cfg.data.answer_field], rows
         return draw
 
+    def save(step: int) -> None:
+        extra = {"reference": reference.state_dict()} if reference is not None and cfg.algo.ref_refresh else {}
+        if behaviour is not None and cfg.algo.behaviour == "lagged":
+            extra["behaviour"] = behaviour.state_dict()
+        save_checkpoint(run_dir, step, policy, tokenizer, {
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "config": asdict(cfg),
+            "data_position": step * t.prompts_per_step, "held_out_before": before, "metrics": metrics.read(),
+            **extra,
+        }, keep_last=t.keep_last)
+
+    if state:
+        set_rng_state(state["rng"])  # last, after every setup step that draws random numbers
+    first_step = state.get("step", 0) + 1
     zero_var_streak, start = 0, time.perf_counter()
-    with console.training(t.steps):
-        for step in range(1, t.steps + 1):
+
+    def announce(signum: int) -> None:
+        console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
+                     "(press Ctrl-C again to stop at once)")
+
+    with console.training(t.steps, start=first_step - 1), GracefulStop(announce) as stop:
+        for step in range(first_step, t.steps + 1):
             rows = train_rows[order.indices(step - 1)]
             policy.train()
             row = grpo_step(
                 policy, reference, tokenizer, optimizer,
                 rows[cfg.data.prompt_field], rows[cfg.data.answer_field], reward_fn, cfg,
-                behaviour=behaviour, refill=refill(step),
+                behaviour=behaviour, refill=refill(step), columns=rows,
             )
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
@@ -339,11 +405,10 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
                     "and the loss are zero and nothing learns; raise sampler.temperature or group_size, or use "
                     "an easier task or a denser reward."
                 )
-            if step % t.save_every == 0 or step == t.steps:
-                save_checkpoint(
-                    run_dir, step, policy, tokenizer,
-                    {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-                )
+            if step % t.save_every == 0 or step == t.steps or stop.signum:
+                save(step)
+            if stop.signum:
+                raise Stopped(stop.signum, step)
 
     policy.eval()
     final_dir = run_dir / "final"

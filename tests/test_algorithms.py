@@ -119,13 +119,15 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
         return [0.0 if p.startswith("flat") else float(i % 2) for i, p in enumerate(prompts)]
 
     batches = {1: (["good1=", "flat1=", "flat2=", "flat3="], list("abcd")), 2: (["good2=", "good3=", "flat4=", "good4="], list("efgh"))}
-    roll, answers, dropped = trainer.collect(
+    roll, answers, stats = trainer.collect(
         policy, tok, ["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), reward, cfg, refill=lambda r: batches[r]
     )
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]
     assert (roll.rewards.amax(1) != roll.rewards.amin(1)).all()
     assert roll.input_ids.shape[0] == 16 and len(roll.completions) == 16
-    assert abs(dropped - (1 - 4 / 12)) < 1e-12  # 12 groups sampled (8 flat, the last good one unused)
+    assert abs(stats["dropped_frac"] - (1 - 4 / 12)) < 1e-12  # 12 groups sampled (8 flat, the last good one unused)
+    # what is logged describes everything sampled, not the kept (mixed by construction) groups
+    assert abs(stats["zero_var_frac"] - 7 / 12) < 1e-6 and abs(stats["reward_mean"] - 5 * 0.5 / 12) < 1e-6
 
 
 def test_mask_truncated_removes_cut_off_completions_from_the_loss():

@@ -93,8 +93,9 @@ def test_an_unwritable_output_dir_is_reported_before_any_work(tiny_dir, tmp_path
 
 def test_help_lists_the_config_groups_and_their_options():
     out = grpo("train", "--help", check_rc=0)
-    for line in ("algo: grpo", "model: qwen, tiny", "reward: exact_match", "sampler: default",
-                 "optimizer: adamw", "data: arithmetic"):
+    for line in ("algo: dapo, dr_grpo, grpo, gspo, seed000", "model: qwen, tiny",
+                 "reward: combo, exact_match, format, length, math, model, python", "sampler: default",
+                 "optimizer: adamw", "data: arithmetic, files, gsm8k, hub, long_addition"):
         assert line in out.stdout
 
 

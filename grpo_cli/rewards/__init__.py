@@ -1,44 +1,165 @@
-"""Rewards: each a function (prompts, completions, answers) -> one float per completion."""
+"""Rewards: small functions that score a batch of completions, one float each, and their weighted sum.
+
+A term is `fn(batch: Batch) -> one float per completion`, built from the flat reward config by its
+module's `build(cfg)`. `build_reward` returns a `Reward`: the term named by `reward.name`, or with
+`reward=combo` the terms in `reward.terms` weighted by `reward.weights`. Every term is checked, so a
+reward that raises, returns NaN or returns the wrong number of values stops the run with one
+sentence naming the reward (and the completion) instead of poisoning the loss. The trainer logs each
+term's mean as `reward/<term>` and whitens the weighted sum into advantages.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards.exact_match import exact_match_reward
+from grpo_cli.rewards import exact_match, format_match, length, math_equiv, python_fn, reward_model
 
-RewardFn = Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float]]
-
-
-def build_reward(cfg) -> RewardFn:
-    """The reward named by the reward group, wrapped so a bad value is a clear error, not a NaN loss."""
-    if cfg.name == "exact_match":
-        fn = exact_match_reward(cfg.extract, cfg.pattern)
-    else:
-        raise GrpoError(f"Unknown reward.name={cfg.name!r}; choose reward=exact_match.")
-    return checked(cfg.name, fn)
+BUILDERS = {
+    "exact_match": exact_match.build,
+    "math": math_equiv.build,
+    "format": format_match.build,
+    "length": length.build,
+    "model": reward_model.build,
+    "python": python_fn.build,
+}
 
 
-def checked(name: str, fn: RewardFn) -> RewardFn:
-    def call(prompts, completions, answers):
-        try:
-            values = list(fn(prompts, completions, answers))
-        except GrpoError:
-            raise
-        except Exception as e:  # the user's reward code failed: name it, keep the run's checkpoints
-            raise GrpoError(f"Reward {name!r} raised {type(e).__name__}: {e}; fix the reward function.") from e
-        if len(values) != len(completions):
+@dataclass
+class Batch:
+    """What every reward sees: one entry per completion (a prompt's G completions repeat its prompt)."""
+
+    prompts: list[str]
+    completions: list[str]
+    answers: list[str]  # the dataset's reference answer, as text
+    completion_tokens: Optional[list[int]] = None  # tokens generated, EOS included when one was emitted
+    columns: dict[str, list] = field(default_factory=dict)  # dataset columns by name, when the caller has them
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def row(self, i: int) -> "Batch":
+        """Completion i alone: a failing batch is replayed one row at a time to name the culprit."""
+        return Batch(
+            [self.prompts[i]], [self.completions[i]], [self.answers[i]],
+            None if self.completion_tokens is None else [self.completion_tokens[i]],
+            {k: [v[i]] for k, v in self.columns.items()},
+        )
+
+
+TermFn = Callable[[Batch], Sequence[float]]
+
+
+class Reward:
+    """Named, checked terms and their weights; calling it gives the weighted sum per completion."""
+
+    def __init__(self, terms: dict[str, TermFn], weights: dict[str, float]):
+        self.terms, self.weights = terms, weights
+
+    def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None):
+        """(weighted sum per completion, {term: its values}) for one batch."""
+        batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
+                      None if completion_tokens is None else [int(n) for n in completion_tokens],
+                      {k: list(v) for k, v in (columns or {}).items()})
+        values = {name: run_term(name, fn, batch) for name, fn in self.terms.items()}
+        total = [sum(self.weights[name] * values[name][i] for name in values) for i in range(len(batch))]
+        return total, values
+
+    def __call__(self, prompts, completions, answers, *, completion_tokens=None, columns=None) -> list[float]:
+        return self.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns)[0]
+
+
+def build_reward(cfg) -> Reward:
+    """The reward group's `Reward`, every term built (and its options checked) before any work starts."""
+    if cfg.name == "combo":
+        names = list(cfg.terms)
+        if not names:
+            raise GrpoError("reward=combo needs reward.terms, the rewards to add up (exact_match, format, ...).")
+        weights = list(cfg.weights) or [1.0] * len(names)
+        if len(weights) != len(names):
             raise GrpoError(
-                f"Reward {name!r} returned {len(values)} values for {len(completions)} completions; "
-                "it must return one float per completion."
+                f"reward.weights has {len(weights)} values for the {len(names)} reward.terms {names}; give one weight per term."
             )
-        for i, v in enumerate(values):
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise GrpoError(
-                    f"Reward {name!r} returned {v!r} for completion {i} ({completions[i]!r}); "
-                    "rewards must be finite floats."
-                )
-        return [float(v) for v in values]
+        if len(set(names)) != len(names):
+            raise GrpoError(f"reward.terms={names} names a reward twice; each term can appear once.")
+    else:
+        if cfg.terms or cfg.weights:
+            raise GrpoError("reward.terms and reward.weights are only read by reward=combo; add reward=combo or drop them.")
+        names, weights = [cfg.name], [1.0]
+    for name in names:
+        if name not in BUILDERS:
+            raise GrpoError(
+                f"Unknown reward {name!r}; choose one of {', '.join(BUILDERS)} (or reward=combo with reward.terms)."
+            )
+    return Reward({name: BUILDERS[name](cfg) for name in names}, dict(zip(names, map(float, weights))))
+
+
+def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=None, columns=None):
+    """(totals, per-term values) of any reward: a `Reward`, or a plain fn(prompts, completions, answers)."""
+    if isinstance(reward_fn, Reward):
+        return reward_fn.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns)
+    return list(reward_fn(prompts, completions, answers)), {}
+
+
+def run_term(name: str, fn: TermFn, batch: Batch) -> list[float]:
+    """fn(batch) as finite floats, one per completion, or a GrpoError naming the reward and the completion."""
+    try:
+        values = fn(batch)
+    except GrpoError:
+        raise
+    except Exception as e:  # the reward's code failed: name it, and the completion, keep the run's checkpoints
+        raise GrpoError(
+            f"Reward {name!r} raised {type(e).__name__}: {e}{_failing_row(fn, batch)}; fix the reward function."
+        ) from e
+    try:
+        values = list(values)
+    except TypeError:
+        raise GrpoError(
+            f"Reward {name!r} returned {values!r}, not a list; it must return one float per completion."
+        ) from None
+    if len(values) != len(batch):
+        raise GrpoError(
+            f"Reward {name!r} returned {len(values)} values for {len(batch)} completions; "
+            "it must return one float per completion."
+        )
+    out = []
+    for i, v in enumerate(values):
+        try:
+            x = None if isinstance(v, (str, bytes)) else float(v)
+        except (TypeError, ValueError):
+            x = None
+        if x is None or not math.isfinite(x):
+            raise GrpoError(
+                f"Reward {name!r} returned {v!r} for completion {i} ({_short(batch.completions[i])}); "
+                "rewards must be finite floats."
+            )
+        out.append(x)
+    return out
+
+
+def _failing_row(fn: TermFn, batch: Batch) -> str:
+    """' on completion i (...)' for the first completion that fails alone, or '' if none does."""
+    if len(batch) == 1:
+        return f" on completion 0 ({_short(batch.completions[0])})"
+    for i in range(len(batch)):
+        try:
+            fn(batch.row(i))
+        except Exception:
+            return f" on completion {i} ({_short(batch.completions[i])})"
+    return ""
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def checked(name: str, fn: Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[float]]):
+    """A plain fn(prompts, completions, answers) with the same checks as every built-in term."""
+
+    def call(prompts, completions, answers) -> list[float]:
+        batch = Batch(list(prompts), list(completions), list(answers))
+        return run_term(name, lambda b: fn(b.prompts, b.completions, b.answers), batch)
 
     return call

@@ -49,6 +49,12 @@ def is_correct(completion: str, answer: str, extract: str = "last_number", patte
     return got is not None and normalise(got) == normalise(str(answer))
 
 
+def build(cfg):
+    """reward=exact_match: 1.0 when the extracted answer equals the dataset's answer, else 0.0."""
+    fn = exact_match_reward(cfg.extract, cfg.pattern)
+    return lambda batch: fn(batch.prompts, batch.completions, batch.answers)
+
+
 def exact_match_reward(extract: str = "last_number", pattern: str | None = None):
     if extract == "regex":
         if not pattern:

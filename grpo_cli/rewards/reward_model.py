@@ -1,0 +1,64 @@
+"""reward=model: the scalar head of a sequence-classification model scoring prompt + completion.
+
+Any `AutoModelForSequenceClassification` with one label, from a hub id or a local directory, run
+in eval mode without gradients, `reward.model_batch_size` texts at a time on `reward.model_device`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.models import resolve_device
+
+
+def locate(path: str) -> str:
+    """An existing local model directory, or a hub id; a path that does not exist is an error now."""
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise GrpoError(f"reward.model_path={path} has no config.json; point it at a directory written by save_pretrained.")
+        return str(local)
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        raise GrpoError(f"reward.model_path={path} does not exist; pass a saved reward model directory or a hub id.")
+    return path
+
+
+def build(cfg):
+    if not cfg.model_path:
+        raise GrpoError("reward=model needs reward.model_path, a hub id or a local sequence-classification model directory.")
+    if cfg.model_batch_size < 1:
+        raise GrpoError(f"reward.model_batch_size={cfg.model_batch_size} must be at least 1.")
+    location, device = locate(cfg.model_path), resolve_device(cfg.model_device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+        model = AutoModelForSequenceClassification.from_pretrained(location)
+    except (OSError, ValueError, RuntimeError) as e:  # missing files, a wrong architecture, mismatched weights
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GrpoError(
+            f"Could not load a reward model from {cfg.model_path!r} ({first}); check the hub id and your network, "
+            "or pass reward.model_path=LOCAL_DIR."
+        ) from None
+    if model.config.num_labels != 1:
+        raise GrpoError(
+            f"The reward model {cfg.model_path!r} has {model.config.num_labels} labels; reward=model needs one (a scalar score)."
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last non-pad token
+    model.to(device).eval()
+    size = cfg.model_batch_size
+
+    @torch.no_grad()
+    def reward(batch):
+        texts = [p + c for p, c in zip(batch.prompts, batch.completions)]
+        scores = []
+        for s in range(0, len(texts), size):
+            enc = tokenizer(texts[s : s + size], return_tensors="pt", padding=True).to(device)
+            scores += model(**enc).logits[:, 0].float().tolist()
+        return scores
+
+    return reward

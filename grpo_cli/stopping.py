@@ -1,0 +1,43 @@
+"""Stopping well: the first Ctrl-C or SIGTERM lets the current step finish and a checkpoint be
+written; a second one stops at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+
+class Stopped(Exception):
+    """Training stopped on a signal after saving; exit with the conventional 128 + signal number."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved")
+
+
+class GracefulStop:
+    """Context manager: `.signum` is set by the first SIGINT/SIGTERM; the second raises at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, on_first=lambda signum: None):
+        self.signum: int | None = None
+        self._on_first = on_first
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:  # the second signal: stop now, whatever is running
+            raise KeyboardInterrupt
+        self.signum = signum
+        self._on_first(signum)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        return False

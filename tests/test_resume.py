@@ -1,0 +1,180 @@
+"""Checkpoints you can trust: exact resume, kills at any moment, graceful stops, sweeps."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_cli.checkpoint import list_checkpoints, load_state
+from grpo_cli.cli import main
+
+TINY = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
+        "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8"]
+TIMING = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}
+
+
+def train(*args):
+    with pytest.raises(SystemExit) as e:
+        main(["train", *TINY, *args])
+        raise SystemExit(0)
+    return e.value.code or 0
+
+
+def grpo_process(*args, **kwargs):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_tensors(a, b):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_tensors(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same_tensors(x, y)
+    else:
+        assert a == b
+
+
+def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path):
+    """4 steps straight == 2 steps, stop, resume=auto to 4: weights, optimizer state and metrics rows."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    extra = ["algo.beta=0.04", "algo.num_iterations=2"]  # reference and old log-probs both in play
+    assert train(f"output_dir={straight}", "trainer.steps=4", *extra) == 0
+    assert train(f"output_dir={resumed}", "trainer.steps=2", *extra) == 0
+    assert train(f"output_dir={resumed}", "trainer.steps=4", "resume=auto", *extra) == 0
+    a, b = load_file(straight / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = load_state(straight / "checkpoints" / "step-4"), load_state(resumed / "checkpoints" / "step-4")
+    assert_same_tensors(sa["optimizer"], sb["optimizer"])
+    assert_same_tensors(sa["scheduler"], sb["scheduler"])
+    assert rows(straight) == rows(resumed) and [r["step"] for r in rows(resumed)] == [1, 2, 3, 4]
+
+
+def test_resume_auto_without_a_checkpoint_starts_fresh_and_resume_path_continues_that_run(tmp_path):
+    assert train(f"output_dir={tmp_path / 'a'}", "trainer.steps=1", "resume=auto") == 0
+    assert [r["step"] for r in rows(tmp_path / "a")] == [1]
+    # resume=PATH without output_dir continues in the checkpoint's own run directory
+    assert train(f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}", "trainer.steps=2") == 0
+    assert [r["step"] for r in rows(tmp_path / "a")] == [1, 2]
+
+
+def test_rows_written_after_the_last_checkpoint_are_redone_not_duplicated(tmp_path):
+    assert train(f"output_dir={tmp_path}", "trainer.steps=3", "trainer.save_every=2") == 0
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints" / "step-3")  # as if killed after row 3, before its checkpoint
+    assert train(f"output_dir={tmp_path}", "trainer.steps=4", "resume=auto") == 0
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_changing_the_experiment_on_resume_is_refused_with_the_differences_listed(tmp_path):
+    assert train(f"output_dir={tmp_path}", "trainer.steps=1") == 0
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={tmp_path}",
+                          "trainer.steps=2", "resume=auto", "algo.beta=0", "optimizer.lr=1e-3"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    text = " ".join((out.stdout + out.stderr).split())  # rich may wrap long lines
+    assert "algo.beta: 0.04 -> 0.0" in text and "optimizer.lr: 0.0003 -> 0.001" in text
+    assert "Traceback" not in text
+
+
+def test_keep_last_prunes_old_checkpoints_only_after_a_new_one_is_complete(tmp_path):
+    assert train(f"output_dir={tmp_path}", "trainer.steps=4", "trainer.save_every=1", "trainer.keep_last=2") == 0
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-3", "step-4"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-4"
+
+
+def wait_for(predicate, timeout=120.0, poll=0.0005):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def test_sigkill_at_any_point_even_mid_save_leaves_only_complete_checkpoints_and_resume_finishes(tmp_path):
+    run, steps = tmp_path / "run", 8
+    args = [f"output_dir={run}", f"trainer.steps={steps}", "trainer.save_every=1", "resume=auto"]
+    ckpts = run / "checkpoints"
+    kill_points = [
+        ("while a checkpoint is being written", lambda: ckpts.is_dir() and any(ckpts.glob(".tmp-step-*"))),
+        ("right after a checkpoint landed", lambda: len(list_checkpoints(run)) >= 3),
+        ("mid-training", lambda: (run / "metrics.jsonl").exists()
+         and len((run / "metrics.jsonl").read_text().splitlines()) >= 5),
+    ]
+    for what, ready in kill_points:
+        proc = grpo_process(*args)
+        assert wait_for(lambda: ready() or proc.poll() is not None), what
+        if proc.poll() is None:
+            caught_mid_save = any(ckpts.glob(".tmp-step-*"))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            if what.startswith("while"):
+                assert caught_mid_save, "the kill did not land inside a checkpoint write"
+        for ckpt in list_checkpoints(run):  # whatever survived is complete and loadable
+            assert load_state(ckpt)["step"] == int(ckpt.name.split("-")[1])
+            assert load_file(ckpt / "model.safetensors")
+    proc = grpo_process(*args)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+    assert [r["step"] for r in rows(run)] == list(range(1, steps + 1))
+    assert list_checkpoints(run)[-1].name == f"step-{steps}"
+
+
+def test_sigterm_finishes_the_step_saves_a_checkpoint_and_exits_143(tmp_path):
+    proc = grpo_process(f"output_dir={tmp_path}", "trainer.steps=200", "trainer.save_every=1000")
+    assert wait_for(lambda: (tmp_path / "metrics.jsonl").exists()
+                    and len((tmp_path / "metrics.jsonl").read_text().splitlines()) >= 2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    last_row = rows(tmp_path)[-1]["step"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == [f"step-{last_row}"]
+    assert last_row < 200 and "checkpoint saved" in proc.stdout.read()
+
+
+def test_a_2x2_multirun_writes_four_jobs_and_a_summary(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "-m", *TINY, "trainer.steps=1",
+                          "algo.beta=0,0.04", "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for job in range(4):
+        assert len(rows(tmp_path / str(job))) == 1
+    import csv
+
+    summary = list(csv.DictReader(open(tmp_path / "sweep.csv")))
+    assert len(summary) == 4 and all(r["status"] == "done" for r in summary)
+    combos = {(o["algo.beta"], o["optimizer.lr"]) for o in (dict(kv.split("=", 1) for kv in r["overrides"].split())
+                                                            for r in summary)}
+    assert combos == {("0", "0.001"), ("0", "0.003"), ("0.04", "0.001"), ("0.04", "0.003")}
+    assert "sweep: 4 jobs" in out.stdout
+
+
+def test_a_failed_sweep_job_is_reported_and_does_not_stop_the_others(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "-m", *TINY, "trainer.steps=1",
+                          "sampler.group_size=1,4", f"hydra.sweep.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2
+    import csv
+
+    summary = list(csv.DictReader(open(tmp_path / "sweep.csv")))
+    assert [r["status"] for r in summary] == ["failed", "done"]
+    assert "group_size must be at least 2" in summary[0]["error"]
+    assert len(rows(tmp_path / "1")) == 1
