@@ -22,7 +22,10 @@ from grpo_cli.data import PromptOrder, load_data
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import greedy_scores, sampled_accuracy
 from grpo_cli.models import load_model, load_tokenizer
-from grpo_cli.objective import group_advantages, micro_batch_weight, policy_loss, token_kl
+from grpo_cli.objective import (
+    ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS,
+    group_advantages, micro_batch_weight, policy_loss, token_kl,
+)
 from grpo_cli.rewards import build_reward, score_batch
 from grpo_cli.rewards.exact_match import exact_match_reward
 from grpo_cli.rollout import Rollout, concat_rollouts, generate, token_logprobs
@@ -57,6 +60,15 @@ def check_config(cfg) -> None:
         problems.append("algo.num_iterations (mu) must be at least 1")
     if cfg.algo.beta < 0 or not 0 < cfg.algo.clip_eps < 1:
         problems.append("algo.beta must be >= 0 and algo.clip_eps in (0, 1)")
+    for key, value, allowed in (
+        ("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS),
+        ("algo.ratio_level", cfg.algo.ratio_level, RATIO_LEVELS),
+        ("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS),
+        ("algo.scale", cfg.algo.scale, ADVANTAGE_SCALES),
+        ("algo.std", cfg.algo.std, STD_KINDS),
+    ):
+        if value not in allowed:
+            problems.append(f"{key}={value!r} must be one of {', '.join(allowed)}")
     if cfg.algo.behaviour not in ("current", "frozen", "lagged"):
         problems.append(f"algo.behaviour={cfg.algo.behaviour!r} must be current, frozen or lagged")
     if cfg.algo.behaviour == "lagged" and cfg.algo.behaviour_refresh < 1:

@@ -76,7 +76,8 @@ def test_a_wrong_type_exits_2_naming_the_key():
     "override, message",
     [("model.path=/nonexistent/model", "does not exist"),
      ("sampler.group_size=1", "group_size must be at least 2"),
-     ("data.prompt_field=question", "'question' is missing")],
+     ("data.prompt_field=question", "'question' is missing"),
+     ("algo.aggregation=seq_mean", "algo.aggregation='seq_mean' must be one of seq_mean_token_mean")],
 )
 def test_user_mistakes_are_one_clear_sentence_and_exit_2(override, message, tmp_path):
     out = grpo("train", f"output_dir={tmp_path}", *FAST, override, check_rc=2)
