@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,math]"
+	$(BIN)/pip install -q -e ".[test,plot,math,tensorboard]"
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -23,8 +23,8 @@ from grpo_cli.stopping import Stopped
 
 COMMANDS = {
     "train": "post-train a model with GRPO",
-    "evaluate": "greedy accuracy and mean reward of a checkpoint on a data split",
-    "sample": "completions from a checkpoint for given prompts",
+    "evaluate": "greedy and sampled accuracy, pass@k, maj@k and mean reward of checkpoints on a data split",
+    "sample": "completions from a checkpoint for given prompts, scored when an answer is given",
 }
 USAGE = "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg job] [--help]\n\ncommands:\n" + "\n".join(
     f"  {name:<9} {what}" for name, what in COMMANDS.items()

@@ -122,6 +122,10 @@ class TrainerConfig:
     zero_variance_warn_steps: int = 5
     progress: bool = True
     keep_last: int = 0
+    eval_every: int = 50
+    log_completions_every: int = 50
+    log_completions_groups: int = 2
+    tensorboard: bool = False
 
 
 @dataclass
@@ -143,9 +147,12 @@ class EvaluateConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    checkpoint: Optional[str] = None
+    checkpoint: Any = None  # a path, a list of paths, or null: Hydra accepts `checkpoint=[a,b]` only untyped
     split: str = "test"
     limit: Optional[int] = None
+    samples: int = 8
+    k: List[int] = field(default_factory=lambda: [1, 4, 8])
+    batch_size: int = 64
     seed: int = 0
     output_dir: Optional[str] = None
 
@@ -158,7 +165,9 @@ class SampleConfig:
     checkpoint: Optional[str] = None
     prompt: Optional[str] = None
     prompts: List[str] = field(default_factory=list)
+    prompts_file: Optional[str] = None
     answer: Optional[str] = None
+    batch_size: int = 16
     seed: int = 0
     output: Optional[str] = None
 

@@ -1,4 +1,5 @@
-"""What a person sees (a rich progress bar, tables, warnings) and what a program reads (metrics.jsonl)."""
+"""What a person sees (a rich progress bar, tables, warnings) and what a program reads (metrics.jsonl,
+and TensorBoard event files when asked for)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
+from rich import box
 from rich.console import Console as RichConsole
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+from grpo_cli.errors import GrpoError
 
 
 class Console:
@@ -63,15 +69,38 @@ class Console:
             step_s=f"{row['seconds']:.2f}",
         )
 
-    def eval_table(self, rows: list[dict], title: str = "evaluation") -> None:
-        table = Table(title=title)
-        keys = [k for k in rows[0] if k not in ("num_prompts",)]
+    def eval_table(self, rows: list[dict], columns: dict[str, str], title: str = "evaluation", caption: str = "") -> None:
+        """One row per model (`columns` maps each key shown to its header, the first naming the model);
+        turned on its side, one column per model, when that would not fit the terminal."""
+        cell = lambda v: f"{v:.3f}" if isinstance(v, float) else "" if v is None else str(v)  # noqa: E731
+        name, *keys = columns
+        table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        table.add_column(columns[name], min_width=min(max(len(str(r[name])) for r in rows), 24), overflow="fold")
         for k in keys:
-            table.add_column(k, justify="right" if isinstance(rows[0][k], (int, float)) else "left")
+            table.add_column(columns[k], justify="right", no_wrap=True)
         for r in rows:
-            table.add_row(*[f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k in keys])
+            table.add_row(*[cell(r[k]) for k in columns])
+        if Measurement.get(self.out, self.out.options.update(max_width=10_000), table).maximum > self.out.width:
+            table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+            table.add_column("", no_wrap=True)
+            for r in rows:
+                table.add_column(str(r[name]), justify="right", overflow="fold")
+            for k in keys:
+                table.add_row(columns[k], *[cell(r[k]) for r in rows])
         self.out.print(table)
 
+    def completions(self, rows: list[dict], heading: str, limit: int = 8) -> None:
+        """A group of sampled completions, each distinct one once with its count, reward and advantage."""
+        distinct: dict[str, list] = {}
+        for r in rows:
+            distinct.setdefault(r["completion"], [r, 0])[1] += 1
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("completion", "times", "reward", "advantage"):
+            table.add_column(col, justify="left" if col == "completion" else "right")
+        for completion, (r, times) in list(distinct.items())[:limit]:
+            table.add_row(escape(repr(completion)), str(times), f"{r['reward']:.3f}", f"{r['advantage']:+.3f}")
+        self.rich.print(escape(heading))
+        self.rich.print(table)
 
     def summary(self, values: dict, title: str = "run summary") -> None:
         """A key/value table: readable at 80 columns whatever the number of keys."""
@@ -84,15 +113,19 @@ class Console:
 
 
 class MetricsLog:
-    """One JSON object per line; appended as the run goes so a crash keeps every finished row."""
+    """One JSON object per line; appended as the run goes so a crash keeps every finished row.
+    With `tensorboard`, each row also goes there."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tensorboard: "TensorBoard | None" = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tensorboard = tensorboard
 
     def write(self, row: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.write(row)
 
     def truncate(self, step: int) -> None:
         """Keep only rows up to `step` (atomically): a resumed run redoes the steps after it."""
@@ -107,3 +140,32 @@ class MetricsLog:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def tensorboard_writer():
+    """torch's SummaryWriter, or a GrpoError naming the extra that provides it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise GrpoError(
+            "trainer.tensorboard=true needs TensorBoard, which is not installed; install the extra with "
+            "pip install 'grpo-cli[tensorboard]', or set trainer.tensorboard=false."
+        ) from None
+    return SummaryWriter
+
+
+class TensorBoard:
+    """Every numeric key of each metrics row as a scalar at the row's step, in `log_dir`.
+    `purge_step` (a resumed run's first step) hides what an earlier process logged from there on."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None):
+        self.writer = tensorboard_writer()(log_dir=str(log_dir), purge_step=purge_step)
+
+    def write(self, row: dict) -> None:
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, row["step"])
+        self.writer.flush()  # a killed run keeps every row, as metrics.jsonl does
+
+    def close(self) -> None:
+        self.writer.close()

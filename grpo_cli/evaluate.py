@@ -1,32 +1,68 @@
-"""Held-out scoring of a model: greedy accuracy, mean reward, completion length, truncation."""
+"""Held-out scoring of a model: greedy accuracy and mean reward per term, sampled accuracy, pass@k
+and maj@k, completion length and truncation; `grpo evaluate` runs it over one model or a run's
+every checkpoint, one row each."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from collections import Counter
 from pathlib import Path
 
 import torch
 
+from grpo_cli.checkpoint import STEP_DIR, list_checkpoints
+from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import score_batch
-from grpo_cli.rewards.exact_match import exact_match_reward
+from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, normalise
 from grpo_cli.rollout import generate
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are right (Chen et al. 2021, eq. 1):
+    1 - C(n-c, k) / C(n, k), as the product 1 - prod_{i=n-c+1}^{n} (1 - k/i) so nothing overflows."""
+    if not 1 <= k <= n or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a right answer
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority(answers: list[str | None]) -> str | None:
+    """The most common answer (None, no answer found, does not vote); a tie goes to the one seen first."""
+    votes = Counter(a for a in answers if a is not None)
+    return votes.most_common(1)[0][0] if votes else None
+
+
+def maj_at_k(answers: list[str | None], target: str, k: int) -> float:
+    """Majority-vote accuracy over k samples: the fraction of the len(answers) // k disjoint blocks of
+    k answers (in sampling order) whose majority answer is the target."""
+    blocks = [answers[s : s + k] for s in range(0, len(answers) - k + 1, k)]
+    if k < 1 or not blocks:
+        raise ValueError(f"maj@k needs 1 <= k <= {len(answers)} answers, got k={k}")
+    return sum(majority(b) == target for b in blocks) / len(blocks)
 
 
 @torch.no_grad()
 def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_tokens: int, batch_size: int = 256,
                   columns: dict | None = None, check=None) -> dict:
     """Greedy completions for every prompt, scored by the reward (which also sees `columns`, the
-    dataset's columns by name, when given) and by exact match (`check`, an exact_match reward:
-    pass the run's own so accuracy extracts answers the way its reward does)."""
+    dataset's columns by name, when given; each term's mean is `reward/<term>`) and by exact match
+    (`check`, an exact_match reward: pass the run's own so accuracy extracts answers the way its
+    reward does)."""
     check = check or exact_match_reward()
-    rewards, correct, lengths, truncated = [], [], [], []
+    rewards, terms, correct, lengths, truncated = [], {}, [], [], []
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
         roll = generate(model, tokenizer, p, max_new_tokens=max_new_tokens, greedy=True)
-        rewards += score_batch(
+        total, per_term = score_batch(
             reward_fn, p, roll.completions, a, completion_tokens=roll.completion_mask.sum(1).tolist(),
             columns={k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()},
-        )[0]
+        )
+        rewards += total
+        for name, values in per_term.items():
+            terms.setdefault(name, []).extend(values)
         correct += check(p, roll.completions, a)
         lengths += roll.completion_mask.sum(1).tolist()
         truncated += roll.truncated.tolist()
@@ -34,6 +70,7 @@ def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_toke
     return {
         "accuracy": sum(correct) / n,
         "reward_mean": sum(rewards) / n,
+        **{f"reward/{name}": sum(values) / n for name, values in terms.items()},
         "completion_len": sum(lengths) / n,
         "truncated_frac": sum(truncated) / n,
         "num_prompts": len(prompts),
@@ -55,30 +92,145 @@ def sampled_accuracy(model, tokenizer, prompts, answers, *, samples: int, max_ne
     return hits / max(len(prompts) * samples, 1)
 
 
-def run_evaluate(cfg, out_dir: Path, console) -> dict:
-    """`grpo evaluate`: greedy scores of a checkpoint (or the base model) on a data split."""
+@torch.no_grad()
+def sampled_scores(model, tokenizer, prompts, answers, *, samples: int, ks: list[int], sampler, batch_size: int = 64,
+                   extract: str = "last_number", pattern: str | None = None) -> dict:
+    """`samples` completions per prompt drawn with the sampler's settings: the fraction right, and
+    pass@k and maj@k for each k, answers read as the exact_match reward reads them."""
+    answer_of = answer_extractor(extract, pattern)
+    counts, votes = [], []  # right answers per prompt; (answers, target) per prompt
+    for start in range(0, len(prompts), batch_size):
+        p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
+        roll = generate(model, tokenizer, p, samples, max_new_tokens=sampler.max_new_tokens,
+                        temperature=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k)
+        for i, target in enumerate(a):
+            got = [answer_of(c) for c in roll.completions[i * samples : (i + 1) * samples]]
+            target = normalise(str(target))
+            counts.append(sum(g == target for g in got))
+            votes.append((got, target))
+    n = max(len(prompts), 1)
+    return {
+        "sampled_accuracy": sum(counts) / (n * samples),
+        **{f"pass@{k}": sum(pass_at_k(samples, c, k) for c in counts) / n for k in ks},
+        **{f"maj@{k}": sum(maj_at_k(got, target, k) for got, target in votes) / n for k in ks},
+    }
+
+
+def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None]]:
+    """(model path, step or None) for each model `checkpoint` names: null = the base model; a model
+    directory or hub id = itself; a run directory = its checkpoints in step order, then final/."""
+    if checkpoint is None:
+        return [(base, None)]
+    entries = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    if not entries:
+        raise GrpoError("checkpoint=[] names no model; pass checkpoint=PATH, a list, or null for the base model.")
+    found = []
+    for entry in map(str, entries):
+        path = Path(entry).expanduser()
+        if not path.is_dir() or (path / "config.json").exists():
+            match = STEP_DIR.match(path.name)
+            found.append((entry, int(match.group(1)) if match else None))
+            continue
+        in_run = [(str(p), int(STEP_DIR.match(p.name).group(1))) for p in list_checkpoints(path)]
+        if (path / "final" / "config.json").exists():
+            in_run.append((str(path / "final"), None))
+        if not in_run:
+            raise GrpoError(
+                f"checkpoint={entry} is neither a model directory (with config.json) nor a run directory with "
+                "checkpoints/step-N or final/; point it at one of those."
+            )
+        found += in_run
+    return found
+
+
+def check_evaluate_config(cfg) -> list[int]:
+    """The k values, sorted; values the schema's types cannot rule out are refused before any work."""
+    ks = sorted(set(cfg.k))
+    if cfg.samples < 0 or cfg.batch_size < 1 or (cfg.limit is not None and cfg.limit < 1):
+        raise GrpoError("samples must be >= 0, batch_size >= 1 and limit >= 1 (or null).")
+    if ks and not 1 <= ks[0] <= ks[-1] <= cfg.samples:
+        raise GrpoError(
+            f"k={ks} asks for pass@k and maj@k from samples={cfg.samples} completions per prompt; each k must be "
+            f"between 1 and samples: raise samples to {max(ks[-1], 1)} or drop the larger k (k=[] with samples=0 "
+            "scores greedy completions only)."
+        )
+    if cfg.samples and cfg.sampler.temperature <= 0:
+        raise GrpoError("sampler.temperature must be positive to sample; use samples=0 for greedy scores only.")
+    return ks
+
+
+def evaluation_split(cfg, tokenizer, console):
     from grpo_cli.data import load_data
+
+    data = load_data(cfg.data, tokenizer, log=console.warn)
+    if cfg.split not in data:
+        raise GrpoError(f"split={cfg.split!r} is not in data={cfg.data.name}; it has {list(data)}.")
+    rows = data[cfg.split]
+    return rows.select(range(min(cfg.limit, len(rows)))) if cfg.limit else rows
+
+
+def short_names(paths: list[str]) -> list[str]:
+    """Several local paths relative to the directory they share, checkpoints/ dropped: `step-2`, `final`."""
+    local = [p for p in paths if Path(p).exists()]
+    if len(local) < 2:
+        return paths
+    common = os.path.commonpath([os.path.abspath(p) for p in local])
+    return [os.path.relpath(os.path.abspath(p), common).replace(f"checkpoints{os.sep}", "")
+            if p in local and os.path.abspath(p) != common else p for p in paths]
+
+
+def run_evaluate(cfg, out_dir: Path, console) -> dict:
+    """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json."""
     from grpo_cli.models import load_model, load_tokenizer
     from grpo_cli.rewards import build_reward
 
-    torch.manual_seed(cfg.seed)
-    path = cfg.checkpoint or cfg.model.path
-    model = load_model(path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
-    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
-    data = load_data(cfg.data, tokenizer, log=console.warn)
-    if cfg.split not in data:
-        from grpo_cli.errors import GrpoError
-
-        raise GrpoError(f"split={cfg.split!r} is not in data={cfg.data.name}; it has {list(data)}.")
-    rows = data[cfg.split]
-    if cfg.limit:
-        rows = rows.select(range(min(cfg.limit, len(rows))))
-    scores = greedy_scores(
-        model, tokenizer, rows[cfg.data.prompt_field], rows[cfg.data.answer_field],
-        build_reward(cfg.reward), max_new_tokens=cfg.sampler.max_new_tokens, columns=rows.to_dict(),
-    )
-    result = {"checkpoint": str(path), "split": cfg.split, **scores}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    console.eval_table([result])
+    ks = check_evaluate_config(cfg)
+    targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
+    reward_fn = build_reward(cfg.reward)
+    check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)
+    # Prompts depend on the tokenizer only through the chat template and the length filter.
+    per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None
+    split, rows = None, []
+    for path, step in targets:
+        model = load_model(path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
+        tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+        if split is None or per_model_data:
+            split = evaluation_split(cfg, tokenizer, console)
+        prompts, answers = split[cfg.data.prompt_field], split[cfg.data.answer_field]
+        scores = greedy_scores(model, tokenizer, prompts, answers, reward_fn, max_new_tokens=cfg.sampler.max_new_tokens,
+                               batch_size=cfg.batch_size, columns=split.to_dict(), check=check)
+        if cfg.samples:
+            torch.manual_seed(cfg.seed)  # every model sees the same sampling noise
+            scores.update(sampled_scores(model, tokenizer, prompts, answers, samples=cfg.samples, ks=ks,
+                                         sampler=cfg.sampler, batch_size=cfg.batch_size,
+                                         extract=cfg.reward.extract, pattern=cfg.reward.pattern))
+        rows.append({"checkpoint": path, "step": step, **scores})
+        console.print(f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f}")
+        del model
+    result = {"split": cfg.split, "data": cfg.data.name, "num_prompts": rows[0]["num_prompts"],
+              "samples": cfg.samples, "k": ks, "rows": rows}
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as e:
+        raise GrpoError(f"Cannot write eval.json to {out_dir} ({e.strerror}); choose another with output_dir=DIR.") from None
+    show_table(rows, result, out_dir, console)
     return result
+
+
+def show_table(rows: list[dict], result: dict, out_dir: Path, console) -> None:
+    """One row per model, narrow enough for 80 columns: maj@1 and the sampled accuracy equal pass@1,
+    so only pass@1 is shown; each reward term has a column when there are several."""
+    ks, terms = result["k"], [k for k in rows[0] if k.startswith("reward/")]
+    columns = {"checkpoint": "model", "accuracy": "greedy",
+               **({} if 1 in ks or not result["samples"] else {"sampled_accuracy": "sampled"}),
+               **{f"pass@{k}": f"pass@{k}" for k in ks}, **{f"maj@{k}": f"maj@{k}" for k in ks if k > 1},
+               "reward_mean": "reward", **({t: t.split("/", 1)[1] for t in terms} if len(terms) > 1 else {}),
+               "completion_len": "tokens", "truncated_frac": "trunc"}
+    shown = [{**r, "checkpoint": name} for r, name in zip(rows, short_names([r["checkpoint"] for r in rows]))]
+    sampled = f", {result['samples']} samples each" if result["samples"] else ""
+    console.eval_table(
+        shown, columns, title=f"{result['split']} split of data={result['data']}: {result['num_prompts']} prompts{sampled}",
+        caption=f"greedy: greedy accuracy; pass@k: unbiased, from all samples; maj@k: majority vote of k; reward: "
+                f"mean on greedy completions; tokens: their mean length; trunc: share cut off. {out_dir / 'eval.json'}",
+    )

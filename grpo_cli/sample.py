@@ -6,44 +6,119 @@ import json
 from pathlib import Path
 
 import torch
+from rich.markup import escape
 from rich.table import Table
 
+from grpo_cli.checkpoint import list_checkpoints
 from grpo_cli.errors import GrpoError
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.rewards import build_reward
 from grpo_cli.rollout import generate
 
 
+def read_prompts(path: str) -> list[dict]:
+    """A prompts file as rows with a "prompt" (and maybe an "answer" and more columns): a .jsonl file
+    of objects, or any other text file with one prompt per non-empty line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise GrpoError(f"prompts_file={path} does not exist.")
+    lines = [(i, line) for i, line in enumerate(file.read_text().splitlines(), 1) if line.strip()]
+    if file.suffix.lower() != ".jsonl":
+        return [{"prompt": line} for _, line in lines]
+    rows = []
+    for i, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise GrpoError(f"Line {i} of prompts_file={path} is not JSON ({e.msg}).") from None
+        if not isinstance(row, dict) or row.get("prompt") is None:
+            raise GrpoError(f'Line {i} of prompts_file={path} has no "prompt" field; each line needs one.')
+        rows.append({**row, "prompt": str(row["prompt"])})
+    return rows
+
+
+def model_dir(checkpoint: str | None, base: str) -> str:
+    """The model to sample: a run directory means its final/ model, else its newest checkpoint."""
+    if checkpoint is None:
+        return base
+    path = Path(checkpoint).expanduser()
+    if path.is_dir() and not (path / "config.json").exists():
+        if (path / "final" / "config.json").exists():
+            return str(path / "final")
+        found = list_checkpoints(path)
+        if found:
+            return str(found[-1])
+    return checkpoint
+
+
 def run_sample(cfg, console) -> list[dict]:
-    prompts = ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)
-    if not prompts:
-        raise GrpoError('No prompt given; pass prompt="..." or prompts=[...].')
+    inputs = [{"prompt": p} for p in ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)]
+    if cfg.prompts_file:
+        inputs += read_prompts(cfg.prompts_file)
+    if not inputs:
+        raise GrpoError('No prompt given; pass prompt="...", prompts=[...] or prompts_file=FILE.')
+    s = cfg.sampler
+    if s.group_size < 1 or s.temperature <= 0 or s.max_new_tokens < 1 or cfg.batch_size < 1:
+        raise GrpoError("sampler.group_size, sampler.max_new_tokens and batch_size must be >= 1 and sampler.temperature > 0.")
+    for row in inputs:  # an answer in the file wins over answer= on the command line
+        if row.get("answer") is None and cfg.answer is not None:
+            row["answer"] = cfg.answer
+    reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
+    path = model_dir(cfg.checkpoint, cfg.model.path)
     torch.manual_seed(cfg.seed)
-    path = cfg.checkpoint or cfg.model.path
     model = load_model(path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
-    s = cfg.sampler
-    roll = generate(
-        model, tokenizer, prompts, s.group_size, max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-    )
-    rep = [p for p in prompts for _ in range(s.group_size)]
-    rewards = build_reward(cfg.reward)(
-        rep, roll.completions, [cfg.answer] * len(rep), completion_tokens=roll.completion_mask.sum(1).tolist(),
-    ) if cfg.answer is not None else None
-    rows = [
-        {"prompt": p, "completion": c, **({"reward": r} if rewards else {})}
-        for p, c, r in zip(rep, roll.completions, rewards or [None] * len(rep))
-    ]
-    table = Table(title=f"{s.group_size} samples per prompt from {path}")
-    for col in rows[0]:
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else repr(v) if k == "completion" else str(v) for k, v in r.items()])
-    console.out.print(table)
+
+    rows, G = [], s.group_size
+    for start in range(0, len(inputs), cfg.batch_size):
+        batch = inputs[start : start + cfg.batch_size]
+        roll = generate(model, tokenizer, [r["prompt"] for r in batch], G, max_new_tokens=s.max_new_tokens,
+                        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        tokens = roll.completion_mask.sum(1).tolist()
+        for i, source in enumerate(batch):
+            group = [{"prompt": source["prompt"], "completion": roll.completions[i * G + j],
+                      "tokens": int(tokens[i * G + j]), "truncated": bool(roll.truncated[i * G + j])} for j in range(G)]
+            if reward is not None and source.get("answer") is not None:
+                score(reward, group, source)
+            rows += group
+    show(rows, G, path, console)
     if cfg.output:
-        out = Path(cfg.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = Path(cfg.output).expanduser()
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        except OSError as e:
+            raise GrpoError(f"Cannot write output={cfg.output} ({e.strerror}); choose another path.") from None
         console.print(f"wrote {len(rows)} completions to {out}")
     return rows
+
+
+def score(reward, group: list[dict], source: dict) -> None:
+    """Each completion's reward (and each term's, for several) against the prompt's answer; the
+    prompt's other file columns reach the reward as columns."""
+    G, answer = len(group), str(source["answer"])
+    columns = {k: [v] * G for k, v in source.items()}
+    total, terms = reward.score([r["prompt"] for r in group], [r["completion"] for r in group], [answer] * G,
+                                completion_tokens=[r["tokens"] for r in group], columns=columns)
+    for j, r in enumerate(group):
+        r.update(answer=answer, reward=total[j])
+        if len(terms) > 1:
+            r.update({f"reward/{name}": values[j] for name, values in terms.items()})
+
+
+def show(rows: list[dict], group_size: int, path: str, console) -> None:
+    """One section per prompt: its completions, and their rewards when it has an answer."""
+    extra = list(dict.fromkeys(k for r in rows for k in r if k == "answer" or k.startswith("reward")))
+    table = Table(title=f"{group_size} samples per prompt from {path}")
+    for col in ("prompt", "completion", "tokens", *extra):
+        table.add_column(col.split("/", 1)[-1], justify="left" if col in ("prompt", "completion", "answer") else "right")
+    for i, r in enumerate(rows):
+        if i and i % group_size == 0:
+            table.add_section()
+        cells = [escape(r["prompt"]) if i % group_size == 0 else "", escape(repr(r["completion"])),
+                 f"{r['tokens']}{'+' if r['truncated'] else ''}"]
+        cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else escape(str(r.get(k, ""))) for k in extra]
+        table.add_row(*cells)
+    console.out.print(table)
+    if any(r["truncated"] for r in rows):
+        console.print("tokens marked + hit sampler.max_new_tokens without an end-of-sequence token.")

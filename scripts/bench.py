@@ -5,7 +5,7 @@
     python scripts/bench.py --models qwen0.5b-shape --max-new-tokens 64 --dtype bfloat16
     make bench ARGS="--models tiny --threads 1"
 
-Each step is `grpo_cli.trainer.grpo_step`, the trainer's own step, and the phases are the ones it
+Each step is `grpo_cli.step.grpo_step`, the trainer's own step, and the phases are the ones it
 times (gen_s, score_s, update_s):
   generation  sampling n prompts x G completions (one batched, KV-cached `generate`) and the reward calls
   scoring     advantages and the no-grad log-prob passes: the reference's when beta != 0, the old
@@ -32,7 +32,6 @@ import copy
 import random
 import resource
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -42,6 +41,7 @@ import transformers
 from rich.console import Console
 from rich.table import Table
 
+from grpo_cli import step as step_fn  # a loop below names its counter `step`
 from grpo_cli import trainer
 from grpo_cli.config import RewardConfig, TrainConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems
@@ -190,7 +190,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
                 torch.cuda.reset_peak_memory_stats(device)
         prompts, answers = batch(step)
         policy.train()  # as the trainer's loop does
-        row = trainer.grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg)
+        row = step_fn.grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg)
         scheduler.step()
         log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
         if timed:

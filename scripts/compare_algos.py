@@ -37,6 +37,7 @@ def run(algo: str, out: Path, extra: list[str]) -> dict:
     if proc.returncode != 0:
         return {"algo": algo, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1], "seconds": seconds}
     rows = [json.loads(line) for line in (out / algo / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "reward_mean" in r]  # training rows; held-out eval/ rows have no reward_mean
     rewards = [r["reward_mean"] for r in rows]
     window = [sum(rewards[max(0, i - 19) : i + 1]) / len(rewards[max(0, i - 19) : i + 1]) for i in range(len(rewards))]
     reached = next((rows[i]["step"] for i, m in enumerate(window) if i >= 19 and m >= TARGET), None)

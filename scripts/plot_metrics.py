@@ -1,4 +1,5 @@
-"""Plot a run's metrics.jsonl: reward, accuracy, KL, clip fraction and completion length against step.
+"""Plot a run's metrics.jsonl: reward, accuracy, KL, clip fraction and completion length against step,
+and the held-out accuracy of its eval/ rows (`trainer.eval_every`) when it has any.
 
     python scripts/plot_metrics.py runs/2026-11-21_12-00-00            # writes RUN/metrics.png
     python scripts/plot_metrics.py runA runB --out compare.png          # overlays runs
@@ -35,11 +36,21 @@ def find_runs(paths: list[str]) -> list[Path]:
     return runs
 
 
+def read_all(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 def read_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The training rows (one per step)."""
+    rows = [r for r in read_all(run) if "reward_mean" in r]
     for r in rows:
         r["clip_frac"] = r.get("clip_frac_low", 0.0) + r.get("clip_frac_high", 0.0)
-    return [r for r in rows if "reward_mean" in r]
+    return rows
+
+
+def read_eval_rows(run: Path) -> list[dict]:
+    """The held-out rows written every trainer.eval_every steps (keys eval/accuracy, eval/sampled_accuracy, ...)."""
+    return [r for r in read_all(run) if "eval/accuracy" in r]
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -58,18 +69,33 @@ def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
 
     fig, grid = plt.subplots(2, 3, figsize=(12, 6.4), constrained_layout=True)
     axes = list(grid.flat)
-    axes.pop().axis("off")
+    held_out = axes.pop()
+    evaluated = False
     for run in runs:
-        rows = read_rows(run)
+        rows, evals = read_rows(run), read_eval_rows(run)
         steps = [r["step"] for r in rows]
         label = run.name if len(runs) > 1 else None
+        colour = None
         for ax, (key, title) in zip(axes, PANELS):
             values = [r.get(key, float("nan")) for r in rows]
             line = ax.plot(steps, values, alpha=0.25, linewidth=0.8)[0]
+            colour = colour or line.get_color()
             ax.plot(steps, smooth(values, window), color=line.get_color(), linewidth=1.8, label=label)
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
+        if evals:
+            evaluated = True
+            at = [r["step"] for r in evals]
+            held_out.plot(at, [r["eval/accuracy"] for r in evals], "o-", color=colour, markersize=3, label=label)
+            held_out.plot(at, [r.get("eval/sampled_accuracy", float("nan")) for r in evals], "s--", color=colour,
+                          markersize=3, alpha=0.7)
+    if evaluated:
+        held_out.set_title("held-out accuracy (greedy solid, sampled dashed)", fontsize=10)
+        held_out.set_xlabel("step")
+        held_out.grid(alpha=0.3)
+    else:
+        held_out.axis("off")
     if len(runs) > 1:
         axes[0].legend(fontsize=7)
     fig.suptitle(f"{runs[0].name if len(runs) == 1 else f'{len(runs)} runs'} (thin: per step; thick: {window}-step mean)",
@@ -88,7 +114,9 @@ def main() -> None:
     args = p.parse_args()
     runs = find_runs(args.paths)
     out = Path(args.out) if args.out else Path(args.paths[0]) / "metrics.png"
-    print(f"wrote {plot(runs, out, args.window)} ({len(runs)} run{'s' * (len(runs) > 1)})")
+    evaluated = sum(bool(read_eval_rows(r)) for r in runs)
+    held_out = f"; held-out eval rows from {evaluated}" if evaluated else ""
+    print(f"wrote {plot(runs, out, args.window)} ({len(runs)} run{'s' * (len(runs) > 1)}{held_out})")
 
 
 if __name__ == "__main__":

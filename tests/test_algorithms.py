@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from grpo_cli import trainer
+from grpo_cli import step, trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.console import Console
 from grpo_cli.models import load_model, load_tokenizer
@@ -37,16 +37,16 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
     optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 10)
     seen = []
-    real = trainer.policy_loss
+    real = step.policy_loss
 
     def recording(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
         seen.append(metrics)
         return loss, metrics
 
-    monkeypatch.setattr(trainer, "policy_loss", recording)
+    monkeypatch.setattr(step, "policy_loss", recording)
     prompts = ["1+2=", "3+4=", "5+5=", "9+8="]
-    trainer.grpo_step(policy, None, tok, optimizer, prompts, ["3", "7", "10", "17"], build_reward(cfg.reward), cfg)
+    step.grpo_step(policy, None, tok, optimizer, prompts, ["3", "7", "10", "17"], build_reward(cfg.reward), cfg)
     steps = {int(s["step"]) for s in optimizer.state.values()}
     assert steps == {2}  # AdamW counted two optimiser steps for every parameter
     micro_batches = len(seen) // 2
@@ -58,13 +58,13 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
 def recorded_samplers(monkeypatch):
     """Snapshots of the weights of every model the loop sampled from."""
     snapshots = []
-    real = trainer.generate
+    real = step.generate
 
     def recording(model, *args, **kwargs):
         snapshots.append(params(model))
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "generate", recording)
+    monkeypatch.setattr(step, "generate", recording)
     return snapshots
 
 
@@ -119,7 +119,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
         return [0.0 if p.startswith("flat") else float(i % 2) for i, p in enumerate(prompts)]
 
     batches = {1: (["good1=", "flat1=", "flat2=", "flat3="], list("abcd")), 2: (["good2=", "good3=", "flat4=", "good4="], list("efgh"))}
-    roll, answers, stats = trainer.collect(
+    roll, answers, stats = step.collect(
         policy, tok, ["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), reward, cfg, refill=lambda r: batches[r]
     )
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]
@@ -134,8 +134,8 @@ def test_mask_truncated_removes_cut_off_completions_from_the_loss():
     roll = Rollout(prompts=["p"], group_size=2, input_ids=torch.zeros(2, 3, dtype=torch.long),
                    attention_mask=torch.ones(2, 3, dtype=torch.long), completion_mask=torch.tensor([[1, 1], [1, 1]]),
                    truncated=torch.tensor([False, True]), completions=["a", "b"])
-    assert trainer.loss_mask(roll, False).tolist() == [[1, 1], [1, 1]]
-    assert trainer.loss_mask(roll, True).tolist() == [[1, 1], [0, 0]]
+    assert step.loss_mask(roll, False).tolist() == [[1, 1], [1, 1]]
+    assert step.loss_mask(roll, True).tolist() == [[1, 1], [0, 0]]
 
 
 def test_every_preset_trains_two_steps_and_logs_entropy_and_both_kls(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from grpo_cli import tiny
+from grpo_cli import step, tiny
 from grpo_cli.cli import main
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.errors import GrpoError
@@ -172,7 +172,7 @@ def test_evaluate_passes_every_dataset_column_to_a_python_reward(tmp_path, capsy
     data = files(write(tmp_path / "rows.jsonl"), f"data.test_file={write(tmp_path / 'test.jsonl', ROWS[:6])}")
     code = grpo(tmp_path, "evaluate", *data, "reward=python", fn, f"output_dir={tmp_path / 'eval'}")
     assert code == 0, capsys.readouterr()
-    result = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    result = json.loads((tmp_path / "eval" / "eval.json").read_text())["rows"][0]
     assert result["reward_mean"] == pytest.approx(sum(r["level"] for r in ROWS[:6]) / 6)
 
 
@@ -186,7 +186,6 @@ def test_combo_logs_each_term_and_trains_on_the_weighted_sum(tmp_path, capsys):
 
 
 def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kept_groups(reward_module):
-    from grpo_cli import trainer
     from grpo_cli.config import TrainConfig
     from grpo_cli.models import load_model, load_tokenizer
 
@@ -197,7 +196,7 @@ def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kep
     cfg.sampler.group_size, cfg.algo.dynamic_sampling, cfg.algo.max_refill_rounds = 4, True, 2
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
     refills = {1: (["3+3=", "4+4="], ["6", "8"], {"level": [0, 1]})}  # level 0: a flat group, dropped
-    roll, answers, _ = trainer.collect(policy, tok, ["1+1=", "2+2="], ["2", "4"], reward, cfg,
+    roll, answers, _ = step.collect(policy, tok, ["1+1=", "2+2="], ["2", "4"], reward, cfg,
                                        refill=refills.get, columns={"level": [1, 0]})
     assert roll.prompts == ["1+1=", "4+4="] and answers == ["2", "8"]
     assert roll.extra["reward_terms"]["python"].tolist() == [[0.0, 1.0, 0.0, 1.0]] * 2

@@ -121,7 +121,7 @@ def test_evaluate_writes_eval_json_and_sample_shows_scored_completions(tiny_dir,
     grpo("evaluate", f"checkpoint={tiny_dir}", "data.max_operand=9", "data.num_test=20", f"output_dir={tmp_path}",
          check_rc=0)
     result = json.loads((tmp_path / "eval.json").read_text())
-    assert result["num_prompts"] == 20 and 0.0 <= result["accuracy"] <= 1.0
+    assert result["num_prompts"] == 20 and 0.0 <= result["rows"][0]["accuracy"] <= 1.0
     out = grpo("sample", f"checkpoint={tiny_dir}", "prompt='3+4='", "answer=7", "sampler.group_size=3",
                f"output={tmp_path / 's.jsonl'}", check_rc=0)
     rows = read_rows(tmp_path / "s.jsonl")

@@ -29,3 +29,15 @@ def test_plot_script_writes_a_png_for_a_run_and_for_a_sweep(tmp_path):
 def test_plot_script_says_what_is_missing_for_a_directory_without_metrics(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert result.returncode != 0 and "no metrics.jsonl found" in result.stderr
+
+
+def test_plot_script_draws_the_held_out_eval_rows_of_a_run_that_has_them(tmp_path):
+    write_run(tmp_path / "run", 30, 0.02)
+    evals = [{"step": s, "kind": "eval", "eval/accuracy": 0.4 + s / 100, "eval/sampled_accuracy": 0.3 + s / 100,
+              "eval/reward_mean": 0.4} for s in (0, 10, 20, 30)]
+    with open(tmp_path / "run" / "metrics.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in evals))
+    out = tmp_path / "run.png"
+    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "run"), "--out", str(out)],
+                            capture_output=True, text=True, check=True)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "held-out eval rows from 1" in result.stdout

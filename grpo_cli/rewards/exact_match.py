@@ -55,7 +55,8 @@ def build(cfg):
     return lambda batch: fn(batch.prompts, batch.completions, batch.answers)
 
 
-def exact_match_reward(extract: str = "last_number", pattern: str | None = None):
+def compile_pattern(extract: str = "last_number", pattern: str | None = None) -> re.Pattern | None:
+    """reward.pattern compiled for extract=regex (None otherwise); an unknown mode is refused now, not mid-run."""
     if extract == "regex":
         if not pattern:
             raise GrpoError("reward.extract=regex needs reward.pattern, a regex with one capture group.")
@@ -65,7 +66,23 @@ def exact_match_reward(extract: str = "last_number", pattern: str | None = None)
             raise GrpoError(f"reward.pattern {pattern!r} does not compile ({e}); fix the regex.") from None
     else:
         compiled = None
-    extract_answer("", extract)  # reject an unknown mode now, not mid-run
+    extract_answer("", extract)
+    return compiled
+
+
+def answer_extractor(extract: str = "last_number", pattern: str | None = None):
+    """fn(completion) -> its answer as exact_match reads it (extracted, normalised), or None."""
+    compiled = compile_pattern(extract, pattern)
+
+    def answer(completion: str) -> str | None:
+        got = extract_answer(completion, extract, compiled)
+        return None if got is None else normalise(got)
+
+    return answer
+
+
+def exact_match_reward(extract: str = "last_number", pattern: str | None = None):
+    compiled = compile_pattern(extract, pattern)
 
     def reward(prompts, completions, answers):
         return [float(is_correct(c, a, extract, compiled)) for c, a in zip(completions, answers)]
