@@ -127,3 +127,22 @@ def test_evaluate_writes_eval_json_and_sample_shows_scored_completions(tiny_dir,
     rows = read_rows(tmp_path / "s.jsonl")
     assert len(rows) == 3 and all(r["prompt"] == "3+4=" and r["reward"] in (0.0, 1.0) for r in rows)
     assert "3+4=" in out.stdout
+
+
+def test_a_local_model_directory_of_another_architecture_trains(tmp_path):
+    """model.path= takes any Hugging Face causal LM directory (here a random tiny Qwen2, built offline)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_cli import tiny
+
+    tok = tiny.build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
+    tiny.save(model, tok, tmp_path / "qwen")
+    run_in_process("train", f"model.path={tmp_path / 'qwen'}", f"output_dir={tmp_path / 'run'}", *FAST)
+    rows = read_rows(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
+    assert type(reloaded).__name__ == "Qwen2ForCausalLM"
