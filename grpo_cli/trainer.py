@@ -280,7 +280,9 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         "run_dir": str(run_dir),
     }
     if before:
-        after = held_out_scores()
+        with torch.random.fork_rng():  # drawn like every periodic evaluation: the last one agrees
+            torch.manual_seed(t.seed)
+            after = held_out_scores()
         summary.update(
             greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
             sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],

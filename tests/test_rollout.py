@@ -32,7 +32,7 @@ def test_chunked_token_logprobs_equal_a_full_vocabulary_log_softmax(tiny_model):
     T = roll.completion_len
     for temperature in (1.0, 1.3):
         got, ent = token_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature=temperature,
-                                  chunk_rows=2, with_entropy=True)
+                                  chunk_tokens=5, with_entropy=True)
         want = _full_vocab_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature)
         m = roll.completion_mask.bool()
         assert torch.allclose(got[m].double(), want[m], atol=1e-5)
