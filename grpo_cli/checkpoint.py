@@ -111,7 +111,8 @@ def load_state(checkpoint: Path) -> dict:
 # Keys that define the experiment: changing them on resume would splice two different runs.
 EXPERIMENT_GROUPS = ("model", "reward", "sampler", "optimizer", "data", "algo")
 EXPERIMENT_KEYS = ("trainer.seed", "trainer.prompts_per_step")
-FREE_KEYS = ("model.device", "model.name")  # where it runs and what it is called may change
+# Where it runs, how the reward model is batched and what it is called may change.
+FREE_KEYS = ("model.device", "model.name", "reward.model_device", "reward.model_batch_size")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

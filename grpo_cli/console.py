@@ -137,9 +137,15 @@ class MetricsLog:
         tmp.replace(self.path)
 
     def read(self) -> list[dict]:
+        """Every row; a last line that does not parse is dropped: a kill in mid-write leaves half a row."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in lines[:-1]]
+        try:
+            return rows + [json.loads(line) for line in lines[-1:]]
+        except json.JSONDecodeError:
+            return rows
 
 
 def tensorboard_writer():

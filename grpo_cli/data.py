@@ -17,7 +17,7 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.rewards.exact_match import extract_answer
 
 SOURCES = ("arithmetic", "long_addition", "files", "hub")
@@ -79,7 +79,7 @@ def read_file(path: str, key: str) -> Dataset:
     except Exception as e:  # a malformed file: the parser's message (the cause) says where
         if "corresponds to no data" in str(e):  # how `datasets` reports a csv with a header only
             raise GrpoError(f"data.{key}={path} has no rows; give it some.") from None
-        raise GrpoError(f"Could not read data.{key}={path} as {fmt} ({_first_line(e.__cause__ or e)}).") from None
+        raise GrpoError(f"Could not read data.{key}={path} as {fmt} ({first_line(e.__cause__ or e)}).") from None
     finally:
         if quiet:
             enable_progress_bars()
@@ -112,7 +112,7 @@ def read_hub(cfg) -> DatasetDict:
         loaded = load_dataset(cfg.hub_name, cfg.hub_config)
     except Exception as e:  # unreachable hub, offline mode, a wrong name or config: the cause is in its message
         raise GrpoError(
-            f"Could not load the dataset {what} from the Hugging Face hub ({_first_line(e)}); check the name, "
+            f"Could not load the dataset {what} from the Hugging Face hub ({first_line(e)}); check the name, "
             "data.hub_config and the network (offline mode, HF_HUB_OFFLINE=1, finds cached datasets only), or use data=files."
         ) from None
     for split in (cfg.train_split, cfg.test_split):
@@ -139,8 +139,9 @@ def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
 
 def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
     """The prompt text of each row: the template filled from its columns, then the chat template."""
-    texts = [str(row[cfg.prompt_field]) for row in rows]
-    if cfg.template is not None:
+    if cfg.template is None:
+        texts = [str(row[cfg.prompt_field]) for row in rows]
+    else:  # prompt_field need not exist yet: the rendered prompt is stored under it
         try:
             texts = [cfg.template.format(**row) for row in rows]
         except KeyError as e:
@@ -151,7 +152,7 @@ def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
         except (ValueError, IndexError) as e:
             raise GrpoError(
                 f"data.template {cfg.template!r} is not a format string ({e}); write columns as {{name}} "
-                "and literal braces as {{{{ }}}}."
+                "and literal braces as {{ }}."
             ) from None
     if cfg.system_prompt is not None and not cfg.chat_template:
         raise GrpoError("data.system_prompt is only used with data.chat_template=true; set it, or put the text in data.template.")
@@ -227,10 +228,6 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> 
     else:
         raise GrpoError(f"Unknown data.name={cfg.name!r}; choose one of {', '.join(SOURCES)}.")
     return DatasetDict({name: prepare(split, name, cfg, tokenizer, log) for name, split in data.items()})
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 class PromptOrder:

@@ -38,9 +38,9 @@ def majority(answers: list[str | None]) -> str | None:
 def maj_at_k(answers: list[str | None], target: str, k: int) -> float:
     """Majority-vote accuracy over k samples: the fraction of the len(answers) // k disjoint blocks of
     k answers (in sampling order) whose majority answer is the target."""
-    blocks = [answers[s : s + k] for s in range(0, len(answers) - k + 1, k)]
-    if k < 1 or not blocks:
+    if not 1 <= k <= len(answers):
         raise ValueError(f"maj@k needs 1 <= k <= {len(answers)} answers, got k={k}")
+    blocks = [answers[s : s + k] for s in range(0, len(answers) - k + 1, k)]
     return sum(majority(b) == target for b in blocks) / len(blocks)
 
 
@@ -78,21 +78,6 @@ def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_toke
 
 
 @torch.no_grad()
-def sampled_accuracy(model, tokenizer, prompts, answers, *, samples: int, max_new_tokens: int,
-                     temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, batch_size: int = 64,
-                     check=None) -> float:
-    """Fraction of `samples` completions per prompt, drawn as in training, that are right."""
-    check = check or exact_match_reward()
-    hits = 0
-    for start in range(0, len(prompts), batch_size):
-        p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
-        roll = generate(model, tokenizer, p, samples, max_new_tokens=max_new_tokens,
-                        temperature=temperature, top_p=top_p, top_k=top_k)
-        hits += sum(check(None, roll.completions, [x for x in a for _ in range(samples)]))
-    return hits / max(len(prompts) * samples, 1)
-
-
-@torch.no_grad()
 def sampled_scores(model, tokenizer, prompts, answers, *, samples: int, ks: list[int], sampler, batch_size: int = 64,
                    extract: str = "last_number", pattern: str | None = None) -> dict:
     """`samples` completions per prompt drawn with the sampler's settings: the fraction right, and
@@ -104,8 +89,8 @@ def sampled_scores(model, tokenizer, prompts, answers, *, samples: int, ks: list
         roll = generate(model, tokenizer, p, samples, max_new_tokens=sampler.max_new_tokens,
                         temperature=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k)
         for i, target in enumerate(a):
-            got = [answer_of(c) for c in roll.completions[i * samples : (i + 1) * samples]]
             target = normalise(str(target))
+            got = [answer_of(c, target) for c in roll.completions[i * samples : (i + 1) * samples]]
             counts.append(sum(g == target for g in got))
             votes.append((got, target))
     n = max(len(prompts), 1)
@@ -121,11 +106,12 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
     directory or hub id = itself; a run directory = its checkpoints in step order, then final/."""
     if checkpoint is None:
         return [(base, None)]
-    entries = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    # `checkpoint=100` (a directory named 100) arrives from Hydra as an int
+    entries = [str(c) for c in checkpoint] if isinstance(checkpoint, (list, tuple)) else [str(checkpoint)]
     if not entries:
         raise GrpoError("checkpoint=[] names no model; pass checkpoint=PATH, a list, or null for the base model.")
     found = []
-    for entry in map(str, entries):
+    for entry in entries:
         path = Path(entry).expanduser()
         if not path.is_dir() or (path / "config.json").exists():
             match = STEP_DIR.match(path.name)
@@ -144,15 +130,16 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
 
 
 def check_evaluate_config(cfg) -> list[int]:
-    """The k values, sorted; values the schema's types cannot rule out are refused before any work."""
-    ks = sorted(set(cfg.k))
+    """The k values, sorted (none with samples=0: greedy only); values the schema's types cannot rule
+    out are refused before any work."""
+    ks = sorted(set(cfg.k)) if cfg.samples else []
     if cfg.samples < 0 or cfg.batch_size < 1 or (cfg.limit is not None and cfg.limit < 1):
         raise GrpoError("samples must be >= 0, batch_size >= 1 and limit >= 1 (or null).")
     if ks and not 1 <= ks[0] <= ks[-1] <= cfg.samples:
         raise GrpoError(
             f"k={ks} asks for pass@k and maj@k from samples={cfg.samples} completions per prompt; each k must be "
-            f"between 1 and samples: raise samples to {max(ks[-1], 1)} or drop the larger k (k=[] with samples=0 "
-            "scores greedy completions only)."
+            f"between 1 and samples: raise samples to {max(ks[-1], 1)} or drop the larger k (samples=0 scores "
+            "greedy completions only)."
         )
     if cfg.samples and cfg.sampler.temperature <= 0:
         raise GrpoError("sampler.temperature must be positive to sample; use samples=0 for greedy scores only.")

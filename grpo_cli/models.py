@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, first_line
 
 BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -33,12 +33,16 @@ def resolve_path(path: str) -> str:
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str, key: str = "model.device") -> torch.device:
+    """`device` as a torch device; `key` names the option it came from in messages."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise GrpoError(f"model.device={device} but no CUDA device is visible; use model.device=cpu or auto.")
-    return torch.device(device)
+        raise GrpoError(f"{key}={device} but no CUDA device is visible; use {key}=cpu or auto.")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise GrpoError(f"{key}={device} is not a device torch knows; use {key}=auto, cpu, cuda or cuda:N.") from None
 
 
 def resolve_dtype(name: str):
@@ -51,9 +55,9 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     location = resolve_path(path)
     try:
         tok = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # missing files, or an architecture transformers does not know
         raise GrpoError(
-            f"Could not load a tokenizer from {path!r} ({_first_line(e)}); "
+            f"Could not load a tokenizer from {path!r} ({first_line(e)}); "
             "check the hub id and your network, or pass model.path=LOCAL_DIR."
         ) from None
     tok.padding_side = "left"  # generation appends on the right
@@ -69,13 +73,9 @@ def load_model(path: str, dtype: str = "float32", device: str = "auto", trust_re
         model = AutoModelForCausalLM.from_pretrained(
             location, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
         )
-    except OSError as e:
+    except (OSError, ValueError) as e:  # missing files, or an architecture transformers does not know
         raise GrpoError(
-            f"Could not load a model from {path!r} ({_first_line(e)}); "
+            f"Could not load a model from {path!r} ({first_line(e)}); "
             "check the hub id and your network, or pass model.path=LOCAL_DIR."
         ) from None
     return model.to(resolve_device(device)).eval()
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

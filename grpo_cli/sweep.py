@@ -15,7 +15,10 @@ from rich.table import Table
 COLUMNS = ("job", "overrides", "status", "reward_last20", "sampled_accuracy_after", "greedy_accuracy_after",
            "seconds", "run_dir", "error")
 
-# Jobs that failed for a user mistake; the CLI exits non-zero after the sweep when there are any.
+# Jobs that stopped on a user mistake (a GrpoError, returned as {"status": "failed"}); the CLI exits 2
+# after the sweep when there are any. A job that crashes with a bug never reaches this table: Hydra's
+# BasicSweeper re-raises its exception once the batch has run, before on_multirun_end, and the sweep
+# ends with that trace (exit 1).
 failed_jobs: list[str] = []
 
 
@@ -36,8 +39,6 @@ class SweepSummary(Callback):
         row = {"job": config.hydra.job.num, "overrides": " ".join(job_return.overrides or [])}
         if isinstance(value, dict) and value.get("status") == "failed":
             row.update(status="failed", error=value["error"])
-        elif isinstance(value, BaseException):
-            row.update(status="failed", error=f"{type(value).__name__}: {value}")
         elif isinstance(value, dict):
             row.update(status="done", **{k: value.get(k) for k in COLUMNS if k in value})
         else:

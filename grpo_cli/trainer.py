@@ -19,7 +19,7 @@ from grpo_cli.checkpoint import experiment_diff, load_state, resolve_resume, sav
 from grpo_cli.console import Console, MetricsLog, TensorBoard, tensorboard_writer
 from grpo_cli.data import PromptOrder, load_data
 from grpo_cli.errors import GrpoError
-from grpo_cli.evaluate import greedy_scores, sampled_accuracy
+from grpo_cli.evaluate import greedy_scores, sampled_scores
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.objective import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS
 from grpo_cli.rewards import build_reward
@@ -170,10 +170,8 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)
         scores = greedy_scores(policy, tokenizer, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens,
                                columns=held_out.to_dict(), check=check)
-        scores["sampled_accuracy"] = sampled_accuracy(
-            policy, tokenizer, prompts, answers, samples=4, max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, check=check,
-        )
+        scores.update(sampled_scores(policy, tokenizer, prompts, answers, samples=4, ks=[], sampler=s,
+                                     extract=cfg.reward.extract, pattern=cfg.reward.pattern))
         return scores
 
     def eval_row(step: int, scores: dict) -> dict:
@@ -211,10 +209,10 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         extra = {"reference": reference.state_dict()} if reference is not None and cfg.algo.ref_refresh else {}
         if behaviour is not None and cfg.algo.behaviour == "lagged":
             extra["behaviour"] = behaviour.state_dict()
+        # No data position: PromptOrder makes the prompts of every step a function of (seed, step).
         save_checkpoint(run_dir, step, policy, tokenizer, {
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "config": asdict(cfg),
-            "data_position": step * t.prompts_per_step, "held_out_before": before, "metrics": metrics.read(),
-            **extra,
+            "held_out_before": before, **extra,
         }, keep_last=t.keep_last)
 
     if state:

@@ -115,6 +115,41 @@ def test_a_classifier_with_two_labels_is_refused(tmp_path):
         build_reward(RewardConfig(name="model", model_path=str(path), model_device="cpu"))
 
 
+def test_a_reward_model_scores_only_as_many_tokens_as_its_tokenizer_allows(tmp_path):
+    """A prompt + completion longer than the tokenizer's model_max_length is truncated, not run past
+    the model's positions (a crash inside the model)."""
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    tok = tiny.build_tokenizer()
+    tok.model_max_length = 16
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_positions=16, n_embd=32, n_layer=1,
+                                                     n_head=2, num_labels=1, pad_token_id=tok.pad_token_id))
+    path = tiny.save(model, tok, tmp_path / "rm")
+    fn = build_reward(RewardConfig(name="model", model_path=str(path), model_device="cpu"))
+    prompt = "1+2=" * 10  # 40 tokens
+    values = fn([prompt, "3+4="], ["3", "7"], ["3", "7"])
+    with torch.no_grad():
+        first16 = float(model.eval()(**tok(prompt[:16], return_tensors="pt")).logits[0, 0])
+    assert values[0] == pytest.approx(first16, abs=1e-5)
+
+
+def test_a_device_torch_does_not_know_is_one_sentence_naming_its_option(tmp_path):
+    import torch
+
+    from grpo_cli.models import resolve_device
+
+    with pytest.raises(GrpoError, match="model.device=gpu is not a device torch knows; use model.device=auto"):
+        resolve_device("gpu")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(GrpoError, match="^reward.model_device=gpu is not a device torch knows; use reward.model_device="):
+        build_reward(RewardConfig(name="model", model_path=str(tmp_path), model_device="gpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(GrpoError, match="^reward.model_device=cuda but no CUDA device is visible; use reward.model_device=cpu"):
+            build_reward(RewardConfig(name="model", model_path=str(tmp_path), model_device="cuda"))
+
+
 # --- the happy paths -----------------------------------------------------------------------------
 
 def test_train_on_jsonl_train_and_test_files_with_a_prompt_template(tmp_path, capsys):

@@ -92,6 +92,17 @@ def test_an_unwritable_output_dir_is_reported_before_any_work(tiny_dir, tmp_path
     assert "Cannot write to the run directory" in out.stdout + out.stderr
 
 
+def test_a_model_directory_of_an_unknown_architecture_is_one_sentence(tmp_path):
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.models import load_model, load_tokenizer
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    with pytest.raises(GrpoError, match="^Could not load a tokenizer from "):
+        load_tokenizer(str(tmp_path))
+    with pytest.raises(GrpoError, match="^Could not load a model from .*no_such_architecture"):
+        load_model(str(tmp_path), device="cpu")
+
+
 def test_help_lists_the_config_groups_and_their_options():
     out = grpo("train", "--help", check_rc=0)
     for line in ("algo: dapo, dr_grpo, grpo, gspo, seed000", "model: qwen, tiny",

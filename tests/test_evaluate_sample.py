@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from grpo_cli.cli import main
-from grpo_cli.evaluate import maj_at_k, majority, pass_at_k
+from grpo_cli.config import EvaluateConfig
+from grpo_cli.evaluate import check_evaluate_config, checkpoints_to_evaluate, maj_at_k, majority, pass_at_k
 
 FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
         "trainer.progress=false", "data.max_operand=9", "data.num_test=20"]
@@ -85,7 +86,23 @@ def test_maj_at_k_votes_over_blocks_of_k_answers_by_hand():
     assert maj_at_k(["7", "7", "3", "3", "3"], "7", 2) == 0.5  # the fifth answer fills no block
 
 
+def test_maj_at_k_refuses_k_below_one_with_its_own_message():
+    with pytest.raises(ValueError, match="maj@k needs 1 <= k <= 2 answers, got k=0"):
+        maj_at_k(["7", "7"], "7", 0)
+
+
 # --- grpo evaluate --------------------------------------------------------------------------------
+
+def test_samples_0_scores_greedy_only_whatever_k_is():
+    assert check_evaluate_config(EvaluateConfig(samples=0)) == []  # the default k=[1, 4, 8] is not refused
+    assert check_evaluate_config(EvaluateConfig(samples=8)) == [1, 4, 8]
+
+
+def test_a_checkpoint_that_yaml_reads_as_a_number_is_a_path():
+    """`checkpoint=100` (a directory named 100) arrives from Hydra as an int."""
+    assert checkpoints_to_evaluate(100, "base") == [("100", None)]
+    assert checkpoints_to_evaluate(("step-3", 7), "base") == [("step-3", 3), ("7", None)]
+
 
 def test_evaluate_on_a_run_directory_gives_one_row_per_checkpoint_in_step_order_then_final(run, tmp_path, capsys):
     run_dir, _ = run

@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli.checkpoint import list_checkpoints, load_state
+from grpo_cli.checkpoint import experiment_diff, list_checkpoints, load_state
 from grpo_cli.cli import main
+from grpo_cli.console import MetricsLog
 
 TINY = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
         "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8"]
@@ -94,6 +95,28 @@ def test_changing_the_experiment_on_resume_is_refused_with_the_differences_liste
     text = " ".join((out.stdout + out.stderr).split())  # rich may wrap long lines
     assert "algo.beta: 0.04 -> 0.0" in text and "optimizer.lr: 0.0003 -> 0.001" in text
     assert "Traceback" not in text
+
+
+def test_where_and_in_what_batches_the_reward_model_runs_may_change_on_resume():
+    saved = {"reward": {"model_path": "rm", "model_device": "cpu", "model_batch_size": 8}}
+    moved = {"reward": {"model_path": "rm", "model_device": "cuda:1", "model_batch_size": 64}}
+    assert experiment_diff(saved, moved) == []
+    assert experiment_diff(saved, {"reward": {**moved["reward"], "model_path": "other"}}) == [
+        "reward.model_path: 'rm' -> 'other'"]
+
+
+def test_a_half_written_last_metrics_row_from_a_kill_is_dropped_on_resume(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"step": 1, "reward_mean": 0.5})
+    log.write({"step": 2, "reward_mean": 0.75})
+    with open(log.path, "a") as f:
+        f.write('{"step": 3, "rew')  # killed in mid-write
+    log.truncate(5)
+    assert log.read() == [{"step": 1, "reward_mean": 0.5}, {"step": 2, "reward_mean": 0.75}]
+    assert log.path.read_text().endswith("}\n")
+    log.path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')  # a broken row in the middle is not a kill
+    with pytest.raises(json.JSONDecodeError):
+        log.read()
 
 
 def test_keep_last_prunes_old_checkpoints_only_after_a_new_one_is_complete(tmp_path):
@@ -178,3 +201,20 @@ def test_a_failed_sweep_job_is_reported_and_does_not_stop_the_others(tmp_path):
     assert [r["status"] for r in summary] == ["failed", "done"]
     assert "group_size must be at least 2" in summary[0]["error"]
     assert len(rows(tmp_path / "1")) == 1
+
+
+def test_a_sweep_job_that_crashes_with_a_bug_ends_the_sweep_with_its_trace_and_no_summary(tmp_path, monkeypatch, capsys):
+    """Unlike a user mistake (a failed row in the table, exit 2), a bug keeps its trace: Hydra re-raises
+    it once the batch has run, so there is no sweep table or sweep.csv, and the exit code is Hydra's 1."""
+    from grpo_cli import trainer
+
+    def bug(cfg):
+        raise RuntimeError("a bug in grpo_cli")
+
+    monkeypatch.setattr(trainer, "check_config", bug)  # fails before anything is loaded
+    with pytest.raises(SystemExit) as e:
+        main(["train", "-m", *TINY, "trainer.steps=1", "trainer.seed=0,1", f"hydra.sweep.dir={tmp_path}"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug in grpo_cli" in err
+    assert not (tmp_path / "sweep.csv").exists()

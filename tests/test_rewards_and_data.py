@@ -8,8 +8,8 @@ from grpo_cli import tiny
 from grpo_cli.config import DataConfig, RewardConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems, load_data, long_addition_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards import build_reward, checked, score_batch
-from grpo_cli.rewards.exact_match import extract_answer, is_correct
+from grpo_cli.rewards import BUILDERS, build_reward, checked, score_batch
+from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, extract_answer, is_correct
 from grpo_cli.rewards.length import overlong_penalty
 
 
@@ -37,6 +37,29 @@ def test_exact_match_normalises_numbers_but_not_values(completion, answer, want)
     assert is_correct(completion, answer) is want
 
 
+@pytest.mark.parametrize(
+    "completion, answer, want",
+    [("#### 72\n\nQuestion: how many pears?", "72", True),  # the model ran on past its answer
+     ("#### 72 apples", "72", True), ("#### $1,204.", "1204", True),  # GSM8K: the number after ####
+     ("#### 72 apples", "72 apples", True), ("#### yes", "yes", True), ("####\n 72", "72", True),
+     ("#### 720", "72", False), ("#### 73 apples", "72", False), ("#### no", "yes", False)],
+)
+def test_a_hash_answer_is_the_first_line_after_the_hashes_or_its_first_number(completion, answer, want):
+    assert is_correct(completion, answer, "hash") is want
+    right = answer_extractor("hash")(completion, answer) == answer  # evaluate's votes agree with the reward
+    assert right is want
+
+
+def test_integers_beyond_float_precision_stay_distinct():
+    assert is_correct("9007199254740993", "9007199254740992") is False  # 2**53 + 1 and 2**53
+    assert is_correct("12345678901234567891", "12,345,678,901,234,567,891") is True
+
+
+def test_the_exact_match_reward_is_built_once_per_extract_and_pattern():
+    assert exact_match_reward("hash", None) is exact_match_reward("hash", None)
+    assert exact_match_reward("regex", "<a>(.*)</a>") is not exact_match_reward("regex", "<b>(.*)</b>")
+
+
 def test_exact_match_reward_is_one_for_right_and_zero_for_wrong():
     fn = build_reward(RewardConfig())
     assert fn(["1+1=", "1+1="], ["2", "3"], ["2", "2"]) == [1.0, 0.0]
@@ -49,6 +72,11 @@ def test_regex_extraction_and_a_regex_that_does_not_compile():
         build_reward(RewardConfig(extract="regex", pattern="(unclosed"))
 
 
+def test_a_regex_without_a_capture_group_is_refused_when_the_reward_is_built():
+    with pytest.raises(GrpoError, match="has no capture group; put the answer part in parentheses"):
+        build_reward(RewardConfig(extract="regex", pattern=r"\d+"))
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [(lambda p, c, a: [math.nan] * len(c), "finite"),
@@ -59,6 +87,21 @@ def test_a_bad_reward_is_a_clear_error_naming_the_reward(bad, message):
     with pytest.raises(GrpoError, match=message) as e:
         checked("mine", bad)(["p", "p"], ["a", "b"], ["x", "x"])
     assert "'mine'" in str(e.value)
+
+
+def test_a_built_in_reward_that_fails_keeps_its_own_exception_for_the_trace(monkeypatch):
+    """Only user code (reward=python) is turned into a one-sentence error; a built-in term that
+    raises is a bug or a resource problem (CUDA out of memory), and the trace is what helps."""
+    def out_of_memory(cfg):
+        def term(batch):
+            raise RuntimeError("CUDA out of memory")
+        return term
+
+    monkeypatch.setitem(BUILDERS, "model", out_of_memory)
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        build_reward(RewardConfig(name="model"))(["p"], ["a"], ["x"])
+    with pytest.raises(AssertionError, match="token counts"):  # a caller that passed none: our bug
+        build_reward(RewardConfig(name="length"))(["p"], ["a"], ["x"])
 
 
 def test_arithmetic_task_is_deterministic_and_the_test_split_is_held_out():
@@ -286,6 +329,21 @@ def test_train_and_test_files_and_a_template_over_the_columns(tmp_path):
     data = load_data(cfg)
     assert len(data["train"]) == 20 and len(data["test"]) == 4
     assert data["train"][0] == {"question": "q: what is 0 plus 0? (level 0)\na:", "answer": "0", "level": 0}
+
+
+def test_a_template_over_other_columns_stores_the_prompt_under_the_default_prompt_field(tmp_path):
+    """data=files with a template and prompt_field left at `prompt`: the data needs no prompt column."""
+    cfg = DataConfig(name="files", train_file=str(write_rows(tmp_path / "rows.jsonl")), test_size=4,
+                     template="q: {question} a:")
+    data = load_data(cfg)
+    assert data["train"].column_names == ["question", "answer", "level", "prompt"]
+    assert all(p == f"q: {q} a:" for p, q in zip(data["train"]["prompt"], data["train"]["question"]))
+
+
+def test_a_template_that_is_not_a_format_string_says_how_to_write_literal_braces(tmp_path):
+    with pytest.raises(GrpoError) as e:
+        load_data(files_config(train_file=str(write_rows(tmp_path / "x.jsonl")), template="{question} {"))
+    assert str(e.value).endswith("write columns as {name} and literal braces as {{ }}.")
 
 
 def test_the_chat_template_wraps_the_prompt_with_the_system_prompt():

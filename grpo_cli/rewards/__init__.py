@@ -3,9 +3,10 @@
 A term is `fn(batch: Batch) -> one float per completion`, built from the flat reward config by its
 module's `build(cfg)`. `build_reward` returns a `Reward`: the term named by `reward.name`, or with
 `reward=combo` the terms in `reward.terms` weighted by `reward.weights`. Every term is checked, so a
-reward that raises, returns NaN or returns the wrong number of values stops the run with one
-sentence naming the reward (and the completion) instead of poisoning the loss. The trainer logs each
-term's mean as `reward/<term>` and whitens the weighted sum into advantages.
+reward that returns NaN or the wrong number of values, or user code (reward=python) that raises,
+stops the run with one sentence naming the reward (and the completion) instead of poisoning the
+loss; a built-in term that raises is a bug (or out of memory) and keeps its trace. The trainer logs
+each term's mean as `reward/<term>` and whitens the weighted sum into advantages.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ BUILDERS = {
     "model": reward_model.build,
     "python": python_fn.build,
 }
+USER_CODE = ("python",)  # terms that run the user's own function: what they raise is theirs to fix
 
 
 @dataclass
@@ -63,7 +65,7 @@ class Reward:
         batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
                       None if completion_tokens is None else [int(n) for n in completion_tokens],
                       {k: list(v) for k, v in (columns or {}).items()})
-        values = {name: run_term(name, fn, batch) for name, fn in self.terms.items()}
+        values = {name: run_term(name, fn, batch, user_code=name in USER_CODE) for name, fn in self.terms.items()}
         total = [sum(self.weights[name] * values[name][i] for name in values) for i in range(len(batch))]
         return total, values
 
@@ -103,13 +105,17 @@ def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=N
     return list(reward_fn(prompts, completions, answers)), {}
 
 
-def run_term(name: str, fn: TermFn, batch: Batch) -> list[float]:
-    """fn(batch) as finite floats, one per completion, or a GrpoError naming the reward and the completion."""
+def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool) -> list[float]:
+    """fn(batch) as finite floats, one per completion, or a GrpoError naming the reward (and, when
+    `user_code` raised, the completion); an exception from a built-in term propagates unchanged."""
     try:
         values = fn(batch)
     except GrpoError:
         raise
-    except Exception as e:  # the reward's code failed: name it, and the completion, keep the run's checkpoints
+    except Exception as e:
+        if not user_code:
+            raise
+        # the user's reward failed: name it, and the completion, keep the run's checkpoints
         raise GrpoError(
             f"Reward {name!r} raised {type(e).__name__}: {e}{_failing_row(fn, batch)}; fix the reward function."
         ) from e
@@ -160,6 +166,6 @@ def checked(name: str, fn: Callable[[Sequence[str], Sequence[str], Sequence[str]
 
     def call(prompts, completions, answers) -> list[float]:
         batch = Batch(list(prompts), list(completions), list(answers))
-        return run_term(name, lambda b: fn(b.prompts, b.completions, b.answers), batch)
+        return run_term(name, lambda b: fn(b.prompts, b.completions, b.answers), batch, user_code=True)
 
     return call

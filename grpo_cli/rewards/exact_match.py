@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from grpo_cli.errors import GrpoError
 
@@ -14,8 +15,10 @@ def extract_answer(text: str, extract: str = "last_number", pattern: re.Pattern 
     if extract == "last_number":
         found = NUMBER.findall(text)
         return found[-1] if found else None
-    if extract == "hash":
-        return text.split("####")[-1] if "####" in text else None
+    if extract == "hash":  # the first line after the last ####: a model may run on past its answer
+        if "####" not in text:
+            return None
+        return next((line for line in text.split("####")[-1].splitlines() if line.strip()), "")
     if extract == "boxed":
         start = text.rfind("\\boxed{")
         if start < 0:
@@ -38,15 +41,28 @@ def normalise(answer: str) -> str:
     """Whitespace, thousands separators and a trailing '.0' do not make an answer wrong."""
     s = answer.strip().replace(",", "").rstrip(".")
     try:
+        return str(int(s))  # exact: through float, integers above 2**53 would collide
+    except ValueError:
+        pass
+    try:
         value = float(s)
     except ValueError:
         return " ".join(s.split())
     return str(int(value)) if value.is_integer() else repr(value)
 
 
+def matches(got: str, target: str, extract: str) -> bool:
+    """Whether an extracted answer equals the normalised target; after ####, the first number of the
+    line counts too, so `#### 72 apples` is right for 72 (GSM8K-style) and `#### yes` still for yes."""
+    if normalise(got) == target:
+        return True
+    number = NUMBER.search(got) if extract == "hash" else None
+    return number is not None and normalise(number.group()) == target
+
+
 def is_correct(completion: str, answer: str, extract: str = "last_number", pattern: re.Pattern | None = None) -> bool:
     got = extract_answer(completion, extract, pattern)
-    return got is not None and normalise(got) == normalise(str(answer))
+    return got is not None and matches(got, normalise(str(answer)), extract)
 
 
 def build(cfg):
@@ -64,23 +80,32 @@ def compile_pattern(extract: str = "last_number", pattern: str | None = None) ->
             compiled = re.compile(pattern)
         except re.error as e:
             raise GrpoError(f"reward.pattern {pattern!r} does not compile ({e}); fix the regex.") from None
+        if compiled.groups < 1:
+            raise GrpoError(
+                f"reward.pattern={pattern} has no capture group; put the answer part in parentheses, e.g. 'answer: (\\d+)'."
+            )
     else:
         compiled = None
     extract_answer("", extract)
     return compiled
 
 
+@lru_cache(maxsize=16)
 def answer_extractor(extract: str = "last_number", pattern: str | None = None):
-    """fn(completion) -> its answer as exact_match reads it (extracted, normalised), or None."""
+    """fn(completion, target) -> its answer as exact_match reads it (extracted, normalised; the
+    normalised target itself whenever exact_match scores it right, so votes agree), or None."""
     compiled = compile_pattern(extract, pattern)
 
-    def answer(completion: str) -> str | None:
+    def answer(completion: str, target: str) -> str | None:
         got = extract_answer(completion, extract, compiled)
-        return None if got is None else normalise(got)
+        if got is None:
+            return None
+        return target if matches(got, target, extract) else normalise(got)
 
     return answer
 
 
+@lru_cache(maxsize=16)  # built once per (extract, pattern), not at every step or evaluation
 def exact_match_reward(extract: str = "last_number", pattern: str | None = None):
     compiled = compile_pattern(extract, pattern)
 

@@ -23,8 +23,7 @@ def build(cfg):
         )
 
     def reward(batch):
-        if batch.completion_tokens is None:
-            raise ValueError("reward=length needs the completions' token counts, and this caller passed none")
+        assert batch.completion_tokens is not None, "reward=length needs the completions' token counts"
         return [overlong_penalty(n, max_length, buffer) for n in batch.completion_tokens]
 
     return reward

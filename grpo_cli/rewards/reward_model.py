@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.models import resolve_device
 
 
@@ -32,14 +32,13 @@ def build(cfg):
         raise GrpoError("reward=model needs reward.model_path, a hub id or a local sequence-classification model directory.")
     if cfg.model_batch_size < 1:
         raise GrpoError(f"reward.model_batch_size={cfg.model_batch_size} must be at least 1.")
-    location, device = locate(cfg.model_path), resolve_device(cfg.model_device)
+    location, device = locate(cfg.model_path), resolve_device(cfg.model_device, key="reward.model_device")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
         model = AutoModelForSequenceClassification.from_pretrained(location)
     except (OSError, ValueError, RuntimeError) as e:  # missing files, a wrong architecture, mismatched weights
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise GrpoError(
-            f"Could not load a reward model from {cfg.model_path!r} ({first}); check the hub id and your network, "
+            f"Could not load a reward model from {cfg.model_path!r} ({first_line(e)}); check the hub id and your network, "
             "or pass reward.model_path=LOCAL_DIR."
         ) from None
     if model.config.num_labels != 1:
@@ -57,7 +56,7 @@ def build(cfg):
         texts = [p + c for p, c in zip(batch.prompts, batch.completions)]
         scores = []
         for s in range(0, len(texts), size):
-            enc = tokenizer(texts[s : s + size], return_tensors="pt", padding=True).to(device)
+            enc = tokenizer(texts[s : s + size], return_tensors="pt", padding=True, truncation=True).to(device)
             scores += model(**enc).logits[:, 0].float().tolist()
         return scores
 
