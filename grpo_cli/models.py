@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -14,8 +13,9 @@ BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
-def resolve_path(path: str) -> str:
-    """A loadable location: the built-in model's directory, an existing local directory, or a hub id."""
+def resolve_path(path: str, key: str = "model.path") -> str:
+    """A loadable location: the built-in model's directory, an existing local directory, or a hub id.
+    `key` names the option the path came from in messages."""
     if path in BUILTIN:
         return str(BUILTIN[path])
     if path.startswith("builtin:"):
@@ -24,12 +24,12 @@ def resolve_path(path: str) -> str:
     if local.exists():
         if not (local / "config.json").exists():
             raise GrpoError(
-                f"{path} has no config.json, so it is not a Hugging Face model directory; "
-                "point model.path (or checkpoint=) at a directory written by save_pretrained."
+                f"{key}={path} has no config.json, so it is not a Hugging Face model directory; "
+                "point it at a directory written by save_pretrained."
             )
         return str(local)
-    if path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1] or path.count("/") > 1:
-        raise GrpoError(f"Model path {path} does not exist; pass model.path=DIR with a saved model or a hub id.")
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:  # hub ids are "org/name"
+        raise GrpoError(f"{key}={path} does not exist; pass a directory with a saved model, or a hub id.")
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
 
 

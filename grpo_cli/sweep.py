@@ -36,7 +36,7 @@ class SweepSummary(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:  # Hydra calls job callbacks for single runs too
             return
         value = job_return._return_value  # the attribute: `.return_value` re-raises a job's exception
-        row = {"job": config.hydra.job.num, "overrides": " ".join(job_return.overrides or [])}
+        row = {"job": config.hydra.job.num, "overrides": list(job_return.overrides or [])}
         if isinstance(value, dict) and value.get("status") == "failed":
             row.update(status="failed", error=value["error"])
         elif isinstance(value, dict):
@@ -55,7 +55,7 @@ class SweepSummary(Callback):
         with open(sweep_dir / "sweep.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
             writer.writeheader()
-            writer.writerows(self.rows)
+            writer.writerows({**r, "overrides": " ".join(r["overrides"])} for r in self.rows)
         swept = varying_overrides([r["overrides"] for r in self.rows])
         table = Table(title=f"sweep: {len(self.rows)} jobs ({sweep_dir}/sweep.csv)")
         headers = {"job": "job", "overrides": "swept", "status": "status", "reward_last20": "reward (last 20)",
@@ -76,8 +76,8 @@ class SweepSummary(Callback):
                 console.print(f"[red]job {r['job']} failed:[/] {escape(r['error'])}", highlight=False)
 
 
-def varying_overrides(per_job: list[str]) -> list[str]:
+def varying_overrides(per_job: list[list[str]]) -> list[str]:
     """Each job's overrides restricted to the keys whose values differ between jobs."""
-    parsed = [dict(o.split("=", 1) for o in job.split() if "=" in o) for job in per_job]
+    parsed = [dict(o.split("=", 1) for o in job if "=" in o) for job in per_job]
     keys = [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
     return [" ".join(f"{k}={p.get(k)}" for k in keys) for p in parsed]

@@ -6,25 +6,11 @@ in eval mode without gradients, `reward.model_batch_size` texts at a time on `re
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
-from grpo_cli.models import resolve_device
-
-
-def locate(path: str) -> str:
-    """An existing local model directory, or a hub id; a path that does not exist is an error now."""
-    local = Path(path).expanduser()
-    if local.exists():
-        if not (local / "config.json").exists():
-            raise GrpoError(f"reward.model_path={path} has no config.json; point it at a directory written by save_pretrained.")
-        return str(local)
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:
-        raise GrpoError(f"reward.model_path={path} does not exist; pass a saved reward model directory or a hub id.")
-    return path
+from grpo_cli.models import resolve_device, resolve_path
 
 
 def build(cfg):
@@ -32,7 +18,7 @@ def build(cfg):
         raise GrpoError("reward=model needs reward.model_path, a hub id or a local sequence-classification model directory.")
     if cfg.model_batch_size < 1:
         raise GrpoError(f"reward.model_batch_size={cfg.model_batch_size} must be at least 1.")
-    location, device = locate(cfg.model_path), resolve_device(cfg.model_device, key="reward.model_device")
+    location, device = resolve_path(cfg.model_path, key="reward.model_path"), resolve_device(cfg.model_device, key="reward.model_device")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
         model = AutoModelForSequenceClassification.from_pretrained(location)
