@@ -17,9 +17,9 @@ from hydra.core.config_store import ConfigStore
 class ModelConfig:
     name: str = "tiny"
     path: str = "builtin:tiny"
-    dtype: str = "float32"
     device: str = "auto"
     trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -126,6 +126,9 @@ class TrainerConfig:
     log_completions_every: int = 50
     log_completions_groups: int = 2
     tensorboard: bool = False
+    precision: str = "fp32"
+    threads: int = 0
+    nonfinite_patience: int = 3
 
 
 @dataclass
@@ -155,6 +158,8 @@ class EvaluateConfig:
     batch_size: int = 64
     seed: int = 0
     output_dir: Optional[str] = None
+    precision: str = "fp32"
+    threads: int = 0
 
 
 @dataclass
@@ -170,6 +175,8 @@ class SampleConfig:
     batch_size: int = 16
     seed: int = 0
     output: Optional[str] = None
+    precision: str = "fp32"
+    threads: int = 0
 
 
 GROUP_SCHEMAS: dict[str, Any] = {

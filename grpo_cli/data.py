@@ -202,7 +202,9 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
     if cfg.max_prompt_length is not None:
         if tokenizer is None:
             raise GrpoError("data.max_prompt_length needs the model's tokenizer to count tokens.")
-        lengths = [len(ids) for ids in tokenizer(columns[cfg.prompt_field])["input_ids"]]
+        from grpo_cli.generation import encode_prompts  # the same ids generation will see
+
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, columns[cfg.prompt_field], cfg.chat_template)]
         keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
         if len(keep) < len(rows):
             log(f"dropped {len(rows) - len(keep)} of {len(rows)} prompts of {where}: longer than "

@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from grpo_cli.checkpoint import STEP_DIR, list_checkpoints
+from grpo_cli.choices import INFERENCE_PRECISIONS
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import score_batch
+from grpo_cli.generation import Sampling, group_seed
 from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, normalise
-from grpo_cli.rollout import generate
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,7 +46,7 @@ def maj_at_k(answers: list[str | None], target: str, k: int) -> float:
 
 
 @torch.no_grad()
-def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_tokens: int, batch_size: int = 256,
+def greedy_scores(generator, model, prompts, answers, reward_fn, *, max_new_tokens: int, batch_size: int = 256,
                   columns: dict | None = None, check=None) -> dict:
     """Greedy completions for every prompt, scored by the reward (which also sees `columns`, the
     dataset's columns by name, when given; each term's mean is `reward/<term>`) and by exact match
@@ -55,7 +56,7 @@ def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_toke
     rewards, terms, correct, lengths, truncated = [], {}, [], [], []
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
-        roll = generate(model, tokenizer, p, max_new_tokens=max_new_tokens, greedy=True)
+        roll = generator.generate(model, p, 1, Sampling(max_new_tokens, greedy=True))
         total, per_term = score_batch(
             reward_fn, p, roll.completions, a, completion_tokens=roll.completion_mask.sum(1).tolist(),
             columns={k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()},
@@ -78,16 +79,18 @@ def greedy_scores(model, tokenizer, prompts, answers, reward_fn, *, max_new_toke
 
 
 @torch.no_grad()
-def sampled_scores(model, tokenizer, prompts, answers, *, samples: int, ks: list[int], sampler, batch_size: int = 64,
-                   extract: str = "last_number", pattern: str | None = None) -> dict:
+def sampled_scores(generator, model, prompts, answers, *, samples: int, ks: list[int], sampler, batch_size: int = 64,
+                   extract: str = "last_number", pattern: str | None = None, seed: int = 0) -> dict:
     """`samples` completions per prompt drawn with the sampler's settings: the fraction right, and
-    pass@k and maj@k for each k, answers read as the exact_match reward reads them."""
+    pass@k and maj@k for each k, answers read as the exact_match reward reads them. Prompt i's noise is
+    seeded by (seed, i), so every model is evaluated on the same draws."""
     answer_of = answer_extractor(extract, pattern)
     counts, votes = [], []  # right answers per prompt; (answers, target) per prompt
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
-        roll = generate(model, tokenizer, p, samples, max_new_tokens=sampler.max_new_tokens,
-                        temperature=sampler.temperature, top_p=sampler.top_p, top_k=sampler.top_k)
+        sampling = Sampling(sampler.max_new_tokens, sampler.temperature, sampler.top_p, sampler.top_k)
+        seeds = [group_seed(seed, "evaluate", start + i) for i in range(len(p))]
+        roll = generator.generate(model, p, samples, sampling, seeds)
         for i, target in enumerate(a):
             target = normalise(str(target))
             got = [answer_of(c, target) for c in roll.completions[i * samples : (i + 1) * samples]]
@@ -141,6 +144,8 @@ def check_evaluate_config(cfg) -> list[int]:
             f"between 1 and samples: raise samples to {max(ks[-1], 1)} or drop the larger k (samples=0 scores "
             "greedy completions only)."
         )
+    if cfg.precision not in INFERENCE_PRECISIONS:
+        raise GrpoError(f"precision={cfg.precision!r} must be one of {', '.join(INFERENCE_PRECISIONS)}.")
     if cfg.samples and cfg.sampler.temperature <= 0:
         raise GrpoError("sampler.temperature must be positive to sample; use samples=0 for greedy scores only.")
     return ks
@@ -168,10 +173,15 @@ def short_names(paths: list[str]) -> list[str]:
 
 def run_evaluate(cfg, out_dir: Path, console) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json."""
-    from grpo_cli.models import load_model, load_tokenizer
+    from grpo_cli.distributed import set_threads
+    from grpo_cli.generation import HFGenerator
+    from grpo_cli.models import load_model, load_tokenizer, resolve_device
+    from grpo_cli.precision import DTYPES, Precision
     from grpo_cli.rewards import build_reward
 
     ks = check_evaluate_config(cfg)
+    set_threads(cfg.threads)
+    precision = Precision(cfg.precision, resolve_device(cfg.model.device).type)
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
     reward_fn = build_reward(cfg.reward)
     check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)
@@ -179,18 +189,18 @@ def run_evaluate(cfg, out_dir: Path, console) -> dict:
     per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None
     split, rows = None, []
     for path, step in targets:
-        model = load_model(path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
+        model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+        generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console)
         prompts, answers = split[cfg.data.prompt_field], split[cfg.data.answer_field]
-        scores = greedy_scores(model, tokenizer, prompts, answers, reward_fn, max_new_tokens=cfg.sampler.max_new_tokens,
+        scores = greedy_scores(generator, model, prompts, answers, reward_fn, max_new_tokens=cfg.sampler.max_new_tokens,
                                batch_size=cfg.batch_size, columns=split.to_dict(), check=check)
-        if cfg.samples:
-            torch.manual_seed(cfg.seed)  # every model sees the same sampling noise
-            scores.update(sampled_scores(model, tokenizer, prompts, answers, samples=cfg.samples, ks=ks,
+        if cfg.samples:  # every model sees the same sampling noise
+            scores.update(sampled_scores(generator, model, prompts, answers, samples=cfg.samples, ks=ks,
                                          sampler=cfg.sampler, batch_size=cfg.batch_size,
-                                         extract=cfg.reward.extract, pattern=cfg.reward.pattern))
+                                         extract=cfg.reward.extract, pattern=cfg.reward.pattern, seed=cfg.seed))
         rows.append({"checkpoint": path, "step": step, **scores})
         console.print(f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f}")
         del model

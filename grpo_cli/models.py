@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.logprobs import enable_logprob_forward
 
 BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
 def resolve_path(path: str, key: str = "model.path") -> str:
@@ -45,12 +45,6 @@ def resolve_device(device: str, key: str = "model.device") -> torch.device:
         raise GrpoError(f"{key}={device} is not a device torch knows; use {key}=auto, cpu, cuda or cuda:N.") from None
 
 
-def resolve_dtype(name: str):
-    if name not in DTYPES:
-        raise GrpoError(f"model.dtype={name!r} is not one of {sorted(DTYPES)}.")
-    return DTYPES[name]
-
-
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     location = resolve_path(path)
     try:
@@ -66,16 +60,35 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok
 
 
-def load_model(path: str, dtype: str = "float32", device: str = "auto", trust_remote_code: bool = False):
-    """A causal LM in eval mode on the requested device and dtype."""
+def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "auto", trust_remote_code: bool = False,
+               *, gradient_checkpointing: bool = False):
+    """A causal LM in eval mode on `device` in `dtype`, ready for training code: dropout off, and a
+    forward that can return lean token log-probabilities (logprobs.py)."""
     location = resolve_path(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code
-        )
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:  # missing files, or an architecture transformers does not know
         raise GrpoError(
             f"Could not load a model from {path!r} ({first_line(e)}); "
             "check the hub id and your network, or pass model.path=LOCAL_DIR."
         ) from None
+    disable_dropout(model)
+    enable_logprob_forward(model)
+    if gradient_checkpointing:
+        if not model.supports_gradient_checkpointing:
+            raise GrpoError(f"model.gradient_checkpointing=true, but {type(model).__name__} does not support it; set it to false.")
+        # Non-reentrant: inputs need not require grad, and it composes with autocast and DDP.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(resolve_device(device)).eval()
+
+
+def disable_dropout(model) -> None:
+    """Dropout off in every module, whatever mode the model is in: GRPO's ratios compare log-probs of the
+    same tokens under two policies, and dropout noise in one of them would bias every ratio. Covers
+    nn.Dropout modules and the float attention-dropout attributes HF attention layers read in training."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("attention_dropout", "dropout", "attn_dropout", "resid_dropout"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from grpo_cli.choices import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS
+
 __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "LOG_RATIO_BOUND",
     "RATIO_LEVELS",
     "STD_KINDS",
     "group_advantages",
@@ -21,11 +24,10 @@ __all__ = [
     "token_kl",
 ]
 
-ADVANTAGE_SCALES = ("group", "batch", "none")
-STD_KINDS = ("population", "sample")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-RATIO_LEVELS = ("token", "sequence", "sequence_mean")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant_norm")
+# A log-ratio is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before exp (docs/math.md, "Numerics"):
+# exp(20) ~ 4.9e8 is finite in float32, where a summed sequence log-ratio past ~88 nats overflows to inf.
+# The clamp only bites on ratios no clipped update should ever see; it stops a NaN, it does not steer.
+LOG_RATIO_BOUND = 20.0
 
 
 def _check_choice(kind: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -90,8 +92,8 @@ def token_kl(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled from pi_theta.
 
     Elementwise. k1 = log(pi/pi_ref); k2 = 0.5 * log(pi/pi_ref)**2;
-    k3 = pi_ref/pi - log(pi_ref/pi) - 1 (seed 004, DeepSeek's per-token approximation), which is
-    unbiased and never negative.
+    k3 = pi_ref/pi - log(pi_ref/pi) - 1 (Schulman's k3, used by DeepSeekMath), which is unbiased and
+    never negative; its log-ratio is clamped to +-LOG_RATIO_BOUND before exp.
     """
     _check_choice("KL estimator", estimator, KL_ESTIMATORS)
     log_ratio = logp - ref_logp  # log(pi / pi_ref)
@@ -99,7 +101,9 @@ def token_kl(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
         return log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio.pow(2)
-    # expm1 keeps k3 >= 0 to the last bit: exp(-x) - 1 + x rounds to -1e-16 for tiny negative x.
+    # expm1 keeps k3 >= 0 to the last bit: exp(-x) - 1 + x rounds to -1e-16 for tiny negative x. The
+    # clamp keeps exp finite when the policy has drifted far from the reference on a token.
+    log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return torch.expm1(-log_ratio) + log_ratio
 
 
@@ -136,8 +140,11 @@ def policy_loss(
     ``"constant_norm"`` token sum / (B * max_completion_length), default T (Dr. GRPO).
     A sequence with no completion tokens contributes zero.
 
-    Returns (loss, metrics); metrics are floats: kl, clip_frac_low, clip_frac_high, ratio_mean,
-    ratio_min, ratio_max, all over completion tokens.
+    Every log-ratio is clamped to +-LOG_RATIO_BOUND before exp, so a sequence log-ratio of any size
+    gives a finite loss and gradient.
+
+    Returns (loss, metrics); metrics are 0-d tensors (read them once per step): kl, clip_frac_low,
+    clip_frac_high, ratio_mean, ratio_min, ratio_max, all over completion tokens.
     """
     _check_choice("aggregation", aggregation, AGGREGATIONS)
     _check_choice("ratio level", ratio_level, RATIO_LEVELS)
@@ -181,7 +188,7 @@ def policy_loss(
         if ratio_level == "sequence_mean":
             seq_log_ratio = seq_log_ratio / seq_tokens
         log_ratio = seq_log_ratio[:, None].expand(-1, tokens)
-    ratio = torch.exp(log_ratio)  # [B, T]
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # [B, T]
 
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     per_token = -surrogate
@@ -202,41 +209,43 @@ def policy_loss(
     else:
         loss = seq_sums.sum() / (batch * (max_completion_length or tokens))
 
-    with torch.no_grad():
+    with torch.no_grad():  # device tensors: the caller reads them once per step (one host sync)
         n_tokens = weight.sum().clamp(min=1)
 
-        def masked_mean(x: Tensor) -> float:
-            return float((x.to(dtype) * weight).sum() / n_tokens)
+        def masked_mean(x: Tensor) -> Tensor:
+            return (x.to(dtype) * weight).sum() / n_tokens
 
-        kept_ratios = ratio[keep]  # [n_tokens]
-        if kept_ratios.numel() == 0:
-            kept_ratios = ratio.new_ones(1)  # no completion tokens: report unchanged policies
+        # Min and max over completion tokens without boolean indexing (a data-dependent shape syncs).
+        empty = ~keep.any()  # no completion tokens: report unchanged policies
+        ratio_min = torch.where(keep, ratio, torch.inf).amin()
+        ratio_max = torch.where(keep, ratio, -torch.inf).amax()
+        one = ratio.new_ones(())
         metrics = {
-            "kl": masked_mean(kl) if kl is not None else 0.0,
+            "kl": masked_mean(kl) if kl is not None else ratio.new_zeros(()),
             "clip_frac_low": masked_mean((ratio < 1 - clip_low) & (adv < 0)),
             "clip_frac_high": masked_mean((ratio > 1 + clip_high) & (adv > 0)),
-            "ratio_mean": float(kept_ratios.mean()),
-            "ratio_min": float(kept_ratios.min()),
-            "ratio_max": float(kept_ratios.max()),
+            "ratio_mean": torch.where(empty, one, masked_mean(ratio)),
+            "ratio_min": torch.where(empty, one, ratio_min),
+            "ratio_max": torch.where(empty, one, ratio_max),
         }
     return loss, metrics
 
 
 def micro_batch_weight(
-    aggregation: str, micro_mask: Tensor, total_tokens: int | Tensor, total_sequences: int
+    aggregation: str, micro_tokens: float, micro_sequences: int, total_tokens: float, total_sequences: int
 ) -> float:
     """Factor w such that sum over micro-batches of w * policy_loss(micro) = policy_loss(batch).
 
-    Gradient accumulation for the aggregations of ``policy_loss`` (seed 000 eq. 6 over a split
-    batch): ``token_mean`` divides by the batch's token count, so w = micro tokens / total tokens;
-    the others divide by the number of sequences, so w = micro sequences / total sequences.
-    For ``constant_norm`` every micro-batch must use the same max_completion_length (pass it
-    explicitly if micro-batches are padded to different lengths).
+    Gradient accumulation for the aggregations of ``policy_loss`` over a split batch: ``token_mean``
+    divides by the batch's token count, so w = micro tokens / total tokens; the others divide by the
+    number of sequences, so w = micro sequences / total sequences. Plain numbers in, so the caller
+    can count every micro-batch's tokens in one host sync before the passes start. For
+    ``constant_norm`` every micro-batch must use the same max_completion_length.
     """
     _check_choice("aggregation", aggregation, AGGREGATIONS)
     if aggregation == "token_mean":
         # policy_loss clamps an empty token count to 1, and so must the total here.
-        return float(micro_mask.bool().sum()) / max(float(total_tokens), 1.0)
+        return float(micro_tokens) / max(float(total_tokens), 1.0)
     if total_sequences < 1:
         raise ValueError(f"total_sequences must be >= 1, got {total_sequences}.")
-    return micro_mask.shape[0] / total_sequences
+    return micro_sequences / total_sequences

@@ -10,10 +10,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.checkpoint import list_checkpoints
+from grpo_cli.choices import INFERENCE_PRECISIONS
 from grpo_cli.errors import GrpoError
-from grpo_cli.models import load_model, load_tokenizer
+from grpo_cli.distributed import set_threads
+from grpo_cli.generation import HFGenerator, Sampling, group_seed
+from grpo_cli.models import load_model, load_tokenizer, resolve_device
+from grpo_cli.precision import DTYPES, Precision
 from grpo_cli.rewards import build_reward
-from grpo_cli.rollout import generate
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -60,20 +63,24 @@ def run_sample(cfg, console) -> list[dict]:
     s = cfg.sampler
     if s.group_size < 1 or s.temperature <= 0 or s.max_new_tokens < 1 or cfg.batch_size < 1:
         raise GrpoError("sampler.group_size, sampler.max_new_tokens and batch_size must be >= 1 and sampler.temperature > 0.")
+    if cfg.precision not in INFERENCE_PRECISIONS:
+        raise GrpoError(f"precision={cfg.precision!r} must be one of {', '.join(INFERENCE_PRECISIONS)}.")
     for row in inputs:  # an answer in the file wins over answer= on the command line
         if row.get("answer") is None and cfg.answer is not None:
             row["answer"] = cfg.answer
     reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
     path = model_dir(cfg.checkpoint, cfg.model.path)
-    torch.manual_seed(cfg.seed)
-    model = load_model(path, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
+    set_threads(cfg.threads)
+    model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
+    generator = HFGenerator(tokenizer, precision=Precision(cfg.precision, resolve_device(cfg.model.device).type))
+    sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k)
 
     rows, G = [], s.group_size
     for start in range(0, len(inputs), cfg.batch_size):
         batch = inputs[start : start + cfg.batch_size]
-        roll = generate(model, tokenizer, [r["prompt"] for r in batch], G, max_new_tokens=s.max_new_tokens,
-                        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+        seeds = [group_seed(cfg.seed, "sample", start + i) for i in range(len(batch))]
+        roll = generator.generate(model, [r["prompt"] for r in batch], G, sampling, seeds)
         tokens = roll.completion_mask.sum(1).tolist()
         for i, source in enumerate(batch):
             group = [{"prompt": source["prompt"], "completion": roll.completions[i * G + j],

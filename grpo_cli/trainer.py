@@ -16,15 +16,18 @@ import torch
 from transformers import get_scheduler
 
 from grpo_cli.checkpoint import experiment_diff, load_state, resolve_resume, save_checkpoint, set_rng_state
+from grpo_cli.choices import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, PRECISIONS, RATIO_LEVELS, STD_KINDS
 from grpo_cli.console import Console, MetricsLog, TensorBoard, tensorboard_writer
 from grpo_cli.data import PromptOrder, load_data
+from grpo_cli.distributed import set_threads
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import greedy_scores, sampled_scores
-from grpo_cli.models import load_model, load_tokenizer
-from grpo_cli.objective import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS
+from grpo_cli.generation import HFGenerator, group_seed
+from grpo_cli.models import load_model, load_tokenizer, resolve_device
+from grpo_cli.precision import check_pure_bf16_lr, training_precision
 from grpo_cli.rewards import build_reward
 from grpo_cli.rewards.exact_match import exact_match_reward
-from grpo_cli.step import completion_rows, grpo_step, shown_group
+from grpo_cli.step import Policies, PromptBatch, completion_rows, grpo_step, shown_group
 from grpo_cli.stopping import GracefulStop, Stopped
 
 
@@ -68,6 +71,11 @@ def check_config(cfg) -> None:
         problems.append("algo.behaviour_path is only used with algo.behaviour=frozen")
     if cfg.algo.ref_refresh < 0 or cfg.algo.behaviour_refresh < 0:
         problems.append("algo.ref_refresh and algo.behaviour_refresh must be >= 0")
+    if cfg.trainer.precision not in PRECISIONS:
+        problems.append(f"trainer.precision={cfg.trainer.precision!r} must be one of {', '.join(PRECISIONS)} "
+                        "(fp16 training is not offered: bf16-mixed keeps float32 master weights without a loss scaler)")
+    if cfg.trainer.threads < 0 or cfg.trainer.nonfinite_patience < 1:
+        problems.append("trainer.threads must be >= 0 (0 = automatic) and trainer.nonfinite_patience >= 1")
     if problems:
         raise GrpoError("; ".join(problems) + ".")
 
@@ -86,13 +94,14 @@ def build_optimizer(model, cfg, total_steps: int):
     return opt, sched
 
 
-def load_policies(cfg, policy) -> dict:
-    """The reference and behaviour policies of seed 000 §1.2, each loaded only when it differs
-    from the current policy: the reference when beta != 0, the behaviour when off-policy."""
+def load_policies(cfg, precision) -> dict:
+    """The reference and behaviour policies, each loaded only when it differs from the current
+    policy: the reference when beta != 0, the behaviour when off-policy. Nothing updates them, so
+    they are stored in the compute dtype."""
     m, algo = cfg.model, cfg.algo
 
     def frozen_copy(path: str):
-        model = load_model(path, m.dtype, m.device, m.trust_remote_code)
+        model = load_model(path, precision.frozen_dtype, m.device, m.trust_remote_code)
         return model.requires_grad_(False)
 
     reference = frozen_copy(m.path) if algo.beta != 0 else None
@@ -105,8 +114,8 @@ def load_policies(cfg, policy) -> dict:
 
 
 def refresh(policy, reference, behaviour, step: int, algo) -> None:
-    """Seed 000 §1.9 step 5 and seed 003 step 5: copy the policy into the lagged behaviour and,
-    every ref_refresh steps, into the reference (DeepSeekMath's iterative RL)."""
+    """Copy the policy into the lagged behaviour and, every ref_refresh steps, into the reference
+    (DeepSeekMath's iterative RL); load_state_dict casts to the frozen models' dtype."""
     if reference is not None and algo.ref_refresh and step % algo.ref_refresh == 0:
         reference.load_state_dict(policy.state_dict())
     if behaviour is not None and algo.behaviour == "lagged" and step % algo.behaviour_refresh == 0:
@@ -126,6 +135,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         (run_dir / ".write_test").unlink()
     except OSError as e:
         raise GrpoError(f"Cannot write to the run directory {run_dir} ({e.strerror}); choose another with output_dir=DIR.") from None
+    set_threads(t.threads)
     set_seed(t.seed)
     resume_from = resolve_resume(cfg.resume, run_dir)
     state = load_state(resume_from) if resume_from else {}
@@ -141,13 +151,19 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         console.print(f"resuming from {resume_from} (step {state['step']})")
 
     weights = str(resume_from) if resume_from else cfg.model.path
+    precision = training_precision(t.precision, resolve_device(cfg.model.device))
     tokenizer = load_tokenizer(weights, cfg.model.trust_remote_code)
-    policy = load_model(weights, cfg.model.dtype, cfg.model.device, cfg.model.trust_remote_code)
-    policies = load_policies(cfg, policy)
+    policy = load_model(weights, precision.param_dtype, cfg.model.device, cfg.model.trust_remote_code,
+                        gradient_checkpointing=cfg.model.gradient_checkpointing)
+    if precision.name == "bf16":
+        check_pure_bf16_lr(policy, cfg.optimizer.lr)
+    policies = load_policies(cfg, precision)
     reference, behaviour = policies["reference"], policies["behaviour"]
     for name, model in policies.items():  # a refreshed reference or lagged behaviour is not on disk
         if model is not None and name in state:
             model.load_state_dict(state[name])
+    roles = Policies(policy, reference, behaviour)
+    generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
     data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows, test_rows = data["train"], data["test"]
     reward_fn = build_reward(cfg.reward)
@@ -165,13 +181,14 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     held_out = test_rows.select(range(min(t.eval_prompts, len(test_rows))))
 
     def held_out_scores() -> dict:
-        """Greedy accuracy, and the accuracy of completions sampled as in training (4 per prompt)."""
+        """Greedy accuracy, and the accuracy of completions sampled as in training (4 per prompt, the
+        same sampling noise at every evaluation: each prompt's seed depends on the run seed alone)."""
         prompts, answers, s = held_out[cfg.data.prompt_field], held_out[cfg.data.answer_field], cfg.sampler
         check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)
-        scores = greedy_scores(policy, tokenizer, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens,
+        scores = greedy_scores(generator, policy, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens,
                                columns=held_out.to_dict(), check=check)
-        scores.update(sampled_scores(policy, tokenizer, prompts, answers, samples=4, ks=[], sampler=s,
-                                     extract=cfg.reward.extract, pattern=cfg.reward.pattern))
+        scores.update(sampled_scores(generator, policy, prompts, answers, samples=4, ks=[], sampler=s,
+                                     extract=cfg.reward.extract, pattern=cfg.reward.pattern, seed=t.seed))
         return scores
 
     def eval_row(step: int, scores: dict) -> dict:
@@ -180,10 +197,8 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         return {"step": step, "kind": "eval", **{f"eval/{k}": v for k, v in scores.items() if k != "num_prompts"}}
 
     def evaluate_now(step: int) -> None:
-        """trainer.eval_every: held-out scores on a forked RNG, so training draws the same numbers with or without."""
-        with torch.random.fork_rng():
-            torch.manual_seed(t.seed)  # the same sampling noise at every evaluation
-            scores = held_out_scores()
+        """trainer.eval_every: held-out scores (seeded per prompt, so training's random numbers are untouched)."""
+        scores = held_out_scores()
         metrics.write(eval_row(step, scores))
         console.print(f"step {step} held-out: greedy accuracy {scores['accuracy']:.3f}, "
                       f"sampled {scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f}")
@@ -197,12 +212,17 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         if t.eval_every and not state:
             metrics.write(eval_row(0, before))  # where the held-out curve starts
 
+    def prompt_batch(rows, step: int, round_: int = 0) -> PromptBatch:
+        """A sampling round's prompts, each group's noise seeded by (run seed, step, position, round)."""
+        seeds = [group_seed(t.seed, step, i, round_) for i in range(len(rows[cfg.data.prompt_field]))]
+        return PromptBatch(rows[cfg.data.prompt_field], rows[cfg.data.answer_field], seeds, rows)
+
     def refill(step: int):
         """More prompts for dynamic sampling, drawn by a generator seeded by (seed, step, round)."""
-        def draw(round_: int):
+        def draw(round_: int) -> PromptBatch:
             g = torch.Generator().manual_seed(t.seed * 1_000_003 + step * 1_009 + round_)
             rows = train_rows[torch.randint(len(train_rows), (t.prompts_per_step,), generator=g).tolist()]
-            return rows[cfg.data.prompt_field], rows[cfg.data.answer_field], rows
+            return prompt_batch(rows, step, round_)
         return draw
 
     def save(step: int) -> None:
@@ -218,7 +238,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     if state:
         set_rng_state(state["rng"])  # last, after every setup step that draws random numbers
     first_step = state.get("step", 0) + 1
-    zero_var_streak, start = 0, time.perf_counter()
+    zero_var_streak, skipped_streak, start = 0, 0, time.perf_counter()
 
     def announce(signum: int) -> None:
         console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
@@ -226,13 +246,19 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
 
     with console.training(t.steps, start=first_step - 1), GracefulStop(announce) as stop:
         for step in range(first_step, t.steps + 1):
-            rows = train_rows[order.indices(step - 1)]
             policy.train()
-            row, roll = grpo_step(
-                policy, reference, tokenizer, optimizer,
-                rows[cfg.data.prompt_field], rows[cfg.data.answer_field], reward_fn, cfg,
-                behaviour=behaviour, refill=refill(step), columns=rows, return_rollout=True,
-            )
+            row, roll = grpo_step(roles, generator, optimizer, prompt_batch(train_rows[order.indices(step - 1)], step),
+                                  reward_fn, cfg, precision=precision, refill=refill(step))
+            skipped_streak = skipped_streak + 1 if row["skipped"] else 0
+            if row["skipped"]:
+                console.warn(f"step {step}: the loss or gradient was not finite, so this update was skipped "
+                             f"({skipped_streak} in a row; the run stops at trainer.nonfinite_patience={t.nonfinite_patience}).")
+            if skipped_streak >= t.nonfinite_patience:
+                raise GrpoError(
+                    f"{skipped_streak} updates in a row had a non-finite loss or gradient (step {step}), so training "
+                    "stopped with the weights of the last finite update; lower optimizer.lr, check that the reward "
+                    "is bounded, or resume from the last checkpoint with resume=auto."
+                )
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             refresh(policy, reference, behaviour, step, cfg.algo)
@@ -278,9 +304,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         "run_dir": str(run_dir),
     }
     if before:
-        with torch.random.fork_rng():  # drawn like every periodic evaluation: the last one agrees
-            torch.manual_seed(t.seed)
-            after = held_out_scores()
+        after = held_out_scores()  # drawn like every periodic evaluation: the last one agrees
         summary.update(
             greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
             sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],

@@ -9,7 +9,9 @@ from grpo_cli.config import TrainConfig
 from grpo_cli.console import Console
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.rewards import build_reward
+from grpo_cli.generation import HFGenerator
 from grpo_cli.rollout import Rollout
+from grpo_cli.step import Policies, PromptBatch
 
 
 def small_config(**algo) -> TrainConfig:
@@ -45,8 +47,8 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
         return loss, metrics
 
     monkeypatch.setattr(step, "policy_loss", recording)
-    prompts = ["1+2=", "3+4=", "5+5=", "9+8="]
-    step.grpo_step(policy, None, tok, optimizer, prompts, ["3", "7", "10", "17"], build_reward(cfg.reward), cfg)
+    batch = PromptBatch(["1+2=", "3+4=", "5+5=", "9+8="], ["3", "7", "10", "17"], seeds=[0, 1, 2, 3])
+    step.grpo_step(Policies(policy), HFGenerator(tok), optimizer, batch, build_reward(cfg.reward), cfg)
     steps = {int(s["step"]) for s in optimizer.state.values()}
     assert steps == {2}  # AdamW counted two optimiser steps for every parameter
     micro_batches = len(seen) // 2
@@ -58,13 +60,13 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
 def recorded_samplers(monkeypatch):
     """Snapshots of the weights of every model the loop sampled from."""
     snapshots = []
-    real = step.generate
+    real = HFGenerator.generate
 
-    def recording(model, *args, **kwargs):
+    def recording(self, model, *args, **kwargs):
         snapshots.append(params(model))
-        return real(model, *args, **kwargs)
+        return real(self, model, *args, **kwargs)
 
-    monkeypatch.setattr(step, "generate", recording)
+    monkeypatch.setattr(HFGenerator, "generate", recording)
     return snapshots
 
 
@@ -118,9 +120,11 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
     def reward(prompts, completions, answers):  # "flat..." prompts score 0 always; others alternate 1, 0
         return [0.0 if p.startswith("flat") else float(i % 2) for i, p in enumerate(prompts)]
 
-    batches = {1: (["good1=", "flat1=", "flat2=", "flat3="], list("abcd")), 2: (["good2=", "good3=", "flat4=", "good4="], list("efgh"))}
+    batches = {1: PromptBatch(["good1=", "flat1=", "flat2=", "flat3="], list("abcd"), [1] * 4),
+               2: PromptBatch(["good2=", "good3=", "flat4=", "good4="], list("efgh"), [2] * 4)}
     roll, answers, stats = step.collect(
-        policy, tok, ["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), reward, cfg, refill=lambda r: batches[r]
+        HFGenerator(tok), policy, PromptBatch(["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), [0] * 4), reward,
+        cfg, refill=lambda r: batches[r],
     )
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]
     assert (roll.rewards.amax(1) != roll.rewards.amin(1)).all()

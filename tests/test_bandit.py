@@ -58,6 +58,7 @@ def loss_grad(theta, actions, advantages, old_logp=None, ref_logp=None, **kw):
     mask = torch.ones(len(actions), 1, dtype=torch.bool)
     adv = torch.as_tensor(advantages, dtype=DT).view(-1)
     loss, metrics = policy_loss(logp, old, adv, mask, ref_logp=ref, **kw)
+    metrics = {k: float(v) for k, v in metrics.items()}
     (grad,) = torch.autograd.grad(loss, theta)
     return grad, loss, metrics
 

@@ -16,6 +16,8 @@ from grpo_cli import step, tiny
 from grpo_cli.cli import main
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.errors import GrpoError
+from grpo_cli.generation import HFGenerator
+from grpo_cli.step import PromptBatch
 from grpo_cli.rewards import build_reward
 
 FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
@@ -230,9 +232,9 @@ def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kep
     cfg = TrainConfig()
     cfg.sampler.group_size, cfg.algo.dynamic_sampling, cfg.algo.max_refill_rounds = 4, True, 2
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
-    refills = {1: (["3+3=", "4+4="], ["6", "8"], {"level": [0, 1]})}  # level 0: a flat group, dropped
-    roll, answers, _ = step.collect(policy, tok, ["1+1=", "2+2="], ["2", "4"], reward, cfg,
-                                       refill=refills.get, columns={"level": [1, 0]})
+    refills = {1: PromptBatch(["3+3=", "4+4="], ["6", "8"], [2, 3], {"level": [0, 1]})}  # level 0: flat, dropped
+    roll, answers, _ = step.collect(HFGenerator(tok), policy, PromptBatch(["1+1=", "2+2="], ["2", "4"], [0, 1], {"level": [1, 0]}),
+                                    reward, cfg, refill=refills.get)
     assert roll.prompts == ["1+1=", "4+4="] and answers == ["2", "8"]
     assert roll.extra["reward_terms"]["python"].tolist() == [[0.0, 1.0, 0.0, 1.0]] * 2
     assert roll.extra["reward_terms"]["length"].tolist() == [[0.0] * 4] * 2

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import floats
 
 from grpo_cli.objective import (
     AGGREGATIONS,
@@ -251,8 +252,8 @@ def test_policy_loss_and_gradient_match_a_loop_implementation(aggregation, ratio
 
     torch.testing.assert_close(loss, ref_loss, atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(logp_a.grad, logp_b.grad, atol=1e-12, rtol=1e-10)
-    assert metrics["clip_frac_low"] == pytest.approx(n_low / n_tok)
-    assert metrics["clip_frac_high"] == pytest.approx(n_high / n_tok)
+    assert float(metrics["clip_frac_low"]) == pytest.approx(n_low / n_tok)
+    assert float(metrics["clip_frac_high"]) == pytest.approx(n_high / n_tok)
     if ratio_level == "token":
         # The batch is built so that both clips fire; a test that never clips proves little.
         assert n_low > 0 and n_high > 0
@@ -283,7 +284,9 @@ def test_metrics_report_masked_kl_and_ratio_statistics():
     k3 = [(0.5 + math.log(2) - 1), (3 - math.log(3) - 1)]
     assert set(metrics) == {"kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min",
                             "ratio_max"}
-    assert all(isinstance(v, float) for v in metrics.values())
+    # device tensors, read by the caller once per step (one host sync)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in metrics.values())
+    metrics = floats(metrics)
     assert metrics["kl"] == pytest.approx(sum(k3) / 2)
     assert metrics["ratio_mean"] == pytest.approx((2.0 + 0.5) / 2)
     assert metrics["ratio_min"] == pytest.approx(0.5)
@@ -295,6 +298,7 @@ def test_metrics_report_masked_kl_and_ratio_statistics():
 
 def test_kl_metric_is_zero_without_a_reference():
     _, metrics = policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3))
+    metrics = floats(metrics)
     assert metrics["kl"] == 0.0
     assert metrics["ratio_mean"] == metrics["ratio_min"] == metrics["ratio_max"] == 1.0
 
@@ -307,7 +311,7 @@ def test_a_batch_without_completion_tokens_gives_zero_loss_and_neutral_metrics(a
                                 aggregation=aggregation, ratio_level="sequence_mean")
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(logp.grad, torch.zeros(2, 3))
-    assert metrics == {"kl": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0,
+    assert floats(metrics) == {"kl": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0,
                        "ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
 
 
@@ -350,7 +354,7 @@ def test_constants_get_no_gradient_and_padding_garbage_does_not_leak():
     assert torch.equal(logp_d.grad, clean_logp.grad)
     assert (logp_d.grad[~mask] == 0).all()
     assert old_d.grad is None and ref_d.grad is None and adv_d.grad is None
-    assert all(math.isfinite(v) for v in metrics.values())
+    assert all(math.isfinite(v) for v in floats(metrics).values())
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
@@ -367,7 +371,7 @@ def test_weighted_micro_batches_add_up_to_the_full_batch(aggregation, ratio_leve
     acc_logp = logp.clone().requires_grad_(True)
     total = 0.0
     for part in (slice(0, 2), slice(2, 5), slice(5, 6)):  # uneven, one holds the empty row
-        w = micro_batch_weight(aggregation, mask[part], int(mask.sum()), mask.shape[0])
+        w = micro_batch_weight(aggregation, int(mask[part].sum()), mask[part].shape[0], int(mask.sum()), mask.shape[0])
         kw = dict(kwargs, ref_logp=ref_logp[part])
         micro, _ = policy_loss(acc_logp[part], old_logp[part], adv[part], mask[part], **kw)
         (w * micro).backward()
@@ -378,12 +382,12 @@ def test_weighted_micro_batches_add_up_to_the_full_batch(aggregation, ratio_leve
 
 
 def test_micro_batch_weight_is_the_token_or_sequence_share():
-    micro = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert micro_batch_weight("token_mean", micro, 12, 8) == 3 / 12
+    # a micro-batch of 2 sequences holding 3 completion tokens, of a batch of 8 holding 12
+    assert micro_batch_weight("token_mean", 3, 2, 12, 8) == 3 / 12
     for aggregation in ("seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"):
-        assert micro_batch_weight(aggregation, micro, 12, 8) == 2 / 8
+        assert micro_batch_weight(aggregation, 3, 2, 12, 8) == 2 / 8
     with pytest.raises(ValueError, match="aggregation"):
-        micro_batch_weight("sum", micro, 12, 8)
+        micro_batch_weight("sum", 3, 2, 12, 8)
 
 
 def _call(**overrides):

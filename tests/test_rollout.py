@@ -1,6 +1,8 @@
 import torch
 
-from grpo_cli.rollout import completion_mask, generate, token_logprobs
+from grpo_cli.logprobs import token_logprobs
+from grpo_cli.rollout import completion_mask
+from helpers import generate
 
 
 def test_completion_mask_keeps_tokens_up_to_and_including_the_first_eos():

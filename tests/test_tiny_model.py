@@ -13,7 +13,7 @@ from grpo_cli import tiny
 from grpo_cli.data import arithmetic_problems
 from grpo_cli.models import load_model, load_tokenizer, resolve_path
 from grpo_cli.rewards.exact_match import extract_answer, is_correct
-from grpo_cli.rollout import generate
+from helpers import generate
 
 TEXTS = ["12+7=19", "a b  c", "<answer>42</answer>", "what is 3*4?"]
 

@@ -1,0 +1,208 @@
+"""Generation behind one small interface that training, held-out evaluation, `grpo evaluate` and
+`grpo sample` share: `generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`.
+
+`HFGenerator` samples with the model's own forward and KV cache:
+- each distinct prompt is prefilled once and its cache repeated for its G completions;
+- sampling is exactly softmax(logits / temperature) after optional top-k / top-p, with no other
+  processing (no repetition penalty from a model's generation_config), so the trainer's log-probs
+  describe the distribution the tokens came from;
+- each group draws its noise from its own generator seeded by `seeds[i]` (Gumbel-max), so a group's
+  completions depend on its seed alone, not on which other prompts share the batch, the rank it runs
+  on, or the batch size: runs on 1 or N processes sample the same completions;
+- rows that have finished are dropped from the batch as it shrinks, so a few long completions do not
+  keep every short one's rows computing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpo_cli.precision import Precision
+from grpo_cli.rollout import Rollout, completion_mask
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+def group_seed(*parts: int | str) -> int:
+    """A 63-bit seed from its parts (run seed, step, prompt index, ...), stable across processes."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every end-of-sequence id the model's generation config lists (e.g. <|im_end|> and <|endoftext|>),
+    and the tokenizer's."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
+    ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[list[int]]:
+    """Token ids of each prompt, special tokens added once: a chat-rendered prompt already holds them
+    (its ids are exactly apply_chat_template(..., tokenize=True)'s); a plain prompt gets the
+    tokenizer's own (BOS, where it has one)."""
+    return tokenizer(list(prompts), add_special_tokens=not chat_template)["input_ids"]
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _filter(scores: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Logits outside the top-k, or outside the smallest set holding top_p of the mass, set to -inf."""
+    if top_k and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, NEG_INF)
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        probs = sorted_scores.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # the top token is always kept
+        scores = scores.masked_fill(drop, NEG_INF)
+    return scores
+
+
+class _Noise:
+    """Gumbel noise for each row, drawn from its group's generator: a group's draws depend on its seed only."""
+
+    def __init__(self, seeds: list[int], group_size: int, vocab: int, device):
+        self.G, self.vocab, self.device = group_size, vocab, device
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+    def __call__(self, rows: Tensor) -> Tensor:
+        """[len(rows), vocab] noise for the given original row indices (sorted); one draw per live group."""
+        groups = torch.unique_consecutive(rows // self.G).tolist()
+        drawn = torch.stack([torch.rand(self.G, self.vocab, generator=self.generators[g], device=self.device)
+                             for g in groups])  # [groups, G, V]
+        slot = {g: k for k, g in enumerate(groups)}
+        index = torch.tensor([slot[g] for g in (rows // self.G).tolist()], device=rows.device)
+        u = drawn[index, rows % self.G]
+        return -torch.log(-torch.log(u.clamp_(min=1e-20)))
+
+
+@torch.no_grad()
+def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
+           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False):
+    """`group_size` completions of each prompt: ([n*G, T'] ids, pad after EOS; [n*G, T'] sampling log-probs
+    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops when
+    every row has ended."""
+    device = next(model.parameters()).device
+    n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
+    ids, mask = _left_pad(prompt_ids, pad_id, device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache, logits = out.past_key_values, out.logits[:, -1]  # prefilled once per distinct prompt
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+        logits, mask = logits.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+    position = positions[:, -1].repeat_interleave(G) + 1  # [n*G] position of the next token
+    B, eos = n * G, torch.tensor(eos_ids, device=device)
+    noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device)
+    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((B, T), device=device) if with_logprobs else None
+    rows = torch.arange(B, device=device)  # original index of each live row
+    for t in range(T):
+        scores = logits.float()
+        if sampling.greedy:
+            chosen = scores.argmax(-1)
+        else:
+            scores = scores / sampling.temperature
+            chosen = (_filter(scores, sampling.top_k, sampling.top_p) + noise(rows)).argmax(-1)
+        tokens[rows, t] = chosen
+        if with_logprobs:
+            logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
+        live = ~torch.isin(chosen, eos)
+        if t + 1 == T or not bool(live.any()):  # one sync per token, as any sampler that stops early
+            return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
+        if int(live.sum()) <= 0.75 * live.numel():  # drop finished rows once a quarter of the batch is done
+            keep = live.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, chosen, mask, position = rows[keep], chosen[keep], mask[keep], position[keep]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
+                    past_key_values=cache, use_cache=True)
+        logits, position = out.logits[:, -1], position + 1
+    return tokens[:, :0], None  # max_new_tokens = 0
+
+
+def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, completion_ids: Tensor,
+             eos_ids: list[int], tokenizer, logprobs: Tensor | None = None) -> Rollout:
+    """The Rollout of sampled completions: left-padded prompt + completion rows, masks and text."""
+    pad_id = tokenizer.pad_token_id
+    device = completion_ids.device
+    if completion_ids.shape[1] == 0:  # nothing generated: keep one column, an immediate stop
+        completion_ids = torch.full((completion_ids.shape[0], 1), eos_ids[0], device=device)
+    mask, truncated = completion_mask(completion_ids, eos_ids)
+    ids, prompt_mask = _left_pad(prompt_ids, pad_id, device)
+    ids, prompt_mask = ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
+    completion_ids = completion_ids.masked_fill(mask == 0, pad_id)  # tokens after EOS are padding
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    roll = Rollout(
+        prompts=list(prompts), group_size=group_size,
+        input_ids=torch.cat([ids, completion_ids], dim=1), attention_mask=torch.cat([prompt_mask, mask], dim=1),
+        completion_mask=mask, truncated=truncated, completions=texts, pad_token_id=pad_id,
+    )
+    if logprobs is not None:
+        roll.extra["sampler_logp"] = logprobs[:, : mask.shape[1]] * mask
+    return roll
+
+
+class HFGenerator:
+    """Generation with the model's own forward (see the module docstring). The model is passed per
+    call (the policy, or a behaviour policy), so there are no weights to push after an update."""
+
+    name = "hf"
+
+    def __init__(self, tokenizer, *, chat_template: bool = False, precision: Precision | None = None):
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+        self.precision = precision or Precision("fp32")
+        self._ids: dict[str, list[int]] = {}  # every prompt is tokenized once per run
+
+    def encode(self, prompts: list[str]) -> list[list[int]]:
+        new = [p for p in dict.fromkeys(prompts) if p not in self._ids]
+        if new:
+            self._ids.update(zip(new, encode_prompts(self.tokenizer, new, self.chat_template)))
+        return [self._ids[p] for p in prompts]
+
+    def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
+                 *, with_logprobs: bool = False) -> Rollout:
+        """`group_size` completions of each prompt; `seeds` (one per prompt) fix each group's sampling
+        noise, and default to draws from torch's global generator."""
+        prompts = list(prompts)
+        if seeds is None and not sampling.greedy:
+            seeds = torch.randint(2**62, (len(prompts),)).tolist()
+        prompt_ids = self.encode(prompts)
+        eos = eos_token_ids(model, self.tokenizer)
+        was_training = model.training
+        model.eval()  # and so no gradient checkpointing, which would turn the cache off
+        try:
+            with self.precision.autocast():
+                completion_ids, logps = decode(model, prompt_ids, group_size, sampling, eos_ids=eos,
+                                               pad_id=self.tokenizer.pad_token_id, seeds=seeds, with_logprobs=with_logprobs)
+        finally:
+            model.train(was_training)
+        return assemble(prompts, prompt_ids, group_size, completion_ids, eos, self.tokenizer, logps)
+
+    def update(self, model) -> None:
+        """Nothing to do: generation reads the model's current weights."""
