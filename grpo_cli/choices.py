@@ -10,3 +10,12 @@ AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "cons
 BEHAVIOURS = ("current", "frozen", "lagged")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")  # training: see precision.py
 INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16")  # evaluate and sample: the weights' dtype
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Llama / Qwen names
+LORA_QUANTIZE = ("4bit",)  # QLoRA
+DATA_SOURCES = ("arithmetic", "long_addition", "files", "hub")
+ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
+REWARDS = ("exact_match", "math", "format", "length", "model", "python")  # reward=combo adds them up
+REWARD_EXTRACTS = ("last_number", "hash", "boxed", "regex", "full")
+# transformers' schedules that need nothing beyond warm-up and length (get_scheduler)
+SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
+              "inverse_sqrt")

@@ -12,6 +12,17 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from grpo_cli.choices import LORA_TARGETS
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0  # 0 = full fine-tuning
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: Any = field(default_factory=lambda: list(LORA_TARGETS))  # a list, or the string all-linear
+    quantize: Optional[str] = None  # 4bit: QLoRA (bitsandbytes, CUDA)
+
 
 @dataclass
 class ModelConfig:
@@ -20,6 +31,7 @@ class ModelConfig:
     device: str = "auto"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

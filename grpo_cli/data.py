@@ -17,16 +17,18 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
+from grpo_cli.choices import ANSWER_EXTRACTS, DATA_SOURCES as SOURCES
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.rewards.exact_match import extract_answer
 
-SOURCES = ("arithmetic", "long_addition", "files", "hub")
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
 
 
 def addition_split(pairs: list[tuple[int, int]]) -> Dataset:
-    return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]})
+    """Prompts `a+b=` with their sums; the operands are columns too, for templates such as
+    `data.template="What is {a} + {b}?"` (instruct models)."""
+    return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs],
+                              "a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
 
 
 def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> DatasetDict:

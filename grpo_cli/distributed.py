@@ -4,7 +4,6 @@ identity."""
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import torch
@@ -38,14 +37,3 @@ class Dist:
 
 SINGLE = Dist()
 
-
-def set_threads(threads: int, local_processes: int = 1) -> int:
-    """torch's CPU threads: `threads` when > 0; else OMP_NUM_THREADS when set (torch already obeys it);
-    else the cores this process may use, shared among the processes on this machine, so N ranks on
-    one node do not each start a thread per core."""
-    if threads > 0:
-        torch.set_num_threads(threads)
-    elif not os.environ.get("OMP_NUM_THREADS"):
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // max(local_processes, 1)))
-    return torch.get_num_threads()

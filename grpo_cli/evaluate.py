@@ -17,6 +17,7 @@ from grpo_cli.choices import INFERENCE_PRECISIONS
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import score_batch
 from grpo_cli.generation import Sampling, group_seed
+from grpo_cli.lora import is_adapter_dir
 from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, normalise
 
 
@@ -105,8 +106,9 @@ def sampled_scores(generator, model, prompts, answers, *, samples: int, ks: list
 
 
 def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None]]:
-    """(model path, step or None) for each model `checkpoint` names: null = the base model; a model
-    directory or hub id = itself; a run directory = its checkpoints in step order, then final/."""
+    """(model path, step or None) for each model `checkpoint` names: null = the base model; a model or
+    LoRA adapter directory, or a hub id = itself; a run directory = its checkpoints in step order, then
+    final/."""
     if checkpoint is None:
         return [(base, None)]
     # `checkpoint=100` (a directory named 100) arrives from Hydra as an int
@@ -116,7 +118,7 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
     found = []
     for entry in entries:
         path = Path(entry).expanduser()
-        if not path.is_dir() or (path / "config.json").exists():
+        if not path.is_dir() or (path / "config.json").exists() or is_adapter_dir(path):
             match = STEP_DIR.match(path.name)
             found.append((entry, int(match.group(1)) if match else None))
             continue
@@ -173,14 +175,14 @@ def short_names(paths: list[str]) -> list[str]:
 
 def run_evaluate(cfg, out_dir: Path, console) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json."""
-    from grpo_cli.distributed import set_threads
     from grpo_cli.generation import HFGenerator
     from grpo_cli.models import load_model, load_tokenizer, resolve_device
     from grpo_cli.precision import DTYPES, Precision
     from grpo_cli.rewards import build_reward
+    from grpo_cli.runtime import prepare_process
 
     ks = check_evaluate_config(cfg)
-    set_threads(cfg.threads)
+    prepare_process(cfg.threads, resolve_device(cfg.model.device))
     precision = Precision(cfg.precision, resolve_device(cfg.model.device).type)
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
     reward_fn = build_reward(cfg.reward)

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.logprobs import enable_logprob_forward
+from grpo_cli.lora import adapter_base, is_adapter_dir, load_adapter
 
 BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny"}
 
@@ -22,12 +23,12 @@ def resolve_path(path: str, key: str = "model.path") -> str:
         raise GrpoError(f"Unknown built-in model {path!r}; the built-in models are {sorted(BUILTIN)}.")
     local = Path(path).expanduser()
     if local.exists():
-        if not (local / "config.json").exists():
+        if not (local / "config.json").exists() and not is_adapter_dir(local):
             raise GrpoError(
                 f"{key}={path} has no config.json, so it is not a Hugging Face model directory; "
-                "point it at a directory written by save_pretrained."
+                "point it at a directory written by save_pretrained (or a LoRA adapter directory)."
             )
-        return str(local)
+        return str(local.resolve())  # absolute: a LoRA adapter records its base by this path
     if path.startswith((".", "/", "~")) or path.count("/") > 1:  # hub ids are "org/name"
         raise GrpoError(f"{key}={path} does not exist; pass a directory with a saved model, or a hub id.")
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
@@ -61,12 +62,22 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "auto", trust_remote_code: bool = False,
-               *, gradient_checkpointing: bool = False):
+               *, gradient_checkpointing: bool = False, quantize: str | None = None):
     """A causal LM in eval mode on `device` in `dtype`, ready for training code: dropout off, and a
-    forward that can return lean token log-probabilities (logprobs.py)."""
+    forward that can return lean token log-probabilities (logprobs.py). A LoRA adapter directory loads
+    as its base with the adapter merged in (for evaluation and sampling); `quantize="4bit"` loads the
+    weights in 4-bit NF4 for QLoRA (CUDA only)."""
     location = resolve_path(path)
+    if is_adapter_dir(location) and not (Path(location) / "config.json").exists():
+        base = load_model(adapter_base(location), dtype, device, trust_remote_code)
+        return load_adapter(base, location, trainable=False).merge_and_unload().eval()
+    extra = {}
+    if quantize is not None:
+        extra["quantization_config"] = four_bit_config(dtype, resolve_device(device))
+        extra["device_map"] = {"": resolve_device(device)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                     **extra)
     except (OSError, ValueError) as e:  # missing files, or an architecture transformers does not know
         raise GrpoError(
             f"Could not load a model from {path!r} ({first_line(e)}); "
@@ -78,8 +89,27 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "aut
         if not model.supports_gradient_checkpointing:
             raise GrpoError(f"model.gradient_checkpointing=true, but {type(model).__name__} does not support it; set it to false.")
         # Non-reentrant: inputs need not require grad, and it composes with autocast and DDP.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(resolve_device(device)).eval()
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return (model if quantize else model.to(resolve_device(device))).eval()
+
+
+def four_bit_config(compute_dtype: torch.dtype, device: torch.device):
+    """bitsandbytes' 4-bit NF4 quantization with double quantization (the QLoRA paper's settings)."""
+    if device.type != "cuda":
+        raise GrpoError("model.lora.quantize=4bit (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit kernels do not run "
+                        f"on {device.type}; set model.lora.quantize=null to train LoRA on an unquantized base.")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise GrpoError("model.lora.quantize=4bit needs bitsandbytes: pip install 'grpo-cli[qlora]'.") from None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute_dtype)
 
 
 def disable_dropout(model) -> None:

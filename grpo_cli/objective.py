@@ -19,7 +19,6 @@ __all__ = [
     "RATIO_LEVELS",
     "STD_KINDS",
     "group_advantages",
-    "micro_batch_weight",
     "policy_loss",
     "token_kl",
 ]
@@ -41,7 +40,7 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
 
 
 def group_advantages(
-    rewards: Tensor, *, scale: str = "group", std: str = "population", eps: float = 1e-6
+    rewards: Tensor, *, scale: str = "group", std: str = "population", eps: float = 1e-6, all_sum=None
 ) -> Tensor:
     """Group-relative advantages A = (R - mean_group) / sigma, seed 000 eq. 1-2.
 
@@ -49,7 +48,9 @@ def group_advantages(
     group (``scale="group"``) or over the whole batch around the batch mean (``"batch"``); the
     mean subtracted is always the group's. ``scale="none"`` only centres (Dr. GRPO).
     ``std="population"`` divides the sum of squares by the count, ``"sample"`` by count - 1.
-    The result is detached: advantages are stop-gradient (seed 000, footnote 1).
+    ``all_sum`` sums a tensor over data-parallel ranks (default: none), so ``scale="batch"`` uses the
+    statistics of the whole batch when each rank holds part of it. The result is detached: advantages
+    are stop-gradient.
     """
     _check_choice("advantage scale", scale, ADVANTAGE_SCALES)
     _check_choice("std kind", std, STD_KINDS)
@@ -76,8 +77,9 @@ def group_advantages(
         count = rewards.shape[1]
         sum_sq = centred.pow(2).sum(dim=1, keepdim=True)  # [n, 1]
     else:
-        count = rewards.numel()
-        sum_sq = (rewards - rewards.mean()).pow(2).sum()
+        all_sum = all_sum or (lambda t: t)
+        total, count = all_sum(torch.stack([rewards.sum(), rewards.new_tensor(float(rewards.numel()))])).tolist()
+        sum_sq = all_sum((rewards - total / count).pow(2).sum())
     if count - ddof < 1:
         raise ValueError(
             f"std='sample' needs at least two rewards per {scale} to estimate a spread, "
@@ -121,6 +123,8 @@ def policy_loss(
     aggregation: str = "seq_mean_token_mean",
     ratio_level: str = "token",
     max_completion_length: int | None = None,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The negated clipped GRPO surrogate of seed 000 eq. 6, to minimise.
 
@@ -139,6 +143,10 @@ def policy_loss(
     ``"seq_mean_token_sum"`` mean over sequences of the token sum (seed 003);
     ``"constant_norm"`` token sum / (B * max_completion_length), default T (Dr. GRPO).
     A sequence with no completion tokens contributes zero.
+
+    num_sequences, num_tokens: the normalisers B and the token count of the *whole* step when this call
+    sees only part of it (a micro-batch, one rank's share); then the parts' losses add up to the full
+    loss. Default: this batch's own.
 
     Every log-ratio is clamped to +-LOG_RATIO_BOUND before exp, so a sequence log-ratio of any size
     gives a finite loss and gradient.
@@ -168,6 +176,8 @@ def policy_loss(
         raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
     if max_completion_length is not None and max_completion_length < 1:
         raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}.")
+    if num_sequences is not None and num_sequences < 1:
+        raise ValueError(f"num_sequences must be >= 1, got {num_sequences}.")
     clip_low = clip_eps
     clip_high = clip_eps if clip_eps_high is None else clip_eps_high
 
@@ -200,14 +210,15 @@ def policy_loss(
             per_token = per_token + beta * kl
 
     seq_sums = (per_token * weight).sum(dim=1)  # [B]
+    sequences = batch if num_sequences is None else num_sequences
     if aggregation == "seq_mean_token_mean":
-        loss = (seq_sums / seq_tokens).mean()
+        loss = (seq_sums / seq_tokens).sum() / sequences
     elif aggregation == "token_mean":
-        loss = seq_sums.sum() / weight.sum().clamp(min=1)
+        loss = seq_sums.sum() / (weight.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
     elif aggregation == "seq_mean_token_sum":
-        loss = seq_sums.mean()
+        loss = seq_sums.sum() / sequences
     else:
-        loss = seq_sums.sum() / (batch * (max_completion_length or tokens))
+        loss = seq_sums.sum() / (sequences * (max_completion_length or tokens))
 
     with torch.no_grad():  # device tensors: the caller reads them once per step (one host sync)
         n_tokens = weight.sum().clamp(min=1)
@@ -230,22 +241,3 @@ def policy_loss(
         }
     return loss, metrics
 
-
-def micro_batch_weight(
-    aggregation: str, micro_tokens: float, micro_sequences: int, total_tokens: float, total_sequences: int
-) -> float:
-    """Factor w such that sum over micro-batches of w * policy_loss(micro) = policy_loss(batch).
-
-    Gradient accumulation for the aggregations of ``policy_loss`` over a split batch: ``token_mean``
-    divides by the batch's token count, so w = micro tokens / total tokens; the others divide by the
-    number of sequences, so w = micro sequences / total sequences. Plain numbers in, so the caller
-    can count every micro-batch's tokens in one host sync before the passes start. For
-    ``constant_norm`` every micro-batch must use the same max_completion_length.
-    """
-    _check_choice("aggregation", aggregation, AGGREGATIONS)
-    if aggregation == "token_mean":
-        # policy_loss clamps an empty token count to 1, and so must the total here.
-        return float(micro_tokens) / max(float(total_tokens), 1.0)
-    if total_sequences < 1:
-        raise ValueError(f"total_sequences must be >= 1, got {total_sequences}.")
-    return micro_sequences / total_sequences

@@ -44,9 +44,17 @@ class Precision:
         return torch.bfloat16 if self.mixed else self.param_dtype
 
     def autocast(self):
-        """The context every forward runs in: bf16 autocast under bf16-mixed, else nothing."""
+        """The context every forward runs in: bf16 autocast under bf16-mixed, else nothing. Inside one
+        such region each float32 weight is cast to bf16 once and the cast reused."""
         if self.mixed:
             return torch.autocast(self.device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def outside_autocast(self):
+        """Autocast off, for a backward inside a longer autocast region: nested, it keeps the region's
+        cast weights (they are freed only when the outermost region exits)."""
+        if self.mixed:
+            return torch.autocast(self.device_type, enabled=False)
         return contextlib.nullcontext()
 
 

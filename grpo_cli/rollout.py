@@ -26,6 +26,7 @@ class Rollout:
     advantages: Optional[Tensor] = None  # [n*G]
     old_logp: Optional[Tensor] = None  # [n*G, T] pi_theta_old, only when mu > 1
     ref_logp: Optional[Tensor] = None  # [n*G, T] pi_ref, only when beta != 0
+    weight: Optional[Tensor] = None  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
     extra: dict = field(default_factory=dict)
 
     @property

@@ -12,8 +12,9 @@ from rich.table import Table
 from grpo_cli.checkpoint import list_checkpoints
 from grpo_cli.choices import INFERENCE_PRECISIONS
 from grpo_cli.errors import GrpoError
-from grpo_cli.distributed import set_threads
+from grpo_cli.runtime import prepare_process
 from grpo_cli.generation import HFGenerator, Sampling, group_seed
+from grpo_cli.lora import is_adapter_dir
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.precision import DTYPES, Precision
 from grpo_cli.rewards import build_reward
@@ -45,7 +46,7 @@ def model_dir(checkpoint: str | None, base: str) -> str:
     if checkpoint is None:
         return base
     path = Path(checkpoint).expanduser()
-    if path.is_dir() and not (path / "config.json").exists():
+    if path.is_dir() and not (path / "config.json").exists() and not is_adapter_dir(path):
         if (path / "final" / "config.json").exists():
             return str(path / "final")
         found = list_checkpoints(path)
@@ -70,7 +71,7 @@ def run_sample(cfg, console) -> list[dict]:
             row["answer"] = cfg.answer
     reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
     path = model_dir(cfg.checkpoint, cfg.model.path)
-    set_threads(cfg.threads)
+    prepare_process(cfg.threads, resolve_device(cfg.model.device))
     model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
     generator = HFGenerator(tokenizer, precision=Precision(cfg.precision, resolve_device(cfg.model.device).type))

@@ -4,8 +4,8 @@ mu clipped updates. `trainer.train` calls it once per step; benchmarks call it a
 
 Every normaliser is global: under data parallelism (distributed.py) token and sequence counts are
 summed over ranks, so the loss, its gradient and the logged metrics are those of the whole batch,
-whatever the world size. Metrics stay device tensors until each update pass ends, then are read in
-one host sync.
+whatever the world size. Metrics stay device tensors until the step ends, then are reduced over ranks
+and read in one collective (metrics.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable, ContextManager
 
 import torch
 
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.generation import Sampling
 from grpo_cli.logprobs import token_logprobs
-from grpo_cli.objective import group_advantages, micro_batch_weight, policy_loss, token_kl
+from grpo_cli.metrics import StepMetrics
+from grpo_cli.objective import group_advantages, policy_loss, token_kl
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import score_batch
 from grpo_cli.rewards.exact_match import exact_match_reward
@@ -31,17 +33,18 @@ from grpo_cli.rollout import Rollout, concat_rollouts
 class Policies:
     """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None
     when beta = 0) and the behaviour policy that samples (None on-policy, where the policy samples).
-    `reference_scope()` yields the model that scores as the reference: the reference model, or, under
-    LoRA, the policy itself with its adapter switched off."""
+    A reference or behaviour is a context-manager factory yielding the model to run: a separate frozen
+    model, or, under LoRA, the policy itself with its adapter off or a lagged adapter swapped in."""
 
     policy: torch.nn.Module
-    reference: torch.nn.Module | None = None
-    behaviour: torch.nn.Module | None = None
-    reference_scope: object = None  # a context-manager factory yielding the reference scorer, when not `reference`
+    reference: Callable[[], ContextManager] | None = None
+    behaviour: Callable[[], ContextManager] | None = None
 
-    @property
-    def has_reference(self) -> bool:
-        return self.reference is not None or self.reference_scope is not None
+    @classmethod
+    def of(cls, policy, reference=None, behaviour=None) -> "Policies":
+        """From plain models: each role runs its own model."""
+        scope = lambda model: (lambda: nullcontext(model)) if model is not None else None  # noqa: E731
+        return cls(policy, scope(reference), scope(behaviour))
 
 
 @dataclass
@@ -79,91 +82,83 @@ def score(model, roll: Rollout, temperature: float, micro_batch_size: int, preci
 
 
 def loss_mask(roll: Rollout, mask_truncated: bool) -> torch.Tensor:
-    """Completion tokens that enter the loss; with mask_truncated, none of a completion cut off
-    by max_new_tokens (DAPO's overlong filtering): its reward judges an unfinished answer."""
-    if not mask_truncated:
-        return roll.completion_mask
-    return roll.completion_mask * (~roll.truncated)[:, None]
+    """Completion tokens that enter the loss: none of a padding row, and with mask_truncated none of a
+    completion cut off by max_new_tokens (DAPO's overlong filtering: its reward judges an unfinished
+    answer)."""
+    mask = roll.completion_mask
+    if mask_truncated:
+        mask = mask * (~roll.truncated)[:, None]
+    if roll.weight is not None:
+        mask = mask * roll.weight[:, None].to(mask.dtype)
+    return mask
 
 
-# Metrics of an update pass: token-weighted sums over the batch (divided by its tokens at the end),
-# and the ratio's extremes.
-TOKEN_MEANS = ("kl", "kl_behaviour", "clip_frac_low", "clip_frac_high", "ratio_mean", "entropy")
+def real_rows(roll: Rollout) -> torch.Tensor:
+    return roll.weight if roll.weight is not None else torch.ones(roll.input_ids.shape[0], device=roll.input_ids.device)
 
 
-def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, first_pass: bool = True,
-             dist: Dist = SINGLE) -> dict:
+def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, record: StepMetrics | None = None,
+             with_entropy: bool = False, dist: Dist = SINGLE) -> tuple[bool, float]:
     """One optimiser step on the clipped surrogate over the whole (global) rollout batch, accumulated
-    over micro-batches weighted so the sum equals the full-batch loss (docs/math.md, "Aggregation").
+    over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
+    go to `record` when given, the entropy when `with_entropy`. Returns (skipped, gradient norm).
 
-    A non-finite loss or gradient norm skips the step (the weights stay as they were) and is reported
-    as `skipped = 1.0`; the caller counts and stops on a streak.
+    A non-finite loss or gradient norm skips the step: the weights and the optimizer's moments stay
+    as they were. The gradient norm is global (DDP all-reduces the gradients first), so every rank
+    decides alike without a collective.
     """
     algo, mb = cfg.algo, cfg.trainer.micro_batch_size
     full_mask = loss_mask(roll, algo.mask_truncated)
     B, T = full_mask.shape
-    starts = list(range(0, B, mb))
-    # Every micro-batch's tokens, and the batch's normalisers summed over ranks (so the loss is
-    # world-size invariant), in one sync before any work is queued.
-    counts = torch.stack([full_mask[s : s + mb].sum() for s in starts]).float()
-    totals = dist.all_sum(torch.stack([full_mask.sum().float(), torch.tensor(float(B), device=full_mask.device)]))
-    *micro_tokens, total_tokens, total_seqs = torch.cat([counts, totals]).tolist()
+    # The step's normalisers, summed over ranks, read in one sync before any work is queued.
+    total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
     optimizer.zero_grad(set_to_none=True)
-    device = full_mask.device
-    sums = {k: torch.zeros((), device=device) for k in ("loss", *TOKEN_MEANS)}
-    ratio_min, ratio_max = torch.full((), math.inf, device=device), torch.full((), -math.inf, device=device)
-    for i, s in enumerate(starts):
-        rows = slice(s, s + mb)
-        mask = full_mask[rows]
-        # DDP averages gradients over ranks; scaling by the world size makes that average a global sum.
-        w = micro_batch_weight(algo.aggregation, micro_tokens[i], mask.shape[0], total_tokens, int(total_seqs))
-        w *= dist.world_size
-        with dist.no_sync(policy, last=i == len(starts) - 1):  # gradients are all-reduced once, after the last
-            with precision.autocast():
-                logp, entropy = token_logprobs(
-                    policy, roll.input_ids[rows], roll.attention_mask[rows], T, temperature=cfg.sampler.temperature,
-                    with_entropy=first_pass,
-                )
-            # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
-            old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
-            loss, m = policy_loss(
-                logp, old, roll.advantages[rows], mask,
-                clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
-                ref_logp=roll.ref_logp[rows] if roll.ref_logp is not None else None,
-                kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
-                max_completion_length=cfg.sampler.max_new_tokens,
-            )
-            (loss * w).backward()
-        tokens = micro_tokens[i]
-        sums["loss"] += loss.detach() * (w / dist.world_size)
-        m["kl_behaviour"] = (token_kl(old, logp.detach(), "k3") * mask).sum() / max(tokens, 1.0)
-        m["entropy"] = (entropy * mask).sum() / max(tokens, 1.0) if entropy is not None else torch.zeros((), device=device)
-        for k in TOKEN_MEANS:
-            sums[k] += m[k] * tokens
-        ratio_min, ratio_max = torch.minimum(ratio_min, m["ratio_min"]), torch.maximum(ratio_max, m["ratio_max"])
+    starts = list(range(0, B, mb))
+    # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
+    # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
+    with precision.autocast():
+        for i, s in enumerate(starts):
+            rows, mask = slice(s, s + mb), full_mask[s : s + mb]
+            with dist.no_sync(policy, last=i == len(starts) - 1):  # gradients all-reduced once, after the last
+                logp, entropy = token_logprobs(policy, roll.input_ids[rows], roll.attention_mask[rows], T,
+                                               temperature=cfg.sampler.temperature, with_entropy=with_entropy)
+                with precision.outside_autocast():
+                    # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
+                    old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
+                    loss, m = policy_loss(
+                        logp, old, roll.advantages[rows], mask,
+                        clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
+                        ref_logp=roll.ref_logp[rows] if roll.ref_logp is not None else None,
+                        kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
+                        max_completion_length=cfg.sampler.max_new_tokens,
+                        num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens,
+                    )
+                    # DDP averages gradients over ranks: times the world size, that average is the global sum.
+                    (loss * dist.world_size).backward()
+            tokens = mask.sum()
+            if with_entropy and record is not None:
+                record.mean("entropy", (entropy.detach() * mask).sum(), tokens)
+            if record is not None:
+                record.sum("loss", loss.detach())
+                record.mean("kl_behaviour", (token_kl(old, logp.detach(), "k3") * mask).sum(), tokens)
+                for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
+                    record.mean(k, m[k] * tokens, tokens)
+                record.min("ratio_min", m["ratio_min"])
+                record.max("ratio_max", m["ratio_max"])
     params = [p for p in policy.parameters() if p.grad is not None]
     max_norm = cfg.optimizer.max_grad_norm if cfg.optimizer.max_grad_norm > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros((), device=device)
-    # The one host sync of this pass: every metric, reduced over ranks.
-    values = dist.reduce_metrics(
-        sums=torch.stack([sums[k] for k in ("loss", *TOKEN_MEANS)]), mins=ratio_min[None], maxs=ratio_max[None])
-    loss_sum, *token_sums = values["sums"]
-    finite = math.isfinite(loss_sum) and math.isfinite(float(grad_norm))
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0  # a host sync
+    finite = math.isfinite(grad_norm)  # a non-finite loss gives non-finite gradients, hence this norm
     if finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step's gradients are thrown away
-    out = {"loss": loss_sum, **{k: v / max(total_tokens, 1.0) for k, v in zip(TOKEN_MEANS, token_sums)},
-           "ratio_min": values["mins"][0], "ratio_max": values["maxs"][0], "grad_norm": float(grad_norm),
-           "skipped": 0.0 if finite else 1.0}
-    if not first_pass:
-        del out["entropy"]
-    return out
+    return not finite, grad_norm
 
 
-def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill=None):
-    """Sample G completions per prompt and score them: (rollout to train on, its answers, stats).
+def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill=None, metrics: StepMetrics | None = None):
+    """Sample G completions per prompt and score them: (rollout to train on, its answers, step metrics).
 
-    The stats describe everything sampled this step (all refill rounds), not only the groups kept
+    The metrics describe everything sampled this step (all refill rounds), not only the groups kept
     for training: under dynamic sampling the kept groups are mixed by construction, and their mean
     reward says nothing about how good the policy is.
 
@@ -175,21 +170,11 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
     """
     G, n, sampling = cfg.sampler.group_size, len(batch.prompts), sampling_of(cfg)
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
-    seen_rewards, seen_terms, seen_correct = [], [], []
+    metrics = metrics if metrics is not None else StepMetrics()
     check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)  # accuracy, whatever the reward
 
     def per_completion(values):
         return [v for v in values for _ in range(G)]
-
-    def stats() -> dict:
-        r = torch.cat(seen_rewards)  # [groups sampled, G]
-        flat = (r.amax(1) == r.amin(1)).float().mean()
-        return {
-            "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
-            "accuracy": sum(seen_correct) / len(seen_correct), "zero_var_frac": float(flat),
-            "dropped_frac": 1.0 - sum(len(k.prompts) for k in kept) / r.shape[0] if cfg.algo.dynamic_sampling else 0.0,
-            **{f"reward/{k}": float(torch.cat([t[k] for t in seen_terms]).mean()) for k in seen_terms[0]},
-        }
 
     while True:
         roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds)
@@ -198,15 +183,21 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
             completion_tokens=roll.completion_mask.sum(1).tolist(),
             columns={k: per_completion(v) for k, v in batch.columns.items()},
         )
-        rewards = torch.tensor(total).view(len(batch.prompts), G)
+        rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)
         terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
-        seen_rewards.append(rewards)
-        seen_terms.append(terms)
-        seen_correct += check(None, roll.completions, per_completion(batch.answers))
+        correct = check(None, roll.completions, per_completion(batch.answers))
+        metrics.mean("reward_mean", rewards.sum(), rewards.numel())
+        metrics.mean("reward_sq", rewards.pow(2).sum(), rewards.numel())  # for the std, over ranks too
+        metrics.mean("accuracy", sum(correct), len(correct))
+        metrics.mean("zero_var_frac", (rewards.amax(1) == rewards.amin(1)).sum(), rewards.shape[0])
+        for k, v in terms.items():
+            metrics.mean(f"reward/{k}", v.double().sum(), v.numel())
         if not cfg.algo.dynamic_sampling:
-            roll.rewards, roll.extra["reward_terms"] = rewards, terms
-            return roll, list(batch.answers), stats()
+            roll.rewards, roll.extra["reward_terms"] = rewards.float(), terms
+            metrics.mean("dropped_frac", 0.0, rewards.shape[0])
+            return roll, list(batch.answers), metrics
         groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - sum(len(r.prompts) for r in kept)]
+        metrics.mean("dropped_frac", rewards.shape[0] - len(groups), rewards.shape[0])
         if groups:
             kept.append(roll.select_groups(groups))
             kept_answers += [batch.answers[g] for g in groups]
@@ -217,12 +208,12 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
         rounds += 1
         batch = refill(rounds)
     if not kept:  # every group was flat: train on the last batch (its loss is zero apart from KL)
-        roll.rewards, roll.extra["reward_terms"] = rewards, terms
-        return roll, list(batch.answers), {**stats(), "dropped_frac": 1.0}
+        roll.rewards, roll.extra["reward_terms"] = rewards.float(), terms
+        return roll, list(batch.answers), metrics
     roll = concat_rollouts(kept)
-    roll.rewards = torch.cat(kept_rewards)
+    roll.rewards = torch.cat(kept_rewards).float()
     roll.extra["reward_terms"] = {k: torch.cat([t[k] for t in kept_terms]) for k in terms}
-    return roll, kept_answers, stats()
+    return roll, kept_answers, metrics
 
 
 def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, reward_fn, cfg, *,
@@ -237,44 +228,45 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     precision = precision or Precision("fp32")
     policy = policies.policy
     device = next(policy.parameters()).device
-    t0 = clock(device)
-    sampler_model = policies.behaviour if policies.behaviour is not None else policy
-    roll, answers, sampled = collect(generator, sampler_model, batch, reward_fn, cfg, refill)
-    t_gen = clock(device)
-
     algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
-    roll.advantages = group_advantages(roll.rewards, scale=algo.scale, std=algo.std, eps=algo.eps).flatten().to(
-        roll.input_ids.device
-    )
-    # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
-    if policies.behaviour is not None:
-        roll.old_logp = score(policies.behaviour, roll, temp, mb, precision)
-    elif algo.num_iterations > 1:
+    t0 = clock(device)
+    with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
+        roll, answers, metrics = collect(generator, sampler_model, batch, reward_fn, cfg, refill, StepMetrics(device))
+        t_gen = clock(device)
+        # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
+        if policies.behaviour is not None:
+            roll.old_logp = score(sampler_model, roll, temp, mb, precision)
+    if policies.behaviour is None and algo.num_iterations > 1:
         roll.old_logp = score(policy, roll, temp, mb, precision)
-    if policies.has_reference:
-        with (policies.reference_scope() if policies.reference_scope else nullcontext(policies.reference)) as ref:
-            roll.ref_logp = score(ref, roll, temp, mb, precision)
+    if policies.reference is not None:
+        with policies.reference() as reference:
+            roll.ref_logp = score(reference, roll, temp, mb, precision)
+    roll.advantages = group_advantages(roll.rewards, scale=algo.scale, std=algo.std, eps=algo.eps,
+                                       all_sum=dist.all_sum).flatten().to(roll.input_ids.device)
     t_score = clock(device)
 
-    passes = [optimise(policy, optimizer, roll, cfg, precision, first_pass=i == 0, dist=dist)
-              for i in range(algo.num_iterations)]
-    stats = {**passes[0], **passes[-1], "skipped": sum(p["skipped"] for p in passes)}  # entropy from the first pass
+    skipped, grad_norm = 0, 0.0
+    for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
+        last = i == algo.num_iterations - 1
+        failed, grad_norm = optimise(policy, optimizer, roll, cfg, precision, record=metrics if last else None,
+                                     with_entropy=i == 0, dist=dist)
+        skipped += failed
     generator.update(policy)
     t_end = clock(device)
 
-    lengths = roll.completion_mask.sum(1).float()
-    row = {
-        **sampled,  # reward, accuracy and flat groups over everything sampled this step
-        **stats,
-        "completion_len": float(lengths.mean()),
-        "completion_tokens": int(lengths.sum()),
-        "truncated_frac": float(roll.truncated.float().mean()),
-        "gen_s": t_gen - t0,
-        "score_s": t_score - t_gen,
-        "update_s": t_end - t_score,
-        "seconds": t_end - t0,
-        "tokens_per_s": float(lengths.sum()) / max(t_end - t0, 1e-9),
-    }
+    weights = real_rows(roll)
+    lengths = roll.completion_mask.sum(1).double() * weights.double()
+    metrics.mean("completion_len", lengths.sum(), weights.sum())
+    metrics.sum("completion_tokens", lengths.sum())
+    metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
+    for name, seconds in (("gen_s", t_gen - t0), ("score_s", t_score - t_gen), ("update_s", t_end - t_score),
+                          ("seconds", t_end - t0)):
+        metrics.max(name, seconds)  # the slowest rank's: the step waits for it
+    row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
+    row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
+    row["completion_tokens"] = int(row["completion_tokens"])
+    row.update(grad_norm=grad_norm, skipped=float(skipped),
+               tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
     roll.extra["answers"] = answers
     return row, roll
 

@@ -16,18 +16,21 @@ import torch
 from transformers import get_scheduler
 
 from grpo_cli.checkpoint import experiment_diff, load_state, resolve_resume, save_checkpoint, set_rng_state
-from grpo_cli.choices import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, PRECISIONS, RATIO_LEVELS, STD_KINDS
+from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS,
+                              RATIO_LEVELS, STD_KINDS)
 from grpo_cli.console import Console, MetricsLog, TensorBoard, tensorboard_writer
 from grpo_cli.data import PromptOrder, load_data
-from grpo_cli.distributed import set_threads
+from grpo_cli.runtime import prepare_process
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import greedy_scores, sampled_scores
 from grpo_cli.generation import HFGenerator, group_seed
-from grpo_cli.models import load_model, load_tokenizer, resolve_device
+from grpo_cli.lora import merged_copy
+from grpo_cli.models import load_tokenizer, resolve_device
+from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import check_pure_bf16_lr, training_precision
 from grpo_cli.rewards import build_reward
 from grpo_cli.rewards.exact_match import exact_match_reward
-from grpo_cli.step import Policies, PromptBatch, completion_rows, grpo_step, shown_group
+from grpo_cli.step import PromptBatch, completion_rows, grpo_step, shown_group
 from grpo_cli.stopping import GracefulStop, Stopped
 
 
@@ -76,6 +79,16 @@ def check_config(cfg) -> None:
                         "(fp16 training is not offered: bf16-mixed keeps float32 master weights without a loss scaler)")
     if cfg.trainer.threads < 0 or cfg.trainer.nonfinite_patience < 1:
         problems.append("trainer.threads must be >= 0 (0 = automatic) and trainer.nonfinite_patience >= 1")
+    lora = cfg.model.lora
+    if lora.r < 0 or (lora.r and (lora.alpha <= 0 or not 0 <= lora.dropout < 1)):
+        problems.append("model.lora.r must be >= 0 (0 = off), model.lora.alpha > 0 and model.lora.dropout in [0, 1)")
+    if lora.quantize is not None and lora.quantize not in LORA_QUANTIZE:
+        problems.append(f"model.lora.quantize={lora.quantize!r} must be null or one of {', '.join(LORA_QUANTIZE)}")
+    if lora.quantize and not lora.r:
+        problems.append("model.lora.quantize=4bit quantizes the frozen base of a LoRA run; set model.lora.r too")
+    if lora.r and cfg.algo.ref_refresh:
+        problems.append("algo.ref_refresh copies the policy into a second model, which a LoRA run does not keep (its "
+                        "reference is the base with the adapter off); set algo.ref_refresh=0 or train without model.lora")
     if problems:
         raise GrpoError("; ".join(problems) + ".")
 
@@ -83,43 +96,17 @@ def check_config(cfg) -> None:
 def build_optimizer(model, cfg, total_steps: int):
     if cfg.name != "adamw":
         raise GrpoError(f"Unknown optimizer.name={cfg.name!r}; choose optimizer=adamw.")
-    opt = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, eps=cfg.eps,
-    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Fused: one pass over each tensor instead of one per arithmetic op (1.37 s -> 0.31 s for 494M
+    # float32 parameters on this CPU); torch has it for CPU and CUDA floating-point parameters.
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, eps=cfg.eps,
+                            fused=fused or None)
     try:
         sched = get_scheduler(cfg.scheduler, opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1))
     except ValueError as e:
         raise GrpoError(f"optimizer.scheduler={cfg.scheduler!r} is not a transformers schedule ({e}).") from None
     return opt, sched
-
-
-def load_policies(cfg, precision) -> dict:
-    """The reference and behaviour policies, each loaded only when it differs from the current
-    policy: the reference when beta != 0, the behaviour when off-policy. Nothing updates them, so
-    they are stored in the compute dtype."""
-    m, algo = cfg.model, cfg.algo
-
-    def frozen_copy(path: str):
-        model = load_model(path, precision.frozen_dtype, m.device, m.trust_remote_code)
-        return model.requires_grad_(False)
-
-    reference = frozen_copy(m.path) if algo.beta != 0 else None
-    behaviour = None
-    if algo.behaviour == "frozen":
-        behaviour = frozen_copy(algo.behaviour_path or m.path)
-    elif algo.behaviour == "lagged":
-        behaviour = frozen_copy(m.path)
-    return {"reference": reference, "behaviour": behaviour}
-
-
-def refresh(policy, reference, behaviour, step: int, algo) -> None:
-    """Copy the policy into the lagged behaviour and, every ref_refresh steps, into the reference
-    (DeepSeekMath's iterative RL); load_state_dict casts to the frozen models' dtype."""
-    if reference is not None and algo.ref_refresh and step % algo.ref_refresh == 0:
-        reference.load_state_dict(policy.state_dict())
-    if behaviour is not None and algo.behaviour == "lagged" and step % algo.behaviour_refresh == 0:
-        behaviour.load_state_dict(policy.state_dict())
 
 
 def train(cfg, run_dir: Path, console: Console) -> dict:
@@ -135,7 +122,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         (run_dir / ".write_test").unlink()
     except OSError as e:
         raise GrpoError(f"Cannot write to the run directory {run_dir} ({e.strerror}); choose another with output_dir=DIR.") from None
-    set_threads(t.threads)
+    prepare_process(t.threads, resolve_device(cfg.model.device))
     set_seed(t.seed)
     resume_from = resolve_resume(cfg.resume, run_dir)
     state = load_state(resume_from) if resume_from else {}
@@ -150,19 +137,14 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
             )
         console.print(f"resuming from {resume_from} (step {state['step']})")
 
-    weights = str(resume_from) if resume_from else cfg.model.path
     precision = training_precision(t.precision, resolve_device(cfg.model.device))
-    tokenizer = load_tokenizer(weights, cfg.model.trust_remote_code)
-    policy = load_model(weights, precision.param_dtype, cfg.model.device, cfg.model.trust_remote_code,
-                        gradient_checkpointing=cfg.model.gradient_checkpointing)
-    if precision.name == "bf16":
+    tokenizer = load_tokenizer(str(resume_from) if resume_from else cfg.model.path, cfg.model.trust_remote_code)
+    policy = load_policy(cfg, precision, resume_from)
+    if precision.name == "bf16" and not cfg.model.lora.r:  # a LoRA adapter is float32 whatever the base
         check_pure_bf16_lr(policy, cfg.optimizer.lr)
-    policies = load_policies(cfg, precision)
-    reference, behaviour = policies["reference"], policies["behaviour"]
-    for name, model in policies.items():  # a refreshed reference or lagged behaviour is not on disk
-        if model is not None and name in state:
-            model.load_state_dict(state[name])
-    roles = Policies(policy, reference, behaviour)
+    policies = RunPolicies(cfg, precision, policy)
+    policies.load_state_dict(state)  # a refreshed reference or lagged behaviour is not on disk
+    roles = policies.roles()
     generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
     data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows, test_rows = data["train"], data["test"]
@@ -226,9 +208,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         return draw
 
     def save(step: int) -> None:
-        extra = {"reference": reference.state_dict()} if reference is not None and cfg.algo.ref_refresh else {}
-        if behaviour is not None and cfg.algo.behaviour == "lagged":
-            extra["behaviour"] = behaviour.state_dict()
+        extra = policies.state_dict()
         # No data position: PromptOrder makes the prompts of every step a function of (seed, step).
         save_checkpoint(run_dir, step, policy, tokenizer, {
             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "config": asdict(cfg),
@@ -261,7 +241,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
                 )
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
-            refresh(policy, reference, behaviour, step, cfg.algo)
+            policies.refresh(step)
             row = {"step": step, **row, "lr": lr}
             if step % t.log_every == 0 or step == t.steps:
                 metrics.write(row)
@@ -290,7 +270,12 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
 
     policy.eval()
     final_dir = run_dir / "final"
-    policy.save_pretrained(final_dir)
+    if cfg.model.lora.r:  # the adapter alone, and the merged model that AutoModelForCausalLM loads
+        policy.save_pretrained(final_dir / "adapter")
+        tokenizer.save_pretrained(final_dir / "adapter")
+        merged_copy(cfg.model.path, policy).save_pretrained(final_dir)
+    else:
+        policy.save_pretrained(final_dir)
     tokenizer.save_pretrained(final_dir)
     if metrics.tensorboard is not None:
         metrics.tensorboard.close()

@@ -2,7 +2,7 @@
 
     python scripts/bench.py                                   # tiny and qwen0.5b-shape, defaults below
     python scripts/bench.py --models tiny --repeats 3
-    python scripts/bench.py --models qwen0.5b-shape --max-new-tokens 64 --dtype bfloat16
+    python scripts/bench.py --models qwen0.5b-shape --max-new-tokens 64 --precision bf16-mixed
     make bench ARGS="--models tiny --threads 1"
 
 Each step is `grpo_cli.step.grpo_step`, the trainer's own step, and the phases are the ones it
@@ -43,10 +43,16 @@ from rich.table import Table
 
 from grpo_cli import step as step_fn  # a loop below names its counter `step`
 from grpo_cli import trainer
+from grpo_cli.choices import PRECISIONS
 from grpo_cli.config import RewardConfig, TrainConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.models import load_model, load_tokenizer, resolve_device
+from grpo_cli.generation import HFGenerator, group_seed
+from grpo_cli.logprobs import enable_logprob_forward
+from grpo_cli.models import disable_dropout, load_model, load_tokenizer, resolve_device
+from grpo_cli.lora import adapter_disabled, add_adapter
+from grpo_cli.precision import training_precision
+from grpo_cli.runtime import prepare_process
 from grpo_cli.rewards import build_reward, checked
 
 
@@ -109,7 +115,7 @@ def random_reward(seed: int):
     return checked("random", reward)
 
 
-def build_qwen_shape(cfg, shape: Shape):
+def build_qwen_shape(cfg, shape: Shape, precision):
     torch.manual_seed(cfg.trainer.seed)
     config = transformers.Qwen2Config(
         **QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID, bos_token_id=QWEN_PAD_ID
@@ -119,23 +125,22 @@ def build_qwen_shape(cfg, shape: Shape):
     # per token, so completions (almost always) run to max_new_tokens: a fixed, worst-case length.
     policy.generation_config.eos_token_id = QWEN_EOS_ID
     policy.generation_config.pad_token_id = QWEN_PAD_ID
-    policy = policy.to(device=resolve_device(cfg.model.device), dtype=getattr(torch, cfg.model.dtype)).eval()
-    # pi_ref = the initial policy; loaded only when used, as the trainer does
-    reference = copy.deepcopy(policy).requires_grad_(False) if cfg.algo.beta != 0 else None
+    disable_dropout(policy)
+    enable_logprob_forward(policy)
+    policy = policy.to(device=resolve_device(cfg.model.device)).eval()
     tokenizer = id_tokenizer(config.vocab_size, QWEN_PAD_ID, QWEN_EOS_ID)
     n, length, seed = cfg.trainer.prompts_per_step, shape.prompt_len, cfg.trainer.seed
 
     def batch(step: int):
         return random_prompts(n, length, QWEN_PAD_ID, seed * 1_000_003 + step), [""] * n
 
-    return tokenizer, policy, reference, batch, random_reward(seed)
+    return tokenizer, policy, batch, random_reward(seed)
 
 
-def build_tiny(cfg, shape: Shape):
+def build_tiny(cfg, shape: Shape, precision):
     m = cfg.model
     tokenizer = load_tokenizer(m.path)
-    policy = load_model(m.path, m.dtype, m.device)
-    reference = load_model(m.path, m.dtype, m.device).requires_grad_(False) if cfg.algo.beta != 0 else None
+    policy = load_model(m.path, torch.float32, m.device)
     train = arithmetic_problems(cfg.data.max_operand, cfg.data.num_test, cfg.data.seed)["train"]
     order = PromptOrder(len(train), cfg.trainer.prompts_per_step, cfg.trainer.seed)
 
@@ -143,7 +148,7 @@ def build_tiny(cfg, shape: Shape):
         rows = train[order.indices(step)]
         return rows[cfg.data.prompt_field], rows[cfg.data.answer_field]
 
-    return tokenizer, policy, reference, batch, build_reward(RewardConfig())
+    return tokenizer, policy, batch, build_reward(RewardConfig())
 
 
 BUILDERS = {"tiny": build_tiny, "qwen0.5b-shape": build_qwen_shape}
@@ -159,13 +164,12 @@ def peak_rss_mib() -> float:
 
 def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     transformers.utils.logging.disable_progress_bar()
-    if opts["threads"]:
-        torch.set_num_threads(opts["threads"])
     device = resolve_device(opts["device"])
+    prepare_process(opts["threads"] or 0, device)  # threads and allocator, as `grpo train` sets them
 
     cfg = TrainConfig()
     cfg.model.name, cfg.model.path = name, ("builtin:tiny" if name == "tiny" else name)
-    cfg.model.dtype, cfg.model.device = opts["dtype"], str(device)
+    cfg.model.device, cfg.trainer.precision = str(device), opts["precision"]
     cfg.sampler.group_size, cfg.sampler.max_new_tokens = shape.group_size, shape.max_new_tokens
     cfg.trainer.prompts_per_step, cfg.trainer.micro_batch_size = shape.prompts, shape.micro_batch
     cfg.trainer.seed = opts["seed"]
@@ -175,8 +179,20 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     trainer.set_seed(cfg.trainer.seed)
 
     log(f"[{name}] building")
-    tokenizer, policy, reference, batch, reward_fn = BUILDERS[name](cfg, shape)
+    precision = training_precision(cfg.trainer.precision, device)
+    tokenizer, policy, batch, reward_fn = BUILDERS[name](cfg, shape, precision)
+    if opts["lora"]:  # as the trainer does: a frozen base in the compute dtype, a float32 adapter, and the
+        # reference is the base with the adapter off (no second copy)
+        cfg.model.lora.r = opts["lora"]
+        policy = add_adapter(policy.to(precision.frozen_dtype), cfg.model.lora)
+        policies = step_fn.Policies(policy, (lambda: adapter_disabled(policy)) if cfg.algo.beta else None)
+    else:  # the reference: the initial policy in the compute dtype, only when used
+        policy = policy.to(precision.param_dtype)
+        reference = copy.deepcopy(policy).to(precision.frozen_dtype).requires_grad_(False) if cfg.algo.beta else None
+        policies = step_fn.Policies.of(policy, reference)
+    generator = HFGenerator(tokenizer, precision=precision)
     params = sum(p.numel() for p in policy.parameters())
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     warmup, repeats = opts["warmup"], opts["repeats"]
     optimizer, scheduler = trainer.build_optimizer(policy, cfg.optimizer, warmup + repeats)
 
@@ -189,8 +205,10 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
             if step == warmup:
                 torch.cuda.reset_peak_memory_stats(device)
         prompts, answers = batch(step)
+        seeds = [group_seed(cfg.trainer.seed, step, i) for i in range(len(prompts))]
         policy.train()  # as the trainer's loop does
-        row = step_fn.grpo_step(policy, reference, tokenizer, optimizer, prompts, answers, reward_fn, cfg)
+        row, _ = step_fn.grpo_step(policies, generator, optimizer, step_fn.PromptBatch(prompts, answers, seeds),
+                                   reward_fn, cfg, precision=precision)
         scheduler.step()
         log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
         if timed:
@@ -201,6 +219,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     return {
         "name": name,
         "params": params,
+        "trained": trained,
         "batch": f"{shape.prompts} x {shape.group_size}",
         "tokens": sum(tokens) / len(tokens),
         "gen_s": mean("gen_s"),
@@ -220,6 +239,15 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
 # --- the command ---
 
 
+@dataclass(frozen=True)
+class Variant:
+    precision: str
+    lora: int = 0  # LoRA rank, 0 = full fine-tuning
+
+    def __str__(self) -> str:
+        return self.precision + (f" + LoRA r={self.lora}" if self.lora else "")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(DEFAULTS), help=f"comma-separated, from {', '.join(DEFAULTS)}")
@@ -228,8 +256,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, help="completion length cap (default: per model)")
     p.add_argument("--prompt-len", type=int, help="prompt tokens for qwen0.5b-shape (default 16)")
     p.add_argument("--micro-batch", type=int, help="completions per forward/backward (default: per model)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="parameter dtype (default float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--precision", default=None,
+                   help=f"comma-separated trainer.precision values from {', '.join(PRECISIONS)}, each benchmarked "
+                        "(default fp32 on CPU, bf16-mixed on CUDA)")
+    p.add_argument("--lora", default="0", help="comma-separated LoRA ranks, each benchmarked (0 = full fine-tuning)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every model and variant this many times, interleaved; times are averaged (default 1)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--beta", type=float, default=0.04,
                    help="KL weight; != 0 loads a reference model and times its log-prob pass (default 0.04; 0 skips it)")
@@ -242,12 +274,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [m for m in args.model_list if m not in DEFAULTS]
     if unknown or not args.model_list:
         p.error(f"--models: unknown {unknown or args.models!r}; choose from {', '.join(DEFAULTS)}")
-    if args.warmup < 0 or args.repeats < 1:
-        p.error("--warmup must be >= 0 and --repeats >= 1")
+    if args.warmup < 0 or args.repeats < 1 or args.rounds < 1:
+        p.error("--warmup must be >= 0, --repeats and --rounds >= 1")
     if args.prompt_len is not None and args.prompt_len < 1:
         p.error("--prompt-len must be >= 1")
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be >= 1")
+    precisions = [x.strip() for x in (args.precision or "").split(",") if x.strip()]
+    if any(x not in PRECISIONS for x in precisions):
+        p.error(f"--precision: choose from {', '.join(PRECISIONS)}")
+    try:
+        ranks = [int(x) for x in args.lora.split(",")]
+    except ValueError:
+        p.error("--lora takes comma-separated integers")
+    args.precisions, args.ranks = precisions, ranks
     return args
 
 
@@ -264,59 +304,77 @@ def shape_for(name: str, args) -> Shape:
     )
 
 
+def run_in_child(name: str, shape: Shape, opts: dict) -> dict:
+    """One model and variant in a fresh process: its peak RSS is its own."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(bench_model, name, shape, opts).result()
+
+
+def average(runs: list[dict]) -> dict:
+    out = dict(runs[0])
+    for key in ("gen_s", "score_s", "update_s", "seconds", "tokens", "truncated_frac"):
+        out[key] = sum(r[key] for r in runs) / len(runs)
+    out["tokens_per_s"] = sum(r["tokens"] for r in runs) / sum(r["seconds"] for r in runs)
+    out["peak_mib"] = max(r["peak_mib"] for r in runs)
+    out["rounds"] = len(runs)
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Console()
     if not out.is_terminal:  # piped or redirected: rich would squeeze the table into 80 columns
-        out = Console(width=max(out.width, 120))
+        out = Console(width=max(out.width, 140))
     try:
         device = resolve_device(args.device)
     except GrpoError as e:
         out.print(f"[bold red]error:[/] {e}")
         return 2
-    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    precisions = args.precisions or ["bf16-mixed" if device.type == "cuda" else "fp32"]
+    variants = [Variant(p, r) for p in precisions for r in args.ranks]
     threads = args.threads or torch.get_num_threads()
     where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+    out.print(f"device [bold]{where}[/]  torch {torch.__version__}  transformers {transformers.__version__}  "
+              f"threads {threads}")
     out.print(
-        f"device [bold]{where}[/]  torch {torch.__version__}  transformers {transformers.__version__}  "
-        f"threads {threads}  dtype {dtype}"
+        f"one grpo_step per row: beta {args.beta} ({'reference scored' if args.beta else 'no reference'}), mu 1, "
+        f"{args.warmup} warm-up + {args.repeats} timed step(s) per process, {args.rounds} round(s) interleaved, "
+        f"seed {args.seed}"
     )
-    out.print(
-        f"one grpo_step per row: beta {args.beta} ({'reference model scored' if args.beta else 'no reference model'}), "
-        f"mu 1, {args.warmup} warm-up + {args.repeats} timed step(s), seed {args.seed}"
-    )
-
-    opts = dict(device=args.device, dtype=dtype, beta=args.beta, warmup=args.warmup, repeats=args.repeats,
-                threads=args.threads, seed=args.seed)
-    results = []
-    for name in args.model_list:
-        # A fresh process per model: the peak RSS is then this model's, not an earlier one's.
-        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-            try:
-                results.append(pool.submit(bench_model, name, shape_for(name, args), opts).result())
-            except GrpoError as e:
-                out.print(f"[bold red]error[/] ({name}): {e}")
-                return 1
+    runs: dict[tuple[str, Variant], list[dict]] = {}
+    for round_ in range(args.rounds):
+        for name in args.model_list:
+            for v in variants:
+                opts = dict(device=args.device, precision=v.precision, lora=v.lora, beta=args.beta, warmup=args.warmup,
+                            repeats=args.repeats, threads=args.threads, seed=args.seed)
+                log(f"round {round_ + 1}/{args.rounds}: {name}, {v}")
+                try:
+                    runs.setdefault((name, v), []).append(run_in_child(name, shape_for(name, args), opts))
+                except GrpoError as e:
+                    out.print(f"[bold red]error[/] ({name}, {v}): {e}")
+                    return 1
+    results = {key: average(r) for key, r in runs.items()}
 
     cuda = device.type == "cuda"
-    table = Table(title="one GRPO step (means over the timed steps)")
-    for col in ("model", "params", "batch\nprompts x G", "completion\ntokens", "generation\ns", "scoring\ns",
-                "update\ns", "total\ns", "tokens/s", "peak MiB\n" + ("(CUDA alloc)" if cuda else "(CPU RSS)")):
-        table.add_column(col, justify="left" if col == "model" else "right")
-    for r in results:
+    table = Table(title="one GRPO step (means over the timed steps and rounds)")
+    for col in ("model", "variant", "params\ntrained", "batch\nprompts x G", "completion\ntokens", "generation\ns",
+                "scoring\ns", "update\ns", "total\ns", "tokens/s", "peak MiB\n" + ("(CUDA alloc)" if cuda else "(CPU RSS)")):
+        table.add_column(col, justify="left" if col in ("model", "variant") else "right")
+    for (name, v), r in results.items():
         table.add_row(
-            r["name"] + (" *" if r["name"] == "qwen0.5b-shape" else ""),
-            f"{r['params'] / 1e6:.1f}M",
-            r["batch"],
-            f"{r['tokens']:.0f}",
-            f"{r['gen_s']:.2f}",
-            f"{r['score_s']:.2f}",
-            f"{r['update_s']:.2f}",
-            f"{r['seconds']:.2f}",
-            f"{r['tokens_per_s']:.1f}",
-            f"{r['peak_mib']:,.0f}",
+            name + (" *" if name == "qwen0.5b-shape" else ""), str(v), f"{r['trained'] / 1e6:.1f}M", r["batch"],
+            f"{r['tokens']:.0f}", f"{r['gen_s']:.2f}", f"{r['score_s']:.2f}", f"{r['update_s']:.2f}",
+            f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['peak_mib']:,.0f}",
         )
     out.print(table)
+    for name in args.model_list:
+        base = results[(name, variants[0])]
+        for v in variants[1:]:
+            r = results[(name, v)]
+            out.print(f"{name}: {v} vs {variants[0]}: {r['seconds'] / base['seconds']:.2f}x the step time "
+                      f"(generation {r['gen_s'] / base['gen_s']:.2f}x, scoring "
+                      f"{r['score_s'] / max(base['score_s'], 1e-9):.2f}x, update {r['update_s'] / base['update_s']:.2f}x), "
+                      f"{r['peak_mib'] / base['peak_mib']:.2f}x the peak memory")
 
     notes = [
         "tokens/s = completion tokens (up to and including EOS) / total seconds of the step.",
@@ -324,16 +382,16 @@ def main(argv=None) -> int:
          if cuda else
          "peak = the child process's peak RSS (resource.getrusage ru_maxrss): interpreter, libraries, "
          "policy, " + ("reference, " if args.beta else "") + "gradients and AdamW state included."),
-        "generation = sampling + reward calls; scoring = advantages + the reference model's log-prob pass"
-        + (" (beta != 0)." if args.beta else "; with --beta 0 there is no reference pass, so it is near zero."),
+        "generation = sampling + reward calls; scoring = advantages + the reference's log-prob pass"
+        + (" (beta != 0; under LoRA the policy with its adapter off)." if args.beta else "; with --beta 0 there is none."),
     ]
-    for r in results:
+    for (name, v), r in results.items():
+        if v != variants[0]:
+            continue
         extra = f", prompt {r['prompt_len']} tokens" if r["prompt_len"] else ""
-        notes.append(
-            f"{r['name']}: max_new_tokens {r['max_new_tokens']}, micro-batch {r['micro_batch']}{extra}, "
-            f"{r['truncated_frac']:.0%} of completions hit max_new_tokens."
-        )
-    if any(r["name"] == "qwen0.5b-shape" for r in results):
+        notes.append(f"{name}: max_new_tokens {r['max_new_tokens']}, micro-batch {r['micro_batch']}{extra}, "
+                     f"{r['truncated_frac']:.0%} of completions hit max_new_tokens.")
+    if "qwen0.5b-shape" in args.model_list:
         notes.append(
             f"* random weights in Qwen2.5-0.5B's shape, id-per-token tokenizer, random 0/1 reward; "
             f"generation_config.eos_token_id = {QWEN_EOS_ID}, which a random model samples with p ~ 1/151936 "

@@ -9,7 +9,10 @@ from grpo_cli.config import TrainConfig
 from grpo_cli.console import Console
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.rewards import build_reward
+from grpo_cli.distributed import SINGLE
 from grpo_cli.generation import HFGenerator
+from grpo_cli.policies import RunPolicies
+from grpo_cli.precision import Precision
 from grpo_cli.rollout import Rollout
 from grpo_cli.step import Policies, PromptBatch
 
@@ -48,7 +51,7 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
 
     monkeypatch.setattr(step, "policy_loss", recording)
     batch = PromptBatch(["1+2=", "3+4=", "5+5=", "9+8="], ["3", "7", "10", "17"], seeds=[0, 1, 2, 3])
-    step.grpo_step(Policies(policy), HFGenerator(tok), optimizer, batch, build_reward(cfg.reward), cfg)
+    step.grpo_step(Policies.of(policy), HFGenerator(tok), optimizer, batch, build_reward(cfg.reward), cfg)
     steps = {int(s["step"]) for s in optimizer.state.values()}
     assert steps == {2}  # AdamW counted two optimiser steps for every parameter
     micro_batches = len(seen) // 2
@@ -86,13 +89,13 @@ def test_a_frozen_behaviour_keeps_sampling_from_the_initial_weights_while_the_po
 def test_a_lagged_behaviour_is_refreshed_to_the_policy_every_k_steps(monkeypatch, tmp_path):
     snapshots = recorded_samplers(monkeypatch)
     saved = []
-    real_refresh = trainer.refresh
+    real_refresh = RunPolicies.refresh
 
-    def spy(policy, reference, behaviour, step, algo):
-        real_refresh(policy, reference, behaviour, step, algo)
-        saved.append(params(policy))
+    def spy(self, step):
+        real_refresh(self, step)
+        saved.append(params(self.policy))
 
-    monkeypatch.setattr(trainer, "refresh", spy)
+    monkeypatch.setattr(RunPolicies, "refresh", spy)
     cfg = small_config(behaviour="lagged", behaviour_refresh=2, beta=0.0)
     cfg.trainer.steps = 4
     trainer.train(cfg, tmp_path, Console(progress=False))
@@ -102,15 +105,15 @@ def test_a_lagged_behaviour_is_refreshed_to_the_policy_every_k_steps(monkeypatch
 
 
 def test_the_reference_is_refreshed_to_the_policy_only_on_its_schedule():
-    policy, reference = load_model("builtin:tiny", device="cpu"), load_model("builtin:tiny", device="cpu")
+    policy = load_model("builtin:tiny", device="cpu")
+    policies = RunPolicies(small_config(ref_refresh=2), Precision("fp32"), policy)
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.01)
-    algo = small_config(ref_refresh=2).algo
-    trainer.refresh(policy, reference, None, 1, algo)
-    assert not same(params(reference), params(policy))
-    trainer.refresh(policy, reference, None, 2, algo)
-    assert same(params(reference), params(policy))
+    policies.refresh(1)
+    assert not same(params(policies.reference), params(policy))
+    policies.refresh(2)
+    assert same(params(policies.reference), params(policy))
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
@@ -122,10 +125,11 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
 
     batches = {1: PromptBatch(["good1=", "flat1=", "flat2=", "flat3="], list("abcd"), [1] * 4),
                2: PromptBatch(["good2=", "good3=", "flat4=", "good4="], list("efgh"), [2] * 4)}
-    roll, answers, stats = step.collect(
+    roll, answers, metrics = step.collect(
         HFGenerator(tok), policy, PromptBatch(["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), [0] * 4), reward,
         cfg, refill=lambda r: batches[r],
     )
+    stats = metrics.reduce(SINGLE)
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]
     assert (roll.rewards.amax(1) != roll.rewards.amin(1)).all()
     assert roll.input_ids.shape[0] == 16 and len(roll.completions) == 16

@@ -10,7 +10,6 @@ from grpo_cli.objective import (
     AGGREGATIONS,
     RATIO_LEVELS,
     group_advantages,
-    micro_batch_weight,
     policy_loss,
     token_kl,
 )
@@ -359,11 +358,12 @@ def test_constants_get_no_gradient_and_padding_garbage_does_not_leak():
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
-def test_weighted_micro_batches_add_up_to_the_full_batch(aggregation, ratio_level):
+def test_micro_batches_with_the_batch_s_normalisers_add_up_to_the_full_batch(aggregation, ratio_level):
+    """The same holds for ranks: each sees part of the batch, normalised by the whole batch's counts."""
     logp, old_logp, ref_logp, adv, mask = make_batch(seed=3, B=6)
     mask = mask.float()
     kwargs = dict(beta=0.05, ref_logp=ref_logp, aggregation=aggregation, ratio_level=ratio_level,
-                  clip_eps_high=0.3)
+                  clip_eps_high=0.3, max_completion_length=mask.shape[1])
     full_logp = logp.clone().requires_grad_(True)
     full, _ = policy_loss(full_logp, old_logp, adv, mask, **kwargs)
     full.backward()
@@ -371,23 +371,25 @@ def test_weighted_micro_batches_add_up_to_the_full_batch(aggregation, ratio_leve
     acc_logp = logp.clone().requires_grad_(True)
     total = 0.0
     for part in (slice(0, 2), slice(2, 5), slice(5, 6)):  # uneven, one holds the empty row
-        w = micro_batch_weight(aggregation, int(mask[part].sum()), mask[part].shape[0], int(mask.sum()), mask.shape[0])
-        kw = dict(kwargs, ref_logp=ref_logp[part])
+        kw = dict(kwargs, ref_logp=ref_logp[part], num_sequences=mask.shape[0], num_tokens=float(mask.sum()))
         micro, _ = policy_loss(acc_logp[part], old_logp[part], adv[part], mask[part], **kw)
-        (w * micro).backward()
-        total += w * micro.item()
-    assert isinstance(w, float)
+        micro.backward()
+        total += micro.item()
     assert total == pytest.approx(full.item(), abs=1e-12)
     torch.testing.assert_close(acc_logp.grad, full_logp.grad, atol=1e-12, rtol=1e-10)
 
 
-def test_micro_batch_weight_is_the_token_or_sequence_share():
-    # a micro-batch of 2 sequences holding 3 completion tokens, of a batch of 8 holding 12
-    assert micro_batch_weight("token_mean", 3, 2, 12, 8) == 3 / 12
-    for aggregation in ("seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"):
-        assert micro_batch_weight(aggregation, 3, 2, 12, 8) == 2 / 8
-    with pytest.raises(ValueError, match="aggregation"):
-        micro_batch_weight("sum", 3, 2, 12, 8)
+def test_the_step_s_normalisers_are_what_each_aggregation_divides_by():
+    # one sequence of 2 tokens, each with per-token loss -A = -1 (ratio 1, no KL): its token sum is -2
+    logp, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
+    call = lambda agg, **kw: float(policy_loss(logp, logp, torch.ones(1), mask, aggregation=agg,  # noqa: E731
+                                              max_completion_length=4, **kw)[0])
+    approx = lambda x: pytest.approx(x, rel=1e-6)  # noqa: E731  (float32)
+    assert call("seq_mean_token_mean", num_sequences=8) == approx(-1 / 8)
+    assert call("token_mean", num_tokens=10) == approx(-2 / 10)
+    assert call("seq_mean_token_sum", num_sequences=8) == approx(-2 / 8)
+    assert call("constant_norm", num_sequences=8) == approx(-2 / (8 * 4))
+    assert call("seq_mean_token_mean") == -1 and call("token_mean") == -1 and call("constant_norm") == -2 / 4
 
 
 def _call(**overrides):

@@ -114,7 +114,7 @@ def test_arithmetic_task_is_deterministic_and_the_test_split_is_held_out():
 
 
 def test_a_missing_column_names_the_columns_that_exist():
-    with pytest.raises(GrpoError, match=r"'question' is missing .* \['prompt', 'answer'\]"):
+    with pytest.raises(GrpoError, match=r"'question' is missing .* \['prompt', 'answer', 'a', 'b'\]"):
         load_data(DataConfig(prompt_field="question"))
 
 

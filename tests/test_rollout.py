@@ -65,3 +65,68 @@ def test_generate_returns_group_size_completions_per_prompt_with_padding_masked(
     after = roll.completion_mask == 0
     assert (roll.input_ids[:, -roll.completion_len :][after] == tok.pad_token_id).all()
     assert (roll.attention_mask[:, -roll.completion_len :] == roll.completion_mask).all()
+
+
+def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_model):
+    """The decoder samples exactly softmax(logits / temperature): what the loss's ratios assume."""
+    model, tok = tiny_model
+    roll = generate(model, tok, ["3+4=", "12+30=", "7+7="], 4, max_new_tokens=5, temperature=1.3,
+                    seeds=[0, 1, 2], with_logprobs=True)
+    got, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len, temperature=1.3)
+    m = roll.completion_mask.bool()
+    assert torch.allclose(roll.extra["sampler_logp"][m], got[m], atol=1e-5)
+
+
+def test_a_group_s_completions_depend_on_its_seed_not_on_the_rest_of_the_batch(tiny_model):
+    """So one process and N ranks (each sampling part of the batch) draw the same completions."""
+    model, tok = tiny_model
+    together = generate(model, tok, ["3+4=", "12+30=", "7+7=", "1+1="], 5, max_new_tokens=5, seeds=[10, 11, 12, 13])
+    alone = generate(model, tok, ["7+7="], 5, max_new_tokens=5, seeds=[12])
+    other = generate(model, tok, ["41+41=", "7+7="], 5, max_new_tokens=5, seeds=[99, 12])
+    assert together.completions[10:15] == alone.completions == other.completions[5:10]
+    reseeded = generate(model, tok, ["7+7="], 5, max_new_tokens=5, seeds=[13])
+    assert reseeded.completions != alone.completions  # and the seed does matter
+
+
+def test_each_distinct_prompt_is_prefilled_once_for_its_whole_group(tiny_model, monkeypatch):
+    model, tok = tiny_model
+    widths = []
+    real = type(model).forward
+
+    def spy(self, *args, **kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", spy)
+    generate(model, tok, ["3+4=", "12+30="], 8, max_new_tokens=3, seeds=[0, 1])
+    assert widths[0] == (2, 6)  # the prefill: 2 prompts of up to 6 tokens, not 16 copies
+    assert all(w[1] == 1 for w in widths[1:])  # then one token per row at a time
+
+
+def test_greedy_decoding_equals_transformers_generate(tiny_model):
+    model, tok = tiny_model
+    prompts = ["3+4=", "12+30=", "7+7=", "49+49="]
+    ours = generate(model, tok, prompts, max_new_tokens=6, greedy=True)
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    theirs = model.generate(**enc, do_sample=False, max_new_tokens=6, pad_token_id=tok.pad_token_id,
+                            eos_token_id=tok.eos_token_id)
+    assert ours.completions == tok.batch_decode(theirs[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def test_top_k_and_top_p_keep_the_expected_tokens():
+    from grpo_cli.generation import _filter
+
+    scores = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
+    kept = lambda s: (s > float("-inf")).int().tolist()  # noqa: E731
+    assert kept(_filter(scores, 2, 1.0)) == [[1, 1, 0, 0, 0]]
+    assert kept(_filter(scores, 0, 0.7)) == [[1, 1, 0, 0, 0]]  # 0.5 + 0.2 reaches 0.7
+    assert kept(_filter(scores, 0, 0.71)) == [[1, 1, 1, 0, 0]]
+    assert kept(_filter(scores, 0, 0.1)) == [[1, 0, 0, 0, 0]]  # the top token always stays
+    assert kept(_filter(scores[:, [3, 0, 4, 1, 2]], 0, 0.7)) == [[0, 1, 0, 1, 0]]  # order does not matter
+
+
+def test_top_k_sampling_only_draws_from_the_top_k(tiny_model):
+    model, tok = tiny_model
+    roll = generate(model, tok, ["3+4="], 64, max_new_tokens=1, top_k=1, seeds=[0])
+    greedy = generate(model, tok, ["3+4="], max_new_tokens=1, greedy=True)
+    assert set(roll.completions) == set(greedy.completions)

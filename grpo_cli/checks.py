@@ -1,0 +1,243 @@
+"""Every config value checked where it is composed, before torch or transformers is imported, so a
+mistake costs well under two seconds and one sentence: ranges, NaN and infinity, choices, and the
+rules between keys. The typed schemas (config.py) have already ruled out unknown keys and wrong types.
+
+Each `check_*` raises a GrpoError naming every offending key, what is allowed, and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+                              INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
+                              REWARD_EXTRACTS, REWARDS, SCHEDULERS, STD_KINDS)
+from grpo_cli.errors import GrpoError
+
+DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
+
+
+class Problems(list):
+    """What is wrong, as clauses of one sentence."""
+
+    def need(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.append(message)
+
+    def finite(self, key: str, value, low: float | None = None, high: float | None = None, *, low_open=False,
+               high_open=False) -> None:
+        """`key` must be a finite number in the given range."""
+        if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.append(f"{key}={value} must be a finite number")
+            return
+        lo_ok = low is None or (value > low if low_open else value >= low)
+        hi_ok = high is None or (value < high if high_open else value <= high)
+        if not (lo_ok and hi_ok):
+            lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+            hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+            self.append(f"{key}={value} must be {' and '.join(x for x in (lo, hi) if x)}")
+
+    def at_least(self, key: str, value: int, low: int) -> None:
+        self.need(value >= low, f"{key}={value} must be >= {low}")
+
+    def choice(self, key: str, value, allowed) -> None:
+        self.need(value in allowed, f"{key}={value!r} must be one of {', '.join(map(str, allowed))}")
+
+    def raise_if_any(self) -> None:
+        if self:
+            raise GrpoError("; ".join(self) + ".")
+
+
+def check_model(p: Problems, m) -> None:
+    p.need(bool(str(m.path).strip()), "model.path is empty; give a hub id, a local directory or builtin:tiny")
+    p.need(bool(DEVICE.match(str(m.device))), f"model.device={m.device!r} must be auto, cpu, cuda or cuda:N")
+    lora = m.lora
+    p.at_least("model.lora.r", lora.r, 0)
+    if lora.r:
+        p.finite("model.lora.alpha", lora.alpha, 0, low_open=True)
+        p.finite("model.lora.dropout", lora.dropout, 0, 1, high_open=True)
+        targets = lora.target_modules
+        p.need(targets == "all-linear" or (isinstance(targets, (list, tuple)) and targets and
+                                           all(isinstance(t, str) and t for t in targets)),
+               f"model.lora.target_modules={targets!r} must be a list of layer names or all-linear")
+    if lora.quantize is not None:
+        p.choice("model.lora.quantize", lora.quantize, LORA_QUANTIZE)
+        p.need(lora.r > 0, "model.lora.quantize=4bit quantizes the frozen base of a LoRA run; set model.lora.r too")
+
+
+def check_sampler(p: Problems, s, *, sampling: bool = True) -> None:
+    p.at_least("sampler.max_new_tokens", s.max_new_tokens, 1)
+    if sampling:
+        p.finite("sampler.temperature", s.temperature, 0, low_open=True)
+    p.finite("sampler.top_p", s.top_p, 0, 1, low_open=True)
+    p.at_least("sampler.top_k", s.top_k, 0)
+
+
+def check_reward(p: Problems, r) -> None:
+    p.choice("reward.name", r.name, (*REWARDS, "combo"))
+    p.choice("reward.extract", r.extract, REWARD_EXTRACTS)
+    if r.extract == "regex":
+        try:
+            groups = re.compile(r.pattern or "").groups
+            p.need(bool(r.pattern) and groups >= 1,
+                   "reward.extract=regex needs reward.pattern, a regex with one capture group such as 'answer: (\\d+)'")
+        except re.error as e:
+            p.append(f"reward.pattern={r.pattern!r} does not compile ({e})")
+    if r.name == "combo":
+        p.need(bool(r.terms), "reward=combo needs reward.terms, the rewards to add up (e.g. [exact_match,format])")
+        for term in r.terms:
+            p.choice("reward.terms", term, REWARDS)
+        p.need(len(set(r.terms)) == len(r.terms), f"reward.terms={list(r.terms)} names a reward twice")
+        p.need(not r.weights or len(r.weights) == len(r.terms),
+               f"reward.weights has {len(r.weights)} values for {len(r.terms)} reward.terms; give one per term")
+    else:
+        p.need(not r.terms and not r.weights, "reward.terms and reward.weights are only read by reward=combo")
+    for i, w in enumerate(r.weights):
+        p.finite(f"reward.weights[{i}]", w)
+    terms = set(r.terms) | {r.name}
+    if "length" in terms:
+        p.at_least("reward.max_length", r.max_length, 1)
+        p.need(0 <= r.overlong_buffer < r.max_length,
+               f"reward.overlong_buffer={r.overlong_buffer} must be >= 0 and below reward.max_length={r.max_length}")
+    if "model" in terms:
+        p.need(bool(r.model_path), "reward=model needs reward.model_path, a one-label sequence classifier")
+        p.at_least("reward.model_batch_size", r.model_batch_size, 1)
+        p.need(bool(DEVICE.match(str(r.model_device))), f"reward.model_device={r.model_device!r} must be auto, cpu, cuda or cuda:N")
+    if "python" in terms:
+        p.need(bool(r.fn), "reward=python needs reward.fn, a dotted path to your function such as mypkg.rewards:score")
+    if r.correct_threshold is not None:
+        p.finite("reward.correct_threshold", r.correct_threshold)
+
+
+def check_data(p: Problems, d) -> None:
+    p.choice("data.name", d.name, DATA_SOURCES)
+    if d.name == "arithmetic":
+        p.at_least("data.max_operand", d.max_operand, 1)
+        p.need(0 < d.num_test < (d.max_operand + 1) ** 2,
+               f"data.num_test={d.num_test} must be between 1 and {(d.max_operand + 1) ** 2 - 1} for "
+               f"data.max_operand={d.max_operand}")
+    if d.name == "long_addition":
+        p.at_least("data.digits", d.digits, 1)
+        p.at_least("data.num_train", d.num_train, 1)
+        p.at_least("data.num_test", d.num_test, 1)
+    if d.name == "files":
+        p.need(bool(d.train_file), "data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file)")
+    if d.name == "hub":
+        p.need(bool(d.hub_name), "data=hub needs data.hub_name, a dataset name such as openai/gsm8k")
+    p.finite("data.test_size", d.test_size, 0, low_open=True)
+    if d.answer_extract is not None:
+        p.choice("data.answer_extract", d.answer_extract, ANSWER_EXTRACTS)
+    if d.max_prompt_length is not None:
+        p.at_least("data.max_prompt_length", d.max_prompt_length, 1)
+    if d.template is not None:
+        try:
+            fields = [f for _, f, _, _ in __import__("string").Formatter().parse(d.template) if f is not None]
+            p.need(all(fields), f"data.template {d.template!r} has an empty {{}}: name a column, as in {{question}}")
+        except ValueError as e:
+            p.append(f"data.template {d.template!r} is not a format string ({e}): write columns as {{name}}, braces as {{{{ }}}}")
+    p.need(d.system_prompt is None or d.chat_template,
+           "data.system_prompt is only used with data.chat_template=true; set it, or put the text in data.template")
+    p.need(bool(d.prompt_field) and bool(d.answer_field), "data.prompt_field and data.answer_field must name columns")
+
+
+def check_train(cfg) -> None:
+    """`grpo train`'s config, every group."""
+    p = Problems()
+    check_model(p, cfg.model)
+    check_sampler(p, cfg.sampler)
+    p.need(cfg.sampler.group_size >= 2,
+           f"sampler.group_size={cfg.sampler.group_size} must be at least 2: a group of one has no relative advantage")
+    check_reward(p, cfg.reward)
+    check_data(p, cfg.data)
+    o = cfg.optimizer
+    p.choice("optimizer.name", o.name, ("adamw",))
+    p.finite("optimizer.lr", o.lr, 0, low_open=True)
+    betas_ok = isinstance(o.betas, (list, tuple)) and len(o.betas) == 2 and all(
+        isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b < 1 for b in o.betas)
+    p.need(betas_ok, f"optimizer.betas={list(o.betas)} must be two numbers in [0, 1), such as [0.9, 0.99]")
+    p.finite("optimizer.weight_decay", o.weight_decay, 0)
+    p.finite("optimizer.eps", o.eps, 0, low_open=True)
+    p.choice("optimizer.scheduler", o.scheduler, SCHEDULERS)
+    p.at_least("optimizer.warmup_steps", o.warmup_steps, 0)
+    p.finite("optimizer.max_grad_norm", o.max_grad_norm, 0)
+    a = cfg.algo
+    p.finite("algo.clip_eps", a.clip_eps, 0, 1, low_open=True, high_open=True)
+    if a.clip_eps_high is not None:
+        p.finite("algo.clip_eps_high", a.clip_eps_high, 0, low_open=True)
+    p.finite("algo.beta", a.beta, 0)
+    p.finite("algo.eps", a.eps, 0)
+    p.at_least("algo.num_iterations", a.num_iterations, 1)
+    for key, value, allowed in (("algo.aggregation", a.aggregation, AGGREGATIONS), ("algo.ratio_level", a.ratio_level, RATIO_LEVELS),
+                                ("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS), ("algo.scale", a.scale, ADVANTAGE_SCALES),
+                                ("algo.std", a.std, STD_KINDS), ("algo.behaviour", a.behaviour, BEHAVIOURS)):
+        p.choice(key, value, allowed)
+    p.need(a.behaviour != "lagged" or a.behaviour_refresh >= 1,
+           "algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")
+    p.need(not a.behaviour_path or a.behaviour == "frozen", "algo.behaviour_path is only used with algo.behaviour=frozen")
+    p.at_least("algo.ref_refresh", a.ref_refresh, 0)
+    p.at_least("algo.behaviour_refresh", a.behaviour_refresh, 0)
+    p.at_least("algo.max_refill_rounds", a.max_refill_rounds, 0)
+    p.need(not (cfg.model.lora.r and a.ref_refresh),
+           "algo.ref_refresh copies the policy into a second model, which a LoRA run does not keep (its reference is "
+           "the base with the adapter off); set algo.ref_refresh=0 or train without model.lora")
+    p.need(not (a.std == "sample" and a.scale != "none" and cfg.sampler.group_size < 2),
+           "algo.std=sample needs sampler.group_size >= 2")
+    t = cfg.trainer
+    p.at_least("trainer.steps", t.steps, 0)
+    p.at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
+    p.at_least("trainer.micro_batch_size", t.micro_batch_size, 1)
+    p.at_least("trainer.seed", t.seed, 0)
+    p.at_least("trainer.log_every", t.log_every, 1)
+    p.at_least("trainer.save_every", t.save_every, 1)
+    p.at_least("trainer.keep_last", t.keep_last, 0)
+    p.at_least("trainer.eval_every", t.eval_every, 0)
+    p.at_least("trainer.log_completions_every", t.log_completions_every, 0)
+    p.at_least("trainer.log_completions_groups", t.log_completions_groups, 0)
+    p.at_least("trainer.zero_variance_warn_steps", t.zero_variance_warn_steps, 1)
+    p.at_least("trainer.threads", t.threads, 0)
+    p.at_least("trainer.nonfinite_patience", t.nonfinite_patience, 1)
+    if t.eval_before_after or t.eval_every:
+        p.at_least("trainer.eval_prompts", t.eval_prompts, 1)
+    p.need(t.precision in PRECISIONS,
+           f"trainer.precision={t.precision!r} must be one of {', '.join(PRECISIONS)} (fp16 training is not offered: "
+           "bf16-mixed keeps float32 master weights without a loss scaler)")
+    p.raise_if_any()
+
+
+def check_inference(p: Problems, cfg) -> None:
+    check_model(p, cfg.model)
+    p.choice("precision", cfg.precision, INFERENCE_PRECISIONS)
+    p.at_least("threads", cfg.threads, 0)
+    p.at_least("batch_size", cfg.batch_size, 1)
+    p.at_least("seed", cfg.seed, 0)
+    check_reward(p, cfg.reward)
+
+
+def check_evaluate(cfg) -> list[int]:
+    """`grpo evaluate`'s config; returns the sorted k values (none with samples=0: greedy only)."""
+    p = Problems()
+    check_inference(p, cfg)
+    check_sampler(p, cfg.sampler, sampling=cfg.samples > 0)
+    check_data(p, cfg.data)
+    p.at_least("samples", cfg.samples, 0)
+    p.need(cfg.limit is None or cfg.limit >= 1, f"limit={cfg.limit} must be >= 1 (or null for every prompt)")
+    p.need(bool(str(cfg.split).strip()), "split is empty; name a split of the data group, such as test")
+    ks = sorted(set(cfg.k)) if cfg.samples else []
+    p.need(not ks or 1 <= ks[0] <= ks[-1] <= cfg.samples,
+           f"k={ks} asks for pass@k and maj@k from samples={cfg.samples} completions per prompt; each k must be between "
+           f"1 and samples: raise samples to {max(ks or [1])} or drop the larger k (samples=0 scores greedy completions only)")
+    p.raise_if_any()
+    return ks
+
+
+def check_sample(cfg) -> None:
+    """`grpo sample`'s config."""
+    p = Problems()
+    check_inference(p, cfg)
+    check_sampler(p, cfg.sampler)
+    p.at_least("sampler.group_size", cfg.sampler.group_size, 1)
+    check_data(p, cfg.data)
+    p.need(bool(cfg.prompt or cfg.prompts or cfg.prompts_file),
+           'no prompt given; pass prompt="...", prompts=[...] or prompts_file=FILE')
+    p.raise_if_any()
