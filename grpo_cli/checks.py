@@ -12,7 +12,7 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, REWARDS, SCHEDULERS, STD_KINDS)
+                              REWARD_EXTRACTS, REWARDS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -83,14 +83,15 @@ def check_reward(p: Problems, r) -> None:
             p.need(bool(r.pattern) and groups >= 1,
                    "reward.extract=regex needs reward.pattern, a regex with one capture group such as 'answer: (\\d+)'")
         except re.error as e:
-            p.append(f"reward.pattern={r.pattern!r} does not compile ({e})")
+            p.append(f"reward.pattern {r.pattern!r} does not compile ({e}); fix the regex")
     if r.name == "combo":
         p.need(bool(r.terms), "reward=combo needs reward.terms, the rewards to add up (e.g. [exact_match,format])")
         for term in r.terms:
             p.choice("reward.terms", term, REWARDS)
         p.need(len(set(r.terms)) == len(r.terms), f"reward.terms={list(r.terms)} names a reward twice")
         p.need(not r.weights or len(r.weights) == len(r.terms),
-               f"reward.weights has {len(r.weights)} values for {len(r.terms)} reward.terms; give one per term")
+               f"reward.weights has {len(r.weights)} values for the {len(r.terms)} reward.terms {list(r.terms)}; give one "
+               "weight per term")
     else:
         p.need(not r.terms and not r.weights, "reward.terms and reward.weights are only read by reward=combo")
     for i, w in enumerate(r.weights):
@@ -147,7 +148,7 @@ def check_train(cfg) -> None:
     check_model(p, cfg.model)
     check_sampler(p, cfg.sampler)
     p.need(cfg.sampler.group_size >= 2,
-           f"sampler.group_size={cfg.sampler.group_size} must be at least 2: a group of one has no relative advantage")
+           f"sampler.group_size must be at least 2 (got {cfg.sampler.group_size}): a group of one has no relative advantage")
     check_reward(p, cfg.reward)
     check_data(p, cfg.data)
     o = cfg.optimizer
@@ -197,6 +198,7 @@ def check_train(cfg) -> None:
     p.at_least("trainer.zero_variance_warn_steps", t.zero_variance_warn_steps, 1)
     p.at_least("trainer.threads", t.threads, 0)
     p.at_least("trainer.nonfinite_patience", t.nonfinite_patience, 1)
+    p.choice("trainer.strategy", t.strategy, STRATEGIES)
     if t.eval_before_after or t.eval_every:
         p.at_least("trainer.eval_prompts", t.eval_prompts, 1)
     p.need(t.precision in PRECISIONS,

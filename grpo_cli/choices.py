@@ -19,3 +19,4 @@ REWARD_EXTRACTS = ("last_number", "hash", "boxed", "regex", "full")
 # transformers' schedules that need nothing beyond warm-up and length (get_scheduler)
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
               "inverse_sqrt")
+STRATEGIES = ("auto", "single", "ddp", "fsdp")  # trainer.strategy

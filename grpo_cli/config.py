@@ -50,6 +50,7 @@ class RewardConfig:
     model_batch_size: int = 16
     model_device: str = "auto"
     fn: Optional[str] = None
+    correct_threshold: Optional[float] = None
 
 
 @dataclass
@@ -141,6 +142,7 @@ class TrainerConfig:
     precision: str = "fp32"
     threads: int = 0
     nonfinite_patience: int = 3
+    strategy: str = "auto"
 
 
 @dataclass
@@ -154,6 +156,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output_dir: Optional[str] = None
     resume: Optional[str] = None
+    overwrite: bool = False
 
 
 @dataclass
@@ -179,6 +182,7 @@ class SampleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     checkpoint: Optional[str] = None
     prompt: Optional[str] = None
     prompts: List[str] = field(default_factory=list)

@@ -18,12 +18,18 @@ from grpo_cli.errors import GrpoError
 
 
 class Console:
-    def __init__(self, progress: bool = True):
-        self.rich = RichConsole(stderr=True)  # progress, warnings, errors
-        self.out = RichConsole()  # results: tables a user may pipe or save
-        self.show_progress = progress
+    def __init__(self, progress: bool = True, quiet: bool = False):
+        # quiet: a rank other than 0 under torchrun, which says nothing but its errors
+        self.rich = RichConsole(stderr=True, quiet=quiet)  # progress and warnings
+        self.out = RichConsole(quiet=quiet)  # results: tables a user may pipe or save
+        self._errors = RichConsole(stderr=True)
+        self.show_progress = progress and not quiet
         self._progress = None
         self._task = None
+
+    def error(self, message: str) -> None:
+        """One sentence, printed whole (never wrapped mid-sentence), whatever the terminal."""
+        self._errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     def print(self, *args, **kwargs) -> None:
         self.rich.print(*args, **kwargs)
@@ -116,12 +122,16 @@ class MetricsLog:
     """One JSON object per line; appended as the run goes so a crash keeps every finished row.
     With `tensorboard`, each row also goes there."""
 
-    def __init__(self, path: Path, tensorboard: "TensorBoard | None" = None):
+    def __init__(self, path: Path, tensorboard: "TensorBoard | None" = None, enabled: bool = True):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.enabled = enabled  # under torchrun only rank 0 writes
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tensorboard = tensorboard
 
     def write(self, row: dict) -> None:
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if self.tensorboard is not None:
@@ -129,7 +139,7 @@ class MetricsLog:
 
     def truncate(self, step: int) -> None:
         """Keep only rows up to `step` (atomically): a resumed run redoes the steps after it."""
-        if not self.path.exists():
+        if not self.enabled or not self.path.exists():
             return
         kept = [r for r in self.read() if r.get("step", 0) <= step]
         tmp = self.path.with_suffix(".jsonl.tmp")

@@ -81,16 +81,17 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, *, max_new_toke
 
 @torch.no_grad()
 def sampled_scores(generator, model, prompts, answers, *, samples: int, ks: list[int], sampler, batch_size: int = 64,
-                   extract: str = "last_number", pattern: str | None = None, seed: int = 0) -> dict:
+                   extract: str = "last_number", pattern: str | None = None, seed: int = 0, offset: int = 0) -> dict:
     """`samples` completions per prompt drawn with the sampler's settings: the fraction right, and
     pass@k and maj@k for each k, answers read as the exact_match reward reads them. Prompt i's noise is
-    seeded by (seed, i), so every model is evaluated on the same draws."""
+    seeded by (seed, offset + i), so every model, and every split of the prompts over ranks, is evaluated
+    on the same draws."""
     answer_of = answer_extractor(extract, pattern)
     counts, votes = [], []  # right answers per prompt; (answers, target) per prompt
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
         sampling = Sampling(sampler.max_new_tokens, sampler.temperature, sampler.top_p, sampler.top_k)
-        seeds = [group_seed(seed, "evaluate", start + i) for i in range(len(p))]
+        seeds = [group_seed(seed, "evaluate", offset + start + i) for i in range(len(p))]
         roll = generator.generate(model, p, samples, sampling, seeds)
         for i, target in enumerate(a):
             target = normalise(str(target))
@@ -103,6 +104,32 @@ def sampled_scores(generator, model, prompts, answers, *, samples: int, ks: list
         **{f"pass@{k}": sum(pass_at_k(samples, c, k) for c in counts) / n for k in ks},
         **{f"maj@{k}": sum(maj_at_k(got, target, k) for got, target in votes) / n for k in ks},
     }
+
+
+def held_out_scores(generator, model, rows, reward_fn, cfg, dist=None) -> dict:
+    """The trainer's held-out row: greedy accuracy and reward, and the accuracy of 4 completions per
+    prompt sampled as in training (seeded per prompt by the run seed, so every evaluation draws the
+    same noise). Under data parallelism each rank scores a slice of `rows`; the means are combined,
+    weighted by each slice's prompts."""
+    from grpo_cli.distributed import SINGLE
+
+    dist = dist or SINGLE
+    per = -(-len(rows) // dist.world_size)
+    first = min(dist.rank * per, len(rows))
+    part = rows.select(range(first, min(first + per, len(rows))))
+    prompts, answers = part[cfg.data.prompt_field], part[cfg.data.answer_field]
+    scores = {}
+    with dist.full_model(model) as m:  # every rank enters: under FSDP it gathers the parameters
+        if len(part):
+            scores = greedy_scores(generator, m, prompts, answers, reward_fn, max_new_tokens=cfg.sampler.max_new_tokens,
+                                   columns=part.to_dict(), check=exact_match_reward(cfg.reward.extract, cfg.reward.pattern))
+            scores.update(sampled_scores(generator, m, prompts, answers, samples=4, ks=[], sampler=cfg.sampler,
+                                         extract=cfg.reward.extract, pattern=cfg.reward.pattern, seed=cfg.trainer.seed,
+                                         offset=first))
+    parts = [(n, s) for n, s in dist.gather_objects((len(part), scores)) if n]
+    total = sum(n for n, _ in parts)
+    combined = {k: sum(n * s[k] for n, s in parts) / total for k in parts[0][1] if k != "num_prompts"}
+    return {**combined, "num_prompts": total}
 
 
 def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None]]:

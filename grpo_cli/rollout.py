@@ -42,6 +42,7 @@ class Rollout:
             input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
             completion_mask=self.completion_mask[rows], truncated=self.truncated[rows],
             completions=[self.completions[i] for i in rows.tolist()], pad_token_id=self.pad_token_id,
+            weight=None if self.weight is None else self.weight[rows],
         )
 
 
@@ -62,6 +63,9 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
         completion_mask=torch.cat([F.pad(r.completion_mask, (0, T - r.completion_len)) for r in rolls]),
         truncated=torch.cat([r.truncated for r in rolls]),
         completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id,
+        weight=None if all(r.weight is None for r in rolls) else torch.cat([
+            r.weight if r.weight is not None else torch.ones(r.input_ids.shape[0], device=r.input_ids.device)
+            for r in rolls]),
     )
 
 

@@ -155,7 +155,8 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
     return not finite, grad_norm
 
 
-def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill=None, metrics: StepMetrics | None = None):
+def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill=None, metrics: StepMetrics | None = None,
+            dist: Dist = SINGLE):
     """Sample G completions per prompt and score them: (rollout to train on, its answers, step metrics).
 
     The metrics describe everything sampled this step (all refill rounds), not only the groups kept
@@ -166,7 +167,9 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
     one entry per prompt); each term's values go to roll.extra["reward_terms"] for logging.
     With algo.dynamic_sampling (DAPO), groups whose rewards are all equal carry no signal and are
     dropped; `refill(round)` supplies another PromptBatch until the batch is full again or
-    algo.max_refill_rounds is spent, and the step trains on the groups it has.
+    algo.max_refill_rounds is spent, and the step trains on the groups it has. Under data parallelism
+    the quota is global: rounds go on until every rank's share is full (a full rank idles), and each
+    rank's kept groups are topped up with zero-weight padding groups, so all run the same micro-batches.
     """
     G, n, sampling = cfg.sampler.group_size, len(batch.prompts), sampling_of(cfg)
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
@@ -176,44 +179,66 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
     def per_completion(values):
         return [v for v in values for _ in range(G)]
 
+    def have() -> int:
+        return sum(len(r.prompts) for r in kept)
+
     while True:
-        roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds)
-        total, terms = score_batch(
-            reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
-            completion_tokens=roll.completion_mask.sum(1).tolist(),
-            columns={k: per_completion(v) for k, v in batch.columns.items()},
-        )
-        rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)
-        terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
-        correct = check(None, roll.completions, per_completion(batch.answers))
-        metrics.mean("reward_mean", rewards.sum(), rewards.numel())
-        metrics.mean("reward_sq", rewards.pow(2).sum(), rewards.numel())  # for the std, over ranks too
-        metrics.mean("accuracy", sum(correct), len(correct))
-        metrics.mean("zero_var_frac", (rewards.amax(1) == rewards.amin(1)).sum(), rewards.shape[0])
-        for k, v in terms.items():
-            metrics.mean(f"reward/{k}", v.double().sum(), v.numel())
-        if not cfg.algo.dynamic_sampling:
-            roll.rewards, roll.extra["reward_terms"] = rewards.float(), terms
-            metrics.mean("dropped_frac", 0.0, rewards.shape[0])
-            return roll, list(batch.answers), metrics
-        groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - sum(len(r.prompts) for r in kept)]
-        metrics.mean("dropped_frac", rewards.shape[0] - len(groups), rewards.shape[0])
-        if groups:
-            kept.append(roll.select_groups(groups))
-            kept_answers += [batch.answers[g] for g in groups]
-            kept_rewards.append(rewards[groups])
-            kept_terms.append({k: v[groups] for k, v in terms.items()})
-        if sum(len(r.prompts) for r in kept) >= n or refill is None or rounds >= cfg.algo.max_refill_rounds:
+        if have() < n:  # a rank whose share is full sits out the remaining rounds
+            roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds)
+            total, terms = score_batch(
+                reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
+                completion_tokens=roll.completion_mask.sum(1).tolist(),
+                columns={k: per_completion(v) for k, v in batch.columns.items()},
+            )
+            rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)
+            terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
+            correct = check(None, roll.completions, per_completion(batch.answers))
+            metrics.mean("reward_mean", rewards.sum(), rewards.numel())
+            metrics.mean("reward_sq", rewards.pow(2).sum(), rewards.numel())  # for the std, over ranks too
+            metrics.mean("accuracy", sum(correct), len(correct))
+            metrics.mean("zero_var_frac", (rewards.amax(1) == rewards.amin(1)).sum(), rewards.shape[0])
+            for k, v in terms.items():
+                metrics.mean(f"reward/{k}", v.double().sum(), v.numel())
+            if not cfg.algo.dynamic_sampling:
+                roll.rewards, roll.extra["reward_terms"] = rewards.float(), terms
+                metrics.mean("dropped_frac", 0.0, rewards.shape[0])
+                return roll, list(batch.answers), metrics
+            groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - have()]
+            metrics.mean("dropped_frac", rewards.shape[0] - len(groups), rewards.shape[0])
+            if groups:
+                kept.append(roll.select_groups(groups))
+                kept_answers += [batch.answers[g] for g in groups]
+                kept_rewards.append(rewards[groups].float())
+                kept_terms.append({k: v[groups] for k, v in terms.items()})
+            last, last_terms, last_answers = roll, terms, list(batch.answers)
+        missing = float(dist.all_sum(torch.tensor([float(n - have())]))[0])  # the global quota
+        if missing <= 0 or refill is None or rounds >= cfg.algo.max_refill_rounds:
             break
         rounds += 1
         batch = refill(rounds)
-    if not kept:  # every group was flat: train on the last batch (its loss is zero apart from KL)
-        roll.rewards, roll.extra["reward_terms"] = rewards.float(), terms
-        return roll, list(batch.answers), metrics
+    # Top up with zero-weight groups: under data parallelism every rank then runs the same micro-batches,
+    # and with nothing kept at all there is still a batch (whose loss is zero).
+    short = n - have() if dist.world_size > 1 else (n if not kept else 0)
+    if short:
+        pad = last.select_groups([0] * short)
+        pad.weight = torch.zeros(short * G, device=pad.input_ids.device)
+        kept.append(pad)
+        kept_answers += [last_answers[0]] * short
+        kept_rewards.append(torch.zeros(short, G))
+        kept_terms.append({k: torch.zeros(short, G, dtype=v.dtype) for k, v in last_terms.items()})
     roll = concat_rollouts(kept)
-    roll.rewards = torch.cat(kept_rewards).float()
-    roll.extra["reward_terms"] = {k: torch.cat([t[k] for t in kept_terms]) for k in terms}
+    roll.rewards = torch.cat(kept_rewards)
+    roll.extra["reward_terms"] = {k: torch.cat([t[k] for t in kept_terms]) for k in last_terms}
     return roll, kept_answers, metrics
+
+
+def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
+    """Group advantages of the real groups ([n*G]); padding groups get zero and stay out of the statistics."""
+    real = real_rows(roll).view(-1, roll.group_size)[:, 0].bool().cpu()  # [n]
+    out = torch.zeros_like(roll.rewards, dtype=torch.float32)
+    out[real] = group_advantages(roll.rewards[real], scale=algo.scale, std=algo.std, eps=algo.eps,
+                                 all_sum=dist.all_sum).float()
+    return out.flatten().to(roll.input_ids.device)
 
 
 def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, reward_fn, cfg, *,
@@ -231,7 +256,8 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
     t0 = clock(device)
     with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
-        roll, answers, metrics = collect(generator, sampler_model, batch, reward_fn, cfg, refill, StepMetrics(device))
+        with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once for the rollout
+            roll, answers, metrics = collect(generator, generating, batch, reward_fn, cfg, refill, StepMetrics(device), dist)
         t_gen = clock(device)
         # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
         if policies.behaviour is not None:
@@ -241,8 +267,7 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     if policies.reference is not None:
         with policies.reference() as reference:
             roll.ref_logp = score(reference, roll, temp, mb, precision)
-    roll.advantages = group_advantages(roll.rewards, scale=algo.scale, std=algo.std, eps=algo.eps,
-                                       all_sum=dist.all_sum).flatten().to(roll.input_ids.device)
+    roll.advantages = advantages(roll, algo, dist)
     t_score = clock(device)
 
     skipped, grad_norm = 0, 0.0

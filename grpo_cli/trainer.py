@@ -1,11 +1,15 @@
-"""The GRPO loop, read top to bottom as seed 000 §1.9 and seed 004's pseudocode:
-collect groups -> rewards -> group advantages -> (old / reference log-probs) -> mu clipped updates
--> metrics -> checkpoint.
+"""The GRPO loop (docs/math.md, "The algorithm"), read top to bottom: load the policies, then per step
+collect groups -> rewards -> group advantages -> log-probabilities -> mu clipped updates -> refresh ->
+metrics -> checkpoint.
+
+Under torchrun every rank runs this same function on its share of each step's prompts (whole groups,
+so advantages need no communication); distributed.py does the communicating and rank 0 the writing.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import time
 from dataclasses import asdict
@@ -15,23 +19,24 @@ import numpy as np
 import torch
 from transformers import get_scheduler
 
-from grpo_cli.checkpoint import experiment_diff, load_state, resolve_resume, save_checkpoint, set_rng_state
-from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS,
-                              RATIO_LEVELS, STD_KINDS)
+from grpo_cli.checkpoint import (clean_temporaries, experiment_diff, load_sharded, load_state, resolve_resume,
+                                 save_checkpoint, save_final, set_rng_state)
+from grpo_cli.checks import check_train
 from grpo_cli.console import Console, MetricsLog, TensorBoard, tensorboard_writer
 from grpo_cli.data import PromptOrder, load_data
-from grpo_cli.runtime import prepare_process
+from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
-from grpo_cli.evaluate import greedy_scores, sampled_scores
+from grpo_cli.evaluate import held_out_scores
 from grpo_cli.generation import HFGenerator, group_seed
-from grpo_cli.lora import merged_copy
 from grpo_cli.models import load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import check_pure_bf16_lr, training_precision
 from grpo_cli.rewards import build_reward
-from grpo_cli.rewards.exact_match import exact_match_reward
+from grpo_cli.runtime import prepare_process
 from grpo_cli.step import PromptBatch, completion_rows, grpo_step, shown_group
 from grpo_cli.stopping import GracefulStop, Stopped
+
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
 
 
 def set_seed(seed: int) -> None:
@@ -41,56 +46,8 @@ def set_seed(seed: int) -> None:
 
 
 def check_config(cfg) -> None:
-    """Values the schema's types cannot rule out, caught before anything is loaded."""
-    problems = []
-    if cfg.sampler.group_size < 2:
-        problems.append("sampler.group_size must be at least 2: a group of one has no relative advantage")
-    if cfg.sampler.max_new_tokens < 1:
-        problems.append("sampler.max_new_tokens must be at least 1")
-    if cfg.sampler.temperature <= 0:
-        problems.append("sampler.temperature must be positive (greedy sampling gives every group zero variance)")
-    if cfg.trainer.micro_batch_size < 1 or cfg.trainer.prompts_per_step < 1 or cfg.trainer.steps < 0:
-        problems.append("trainer.micro_batch_size, trainer.prompts_per_step must be >= 1 and trainer.steps >= 0")
-    if min(cfg.trainer.eval_every, cfg.trainer.log_completions_every, cfg.trainer.log_completions_groups) < 0:
-        problems.append("trainer.eval_every, trainer.log_completions_every and trainer.log_completions_groups must be >= 0")
-    if cfg.algo.num_iterations < 1:
-        problems.append("algo.num_iterations (mu) must be at least 1")
-    if cfg.algo.beta < 0 or not 0 < cfg.algo.clip_eps < 1:
-        problems.append("algo.beta must be >= 0 and algo.clip_eps in (0, 1)")
-    for key, value, allowed in (
-        ("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS),
-        ("algo.ratio_level", cfg.algo.ratio_level, RATIO_LEVELS),
-        ("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS),
-        ("algo.scale", cfg.algo.scale, ADVANTAGE_SCALES),
-        ("algo.std", cfg.algo.std, STD_KINDS),
-    ):
-        if value not in allowed:
-            problems.append(f"{key}={value!r} must be one of {', '.join(allowed)}")
-    if cfg.algo.behaviour not in ("current", "frozen", "lagged"):
-        problems.append(f"algo.behaviour={cfg.algo.behaviour!r} must be current, frozen or lagged")
-    if cfg.algo.behaviour == "lagged" and cfg.algo.behaviour_refresh < 1:
-        problems.append("algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")
-    if cfg.algo.behaviour_path and cfg.algo.behaviour != "frozen":
-        problems.append("algo.behaviour_path is only used with algo.behaviour=frozen")
-    if cfg.algo.ref_refresh < 0 or cfg.algo.behaviour_refresh < 0:
-        problems.append("algo.ref_refresh and algo.behaviour_refresh must be >= 0")
-    if cfg.trainer.precision not in PRECISIONS:
-        problems.append(f"trainer.precision={cfg.trainer.precision!r} must be one of {', '.join(PRECISIONS)} "
-                        "(fp16 training is not offered: bf16-mixed keeps float32 master weights without a loss scaler)")
-    if cfg.trainer.threads < 0 or cfg.trainer.nonfinite_patience < 1:
-        problems.append("trainer.threads must be >= 0 (0 = automatic) and trainer.nonfinite_patience >= 1")
-    lora = cfg.model.lora
-    if lora.r < 0 or (lora.r and (lora.alpha <= 0 or not 0 <= lora.dropout < 1)):
-        problems.append("model.lora.r must be >= 0 (0 = off), model.lora.alpha > 0 and model.lora.dropout in [0, 1)")
-    if lora.quantize is not None and lora.quantize not in LORA_QUANTIZE:
-        problems.append(f"model.lora.quantize={lora.quantize!r} must be null or one of {', '.join(LORA_QUANTIZE)}")
-    if lora.quantize and not lora.r:
-        problems.append("model.lora.quantize=4bit quantizes the frozen base of a LoRA run; set model.lora.r too")
-    if lora.r and cfg.algo.ref_refresh:
-        problems.append("algo.ref_refresh copies the policy into a second model, which a LoRA run does not keep (its "
-                        "reference is the base with the adapter off); set algo.ref_refresh=0 or train without model.lora")
-    if problems:
-        raise GrpoError("; ".join(problems) + ".")
+    """Every value of a train config (checks.py); kept under this name for code that builds configs."""
+    check_train(cfg)
 
 
 def build_optimizer(model, cfg, total_steps: int):
@@ -98,7 +55,7 @@ def build_optimizer(model, cfg, total_steps: int):
         raise GrpoError(f"Unknown optimizer.name={cfg.name!r}; choose optimizer=adamw.")
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused: one pass over each tensor instead of one per arithmetic op (1.37 s -> 0.31 s for 494M
-    # float32 parameters on this CPU); torch has it for CPU and CUDA floating-point parameters.
+    # float32 parameters on this CPU); torch has it for CPU and CUDA floating-point tensors, FSDP's too.
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, eps=cfg.eps,
                             fused=fused or None)
@@ -109,40 +66,95 @@ def build_optimizer(model, cfg, total_steps: int):
     return opt, sched
 
 
-def train(cfg, run_dir: Path, console: Console) -> dict:
-    """`grpo train`: the whole run. Returns the summary printed at the end."""
+def resolve_strategy(strategy: str, dist: Dist) -> str:
+    if strategy == "auto":
+        return "ddp" if dist.world_size > 1 else "single"
+    if strategy == "single" and dist.world_size > 1:
+        raise GrpoError(f"trainer.strategy=single, but torchrun started {dist.world_size} processes; set "
+                        "trainer.strategy=ddp (or fsdp), or launch one process.")
+    if strategy != "single" and dist.world_size == 1 and dist is SINGLE:
+        raise GrpoError(f"trainer.strategy={strategy} needs a process group: launch with torchrun "
+                        "(torchrun --nproc-per-node N -m grpo_cli train ...), or set trainer.strategy=auto.")
+    return strategy
+
+
+def open_run_dir(run_dir: Path, dist: Dist) -> None:
+    """The run directory exists and can be written (rank 0 checks; every rank hears the answer)."""
+    problem = None
+    if dist.is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ".write_test").write_text("")
+            (run_dir / ".write_test").unlink()
+        except OSError as e:
+            problem = e.strerror or str(e)
+    problem = dist.broadcast_object(problem)
+    if problem:
+        raise GrpoError(f"Cannot write to the run directory {run_dir} ({problem}); choose another with output_dir=DIR.")
+
+
+def resume_point(cfg, run_dir: Path, console: Console) -> tuple[Path | None, dict, Path]:
+    """(checkpoint to resume from, its state, the run directory): a new run's directory must not hold
+    another run already, unless overwrite=true clears it."""
+    resume_from = resolve_resume(cfg.resume, run_dir, warn=console.warn)
+    if resume_from is None:
+        held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        if held and str(cfg.resume).strip().lower() != "auto" and not cfg.overwrite:
+            raise GrpoError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or "
+                            "start over there with overwrite=true (which deletes it), or choose another output_dir.")
+        return None, {}, run_dir
+    state = load_state(resume_from)
+    if not cfg.output_dir and str(cfg.resume).lower() != "auto":
+        run_dir = resume_from.parent.parent  # resume=PATH continues in that checkpoint's run
+    changed = experiment_diff(state.get("config", {}), asdict(cfg))
+    if changed:
+        raise GrpoError(
+            f"Refusing to resume from {resume_from}: these settings differ from the run being resumed "
+            f"({'; '.join(changed)}); drop those overrides, or start a new run with resume=false."
+        )
+    console.print(f"resuming from {resume_from} (step {state['step']})")
+    return resume_from, state, run_dir
+
+
+def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
+    """`grpo train`: the whole run, on this rank. Returns the summary printed at the end."""
     check_config(cfg)
-    t = cfg.trainer
+    t, world = cfg.trainer, dist.world_size
+    strategy = resolve_strategy(t.strategy, dist)
+    if t.prompts_per_step % world:
+        raise GrpoError(f"trainer.prompts_per_step={t.prompts_per_step} must divide by the {world} processes, so each "
+                        f"rank samples whole groups; use a multiple of {world}.")
+    device = resolve_device(cfg.model.device)
+    prepare_process(t.threads, device, dist.local_world_size)
     if t.tensorboard:
         tensorboard_writer()  # a missing extra is reported before anything is loaded
     run_dir = Path(run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / ".write_test").write_text("")
-        (run_dir / ".write_test").unlink()
-    except OSError as e:
-        raise GrpoError(f"Cannot write to the run directory {run_dir} ({e.strerror}); choose another with output_dir=DIR.") from None
-    prepare_process(t.threads, resolve_device(cfg.model.device))
+    open_run_dir(run_dir, dist)
     set_seed(t.seed)
-    resume_from = resolve_resume(cfg.resume, run_dir)
-    state = load_state(resume_from) if resume_from else {}
-    if resume_from:
-        if not cfg.output_dir and str(cfg.resume).lower() != "auto":
-            run_dir = resume_from.parent.parent  # resume=PATH continues in that checkpoint's run
-        changed = experiment_diff(state.get("config", {}), asdict(cfg))
-        if changed:
-            raise GrpoError(
-                f"Refusing to resume from {resume_from}: these settings differ from the run being resumed "
-                f"({'; '.join(changed)}); drop those overrides, or start a new run with resume=false."
-            )
-        console.print(f"resuming from {resume_from} (step {state['step']})")
+    resume_from, state, run_dir = resume_point(cfg, run_dir, console)
+    if dist.is_main:
+        if cfg.overwrite and resume_from is None:
+            for name in RUN_FILES:
+                shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (run_dir / name).unlink(missing_ok=True)
+        for left in clean_temporaries(run_dir):
+            console.warn(f"removed {left}, left by a save that was interrupted")
+    dist.barrier()
 
-    precision = training_precision(t.precision, resolve_device(cfg.model.device))
+    # The policies (docs/math.md, "Policies") and everything that feeds them.
+    precision = training_precision(t.precision, device)
     tokenizer = load_tokenizer(str(resume_from) if resume_from else cfg.model.path, cfg.model.trust_remote_code)
-    policy = load_policy(cfg, precision, resume_from)
+    sharded = strategy == "fsdp"
+    if state and sharded and not state.get("sharded"):
+        raise GrpoError(f"{resume_from} was written without FSDP, so its optimizer state cannot be sharded; resume it "
+                        "with trainer.strategy=ddp (or in one process), or start a new FSDP run with resume=false.")
+    policy = load_policy(cfg, precision, None if sharded else resume_from)  # FSDP restores its shards below
     if precision.name == "bf16" and not cfg.model.lora.r:  # a LoRA adapter is float32 whatever the base
         check_pure_bf16_lr(policy, cfg.optimizer.lr)
     policies = RunPolicies(cfg, precision, policy)
+    policy = dist.wrap(policy, strategy)
+    if sharded and policies.reference is not None:
+        dist.wrap(policies.reference, strategy)  # the reference is sharded too
+    policies.policy = policy
     policies.load_state_dict(state)  # a refreshed reference or lagged behaviour is not on disk
     roles = policies.roles()
     generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
@@ -151,27 +163,28 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     reward_fn = build_reward(cfg.reward)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     if state:
-        optimizer.load_state_dict(state["optimizer"])
+        if state.get("sharded"):  # torch.distributed.checkpoint reshards to this world size (one process too)
+            load_sharded(resume_from, policy, optimizer)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if state.get("world_size", 1) != world:
+            console.print(f"resuming a {state.get('world_size', 1)}-process run on {world}: the prompts and sampled "
+                          "completions of each step are the same (they depend on the seed and step alone)")
     order = PromptOrder(len(train_rows), t.prompts_per_step, t.seed)
     resumed_at = state.get("step", 0)
+    writes = dist.is_main  # rank 0 writes every file of the run
     metrics = MetricsLog(run_dir / "metrics.jsonl",
-                         TensorBoard(run_dir, purge_step=resumed_at + 1 if state else None) if t.tensorboard else None)
-    samples_log = MetricsLog(run_dir / "completions.jsonl")
+                         TensorBoard(run_dir, purge_step=resumed_at + 1 if state else None) if t.tensorboard and writes else None,
+                         enabled=writes)
+    samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
     for log in (metrics, samples_log):
         log.truncate(resumed_at)  # rows past the checkpoint are redone, not duplicated
     held_out = test_rows.select(range(min(t.eval_prompts, len(test_rows))))
 
-    def held_out_scores() -> dict:
-        """Greedy accuracy, and the accuracy of completions sampled as in training (4 per prompt, the
-        same sampling noise at every evaluation: each prompt's seed depends on the run seed alone)."""
-        prompts, answers, s = held_out[cfg.data.prompt_field], held_out[cfg.data.answer_field], cfg.sampler
-        check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)
-        scores = greedy_scores(generator, policy, prompts, answers, reward_fn, max_new_tokens=s.max_new_tokens,
-                               columns=held_out.to_dict(), check=check)
-        scores.update(sampled_scores(generator, policy, prompts, answers, samples=4, ks=[], sampler=s,
-                                     extract=cfg.reward.extract, pattern=cfg.reward.pattern, seed=t.seed))
-        return scores
+    def evaluate_held_out() -> dict:
+        """Greedy and sampled (4 per prompt) held-out scores, the prompts split over ranks."""
+        return held_out_scores(generator, policy, held_out, reward_fn, cfg, dist)
 
     def eval_row(step: int, scores: dict) -> dict:
         """Held-out scores as a metrics row: `eval/` keys and no `reward_mean`, so readers of the
@@ -179,13 +192,12 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         return {"step": step, "kind": "eval", **{f"eval/{k}": v for k, v in scores.items() if k != "num_prompts"}}
 
     def evaluate_now(step: int) -> None:
-        """trainer.eval_every: held-out scores (seeded per prompt, so training's random numbers are untouched)."""
-        scores = held_out_scores()
+        scores = evaluate_held_out()
         metrics.write(eval_row(step, scores))
         console.print(f"step {step} held-out: greedy accuracy {scores['accuracy']:.3f}, "
                       f"sampled {scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f}")
 
-    before = state.get("held_out_before") or (held_out_scores() if t.eval_before_after else None)
+    before = state.get("held_out_before") or (evaluate_held_out() if t.eval_before_after else None)
     if before:
         console.print(
             f"held-out accuracy on {len(held_out)} prompts before training: "
@@ -194,29 +206,33 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         if t.eval_every and not state:
             metrics.write(eval_row(0, before))  # where the held-out curve starts
 
-    def prompt_batch(rows, step: int, round_: int = 0) -> PromptBatch:
-        """A sampling round's prompts, each group's noise seeded by (run seed, step, position, round)."""
-        seeds = [group_seed(t.seed, step, i, round_) for i in range(len(rows[cfg.data.prompt_field]))]
+    n_local = t.prompts_per_step // world  # this rank's prompts: whole groups, positions rank*n_local...
+
+    def my_share(indices: list[int], step: int, round_: int = 0) -> PromptBatch:
+        """This rank's slice of a step's prompts; each group's noise is seeded by (run seed, step, its
+        position in the whole batch, round), so the groups are the same on 1 or N processes."""
+        first = dist.rank * n_local
+        rows = train_rows[indices[first : first + n_local]]
+        seeds = [group_seed(t.seed, step, first + i, round_) for i in range(n_local)]
         return PromptBatch(rows[cfg.data.prompt_field], rows[cfg.data.answer_field], seeds, rows)
 
     def refill(step: int):
         """More prompts for dynamic sampling, drawn by a generator seeded by (seed, step, round)."""
         def draw(round_: int) -> PromptBatch:
             g = torch.Generator().manual_seed(t.seed * 1_000_003 + step * 1_009 + round_)
-            rows = train_rows[torch.randint(len(train_rows), (t.prompts_per_step,), generator=g).tolist()]
-            return prompt_batch(rows, step, round_)
+            return my_share(torch.randint(len(train_rows), (t.prompts_per_step,), generator=g).tolist(), step, round_)
         return draw
 
     def save(step: int) -> None:
-        extra = policies.state_dict()
         # No data position: PromptOrder makes the prompts of every step a function of (seed, step).
         save_checkpoint(run_dir, step, policy, tokenizer, {
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "config": asdict(cfg),
-            "held_out_before": before, **extra,
-        }, keep_last=t.keep_last)
+            "optimizer": {} if sharded else optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "config": asdict(cfg), "held_out_before": before, **policies.state_dict(),
+        }, keep_last=t.keep_last, dist=dist, optimizer=optimizer)
 
     if state:
-        set_rng_state(state["rng"])  # last, after every setup step that draws random numbers
+        rngs = state.get("rng_per_rank") or [state["rng"]]
+        set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step
     first_step = state.get("step", 0) + 1
     zero_var_streak, skipped_streak, start = 0, 0, time.perf_counter()
 
@@ -227,8 +243,8 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
     with console.training(t.steps, start=first_step - 1), GracefulStop(announce) as stop:
         for step in range(first_step, t.steps + 1):
             policy.train()
-            row, roll = grpo_step(roles, generator, optimizer, prompt_batch(train_rows[order.indices(step - 1)], step),
-                                  reward_fn, cfg, precision=precision, refill=refill(step))
+            row, roll = grpo_step(roles, generator, optimizer, my_share(order.indices(step - 1), step), reward_fn, cfg,
+                                  precision=precision, refill=refill(step), dist=dist)
             skipped_streak = skipped_streak + 1 if row["skipped"] else 0
             if row["skipped"]:
                 console.warn(f"step {step}: the loss or gradient was not finite, so this update was skipped "
@@ -263,20 +279,14 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
                     "and the loss are zero and nothing learns; raise sampler.temperature or group_size, or use "
                     "an easier task or a denser reward."
                 )
-            if step % t.save_every == 0 or step == t.steps or stop.signum:
+            signum = int(dist.all_max(stop.signum or 0))  # a signal to any rank stops every rank, together
+            if step % t.save_every == 0 or step == t.steps or signum:
                 save(step)
-            if stop.signum:
-                raise Stopped(stop.signum, step)
+            if signum:
+                raise Stopped(signum, step)
 
     policy.eval()
-    final_dir = run_dir / "final"
-    if cfg.model.lora.r:  # the adapter alone, and the merged model that AutoModelForCausalLM loads
-        policy.save_pretrained(final_dir / "adapter")
-        tokenizer.save_pretrained(final_dir / "adapter")
-        merged_copy(cfg.model.path, policy).save_pretrained(final_dir)
-    else:
-        policy.save_pretrained(final_dir)
-    tokenizer.save_pretrained(final_dir)
+    save_final(run_dir, policy, tokenizer, dist, lora_base=cfg.model.path if cfg.model.lora.r else None)
     if metrics.tensorboard is not None:
         metrics.tensorboard.close()
     rows = [r for r in metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
@@ -289,7 +299,7 @@ def train(cfg, run_dir: Path, console: Console) -> dict:
         "run_dir": str(run_dir),
     }
     if before:
-        after = held_out_scores()  # drawn like every periodic evaluation: the last one agrees
+        after = evaluate_held_out()  # drawn like every periodic evaluation: the last one agrees
         summary.update(
             greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
             sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],

@@ -53,3 +53,35 @@ def run_ranks(fn, world: int, tmp_path, *args, timeout: float = 120.0) -> list:
         with open(os.path.join(str(tmp_path), f"rank{rank}.pkl"), "rb") as f:
             results.append(pickle.load(f))
     return results
+
+
+def rank_env(rank: int, world: int, port: int, **extra) -> dict:
+    """The variables torchrun gives a worker, for a rank started by hand (so a test knows its pid)."""
+    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GRPO_DIST_TIMEOUT": "60", **extra}
+
+
+def start_ranks(args: list[str], world: int = 2, log_dir=None):
+    """`python -m grpo_cli train ARGS` on `world` ranks started by hand: (processes, log paths)."""
+    import subprocess
+    import sys
+
+    port, procs, logs = free_port(), [], []
+    for rank in range(world):
+        log = os.path.join(str(log_dir), f"rank{rank}.log")
+        logs.append(log)
+        procs.append(subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", *args], env=rank_env(rank, world, port),
+                                      stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True))
+    return procs, logs
+
+
+def torchrun(args: list[str], nproc: int = 2, timeout: float = 240):
+    """`torchrun --nproc-per-node N -m grpo_cli train ARGS`, the real launcher; the completed process."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GRPO_DIST_TIMEOUT": "60"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", "grpo_cli", "train", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

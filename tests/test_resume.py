@@ -191,16 +191,25 @@ def test_a_2x2_multirun_writes_four_jobs_and_a_summary(tmp_path):
 
 
 def test_a_failed_sweep_job_is_reported_and_does_not_stop_the_others(tmp_path):
+    """A job that fails while it runs (here: its model is missing) is a row of the table; the rest run."""
     out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "-m", *TINY, "trainer.steps=1",
-                          "sampler.group_size=1,4", f"hydra.sweep.dir={tmp_path}"],
+                          "model.path=/nonexistent/model,builtin:tiny", f"hydra.sweep.dir={tmp_path}"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 2
     import csv
 
     summary = list(csv.DictReader(open(tmp_path / "sweep.csv")))
     assert [r["status"] for r in summary] == ["failed", "done"]
-    assert "group_size must be at least 2" in summary[0]["error"]
+    assert "model.path=/nonexistent/model does not exist" in summary[0]["error"]
     assert len(rows(tmp_path / "1")) == 1
+
+
+def test_a_sweep_with_a_bad_value_in_one_combination_stops_before_any_job_runs(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "-m", *TINY, "trainer.steps=1",
+                          "sampler.group_size=4,1", f"hydra.sweep.dir={tmp_path}"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and "sampler.group_size must be at least 2 (got 1)" in out.stderr
+    assert not list(tmp_path.iterdir())  # no job ran
 
 
 def test_a_sweep_job_that_crashes_with_a_bug_ends_the_sweep_with_its_trace_and_no_summary(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,150 @@
+"""torchrun: DDP and FSDP2 on gloo (2 CPU processes, the tiny model, one thread each) give the run one
+process gives; signals and deaths stop every rank; checkpoints resume exactly. Every launch has a
+timeout, so no test can hang the suite."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_cli.cli import main
+from ranks import start_ranks, torchrun
+
+# optimizer.eps=1e-6: AdamW's first steps move a weight by ~lr * g / |g|, so a gradient at rounding level
+# (1e-12) whose sign differs between two correct summation orders would move its weight by +-lr; an eps
+# well above rounding noise makes such a gradient move it by ~0, and the runs comparable to 1e-5.
+SHORT = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
+         "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8",
+         "trainer.log_completions_every=0", "algo.beta=0.04", "optimizer.eps=1e-6"]
+TIMING = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}
+
+
+def one_process(out, *args):
+    with pytest.raises(SystemExit) as e:
+        main(["train", f"output_dir={out}", *SHORT, *args])
+        raise SystemExit(0)
+    assert e.value.code in (0, None)
+
+
+def rows(run) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(path):
+    return load_file(path / "model.safetensors")
+
+
+def assert_same_run(a, b, atol):
+    """Weights within `atol`; each metrics row's rewards equal, everything else within `atol` (relative)."""
+    wa, wb = weights(a / "final"), weights(b / "final")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=atol, rtol=0, msg=k)
+    for ra, rb in zip(rows(a), rows(b), strict=True):
+        assert ra.keys() == rb.keys()
+        assert ra["reward_mean"] == rb["reward_mean"] and ra["accuracy"] == rb["accuracy"]  # the same completions
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], rel=1e-3, abs=1e-5), k
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, tmp_path):
+    """Tolerance: the same maths summed in another order (2 micro-batches on one process, 1 per rank, and
+    the all-reduce), so the weights agree to 1e-5 after 3 steps; the sampled completions are identical."""
+    one_process(tmp_path / "one", "trainer.steps=3")
+    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, "trainer.steps=3", f"trainer.strategy={strategy}"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    assert not (tmp_path / "two" / "checkpoints" / ".tmp-step-3").exists()
+
+
+def test_a_two_rank_checkpoint_resumes_on_two_ranks_exactly_even_after_kill_9(tmp_path):
+    straight = torchrun([f"output_dir={tmp_path / 'straight'}", *SHORT, "trainer.steps=4", "trainer.save_every=1"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    procs, logs = start_ranks([f"output_dir={tmp_path / 'killed'}", *SHORT, "trainer.steps=4", "trainer.save_every=1"],
+                              log_dir=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "killed" / "checkpoints" / "step-2").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [open(f).read()[-2000:] for f in logs]
+        time.sleep(0.05)
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    resumed = torchrun([f"output_dir={tmp_path / 'killed'}", *SHORT, "trainer.steps=4", "trainer.save_every=1",
+                        "resume=auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = weights(tmp_path / "straight" / "final"), weights(tmp_path / "killed" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert rows(tmp_path / "straight") == rows(tmp_path / "killed")
+
+
+def test_sigterm_to_one_rank_stops_both_after_one_checkpoint_with_the_stop_code(tmp_path):
+    procs, logs = start_ranks([f"output_dir={tmp_path}", *SHORT, "trainer.steps=200", "trainer.save_every=1000"],
+                              log_dir=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text().strip():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [open(f).read()[-2000:] for f in logs]
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes == [143, 143], [open(f).read()[-2000:] for f in logs]
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert len(saved) == 1 and int(saved[0].split("-")[1]) < 200
+    assert "stopped by SIGTERM" in open(logs[0]).read()
+
+
+def test_a_rank_that_dies_makes_the_other_exit_with_one_sentence_not_hang(tmp_path):
+    procs, logs = start_ranks([f"output_dir={tmp_path}", *SHORT, "trainer.steps=200"], log_dir=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text().strip():
+        assert time.monotonic() < deadline, open(logs[0]).read()[-2000:]
+        time.sleep(0.05)
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    code = procs[0].wait(timeout=90)
+    text = open(logs[0]).read()
+    assert code == 1, text[-2000:]
+    assert "error: rank 0: another rank stopped" in text and "Traceback" not in text
+
+
+def test_prompts_per_step_must_divide_by_the_world_size(tmp_path):
+    out = torchrun([f"output_dir={tmp_path}", *SHORT, "trainer.prompts_per_step=3", "trainer.steps=1"])
+    assert out.returncode != 0
+    assert "trainer.prompts_per_step=3 must divide by the 2 processes" in out.stdout + out.stderr
+
+
+def test_dynamic_sampling_runs_on_two_ranks_with_a_global_quota(tmp_path):
+    out = torchrun([f"output_dir={tmp_path}", *SHORT, "algo=dapo", "trainer.steps=3"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3]
+
+
+def test_python_dash_m_grpo_cli_is_the_cli():
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "train", "--cfg", "job"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "prompts_per_step" in out.stdout
+
+
+def test_an_fsdp_checkpoint_resumes_on_another_world_size_and_matches(tmp_path):
+    """torch.distributed.checkpoint reshards the model and AdamW state from 2 ranks to 1 process; the
+    prompts and completions of each step depend on the seed alone, so the run continues unchanged."""
+    straight = torchrun([f"output_dir={tmp_path / 'straight'}", *SHORT, "trainer.steps=3", "trainer.strategy=fsdp"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    first = torchrun([f"output_dir={tmp_path / 'moved'}", *SHORT, "trainer.steps=2", "trainer.strategy=fsdp"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (tmp_path / "moved" / "checkpoints" / "step-2" / "dcp").is_dir()
+    one_process(tmp_path / "moved", "trainer.steps=3", "resume=auto")
+    assert_same_run(tmp_path / "straight", tmp_path / "moved", atol=1e-5)
+
+
+def test_a_ddp_checkpoint_is_refused_under_fsdp_with_one_sentence(tmp_path):
+    one_process(tmp_path, "trainer.steps=1")
+    out = torchrun([f"output_dir={tmp_path}", *SHORT, "trainer.steps=2", "trainer.strategy=fsdp", "resume=auto"])
+    assert out.returncode != 0
+    assert "was written without FSDP, so its optimizer state cannot be sharded" in out.stdout + out.stderr
