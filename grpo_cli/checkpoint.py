@@ -13,7 +13,6 @@ only: RNG states are stored as tensors), so a checkpoint from someone else is da
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 import re
@@ -24,9 +23,10 @@ import numpy as np
 import torch
 
 from grpo_cli.distributed import SINGLE, Dist, unwrap
-from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.errors import GrpoError, first_line, write_failure
 
 STATE_FILE = "trainer_state.pt"
+CONFIG_FILE = "config.yaml"  # the run's resolved config, beside the weights: final/ reproduces itself
 STEP_DIR = re.compile(r"^step-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json")
 
@@ -78,10 +78,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_error(what: Path, e: OSError) -> GrpoError:
-    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or first_line(e))
-    return GrpoError(f"Could not write {what} ({why}); nothing half-written was kept and the previous checkpoint "
-                     "is untouched: free space (or fix the directory) and continue with resume=auto.")
+write_error = write_failure
 
 
 def check_finite(model, dist: Dist = SINGLE) -> None:
@@ -109,9 +106,60 @@ def full_state_dict(model, dist: Dist) -> dict | None:
     return {k: v for k, v in full.items() if k not in shared} if dist.is_main else None
 
 
-def _save_model(model, tokenizer, out: Path, state_dict=None) -> None:
-    unwrap(model).save_pretrained(out, state_dict=state_dict)
-    tokenizer.save_pretrained(out)
+class _as_os_error:
+    """torch.save and safetensors report a failed write (a full disk) as RuntimeError / SafetensorError,
+    not OSError; turn those into the OSError they are, so the caller's one sentence names the disk.
+    Anything else (a bug) propagates unchanged."""
+
+    def __init__(self, where: Path):
+        self.where = Path(where)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if e is None or isinstance(e, OSError) or not isinstance(e, Exception):
+            return False
+        import errno
+
+        text = str(e)
+        writing = "No space left" in text or "os error 28" in text or "unexpected pos" in text or "write failed" in text
+        if not writing:
+            return False
+        try:
+            free = shutil.disk_usage(self.where if self.where.exists() else self.where.parent).free
+        except OSError:
+            free = 0
+        full = "No space left" in text or "os error 28" in text or free < (16 << 20)
+        raise OSError(errno.ENOSPC if full else errno.EIO, "the disk is full" if full else first_line(e)) from e
+
+
+def _save_model(model, tokenizer, out: Path, state_dict=None, config: dict | None = None) -> None:
+    with _as_os_error(out):
+        unwrap(model).save_pretrained(out, state_dict=state_dict)
+        tokenizer.save_pretrained(out)
+    if config is not None:
+        write_config(out / CONFIG_FILE, config)
+
+
+def write_config(path: Path, config: dict) -> None:
+    """The resolved config as YAML (what `grpo train --cfg job` prints)."""
+    from omegaconf import OmegaConf
+
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+
+
+def read_config(directory) -> dict | None:
+    """The config.yaml saved beside a checkpoint's or final/'s weights (an adapter's: its parent's), or None."""
+    from omegaconf import OmegaConf
+
+    for d in (Path(directory), Path(directory).parent):
+        if (d / CONFIG_FILE).is_file():
+            try:
+                return OmegaConf.to_container(OmegaConf.load(d / CONFIG_FILE))
+            except Exception:  # an unreadable file: fall back to the command line's settings
+                return None
+    return None
 
 
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int = 0,
@@ -142,9 +190,10 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
         full = full_state_dict(model, dist)
         if dist.is_main:
-            _save_model(model, tokenizer, tmp, full)
-            torch.save({**trainer_state, "step": step, "rng": rngs[0], "rng_per_rank": rngs,
-                        "world_size": dist.world_size, "sharded": sharded}, tmp / STATE_FILE)
+            _save_model(model, tokenizer, tmp, full, trainer_state.get("config"))
+            with _as_os_error(tmp):
+                torch.save({**trainer_state, "step": step, "rng": rngs[0], "rng_per_rank": rngs,
+                            "world_size": dist.world_size, "sharded": sharded}, tmp / STATE_FILE)
             _fsync_tree(tmp)
             if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
                 shutil.rmtree(final)
@@ -166,7 +215,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     return final
 
 
-def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: str | None = None) -> Path:
+def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: str | None = None,
+               config: dict | None = None) -> Path:
     """`final/`: the trained model in HF format (under LoRA the merged model, and the adapter alone in
     final/adapter), staged in `.tmp-final` and renamed into place, so a kill leaves the old final/ or
     none, never half of one."""
@@ -181,9 +231,9 @@ def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: 
                 from grpo_cli.lora import merged_copy
 
                 _save_model(model, tokenizer, tmp / "adapter")
-                _save_model(merged_copy(lora_base, unwrap(model)), tokenizer, tmp)
+                _save_model(merged_copy(lora_base, unwrap(model)), tokenizer, tmp, config=config)
             else:
-                _save_model(model, tokenizer, tmp, full)
+                _save_model(model, tokenizer, tmp, full, config)
             _fsync_tree(tmp)
             if final.exists():
                 os.replace(final, old)
@@ -231,19 +281,9 @@ def unreadable(checkpoint: Path) -> str | None:
         load_state(checkpoint)
     except GrpoError as e:
         return str(e)
-    for name in WEIGHT_FILES:
-        f = Path(checkpoint) / name
-        if f.exists() and f.suffix == ".safetensors":
-            try:
-                from safetensors import safe_open
+    from grpo_cli.models import damaged_files
 
-                with safe_open(str(f), framework="pt") as s:
-                    keys = list(s.keys())
-                    if keys:
-                        s.get_tensor(keys[-1])  # the last tensor: a truncated file ends early
-            except Exception as e:  # safetensors raises its own error types for a damaged file
-                return f"{f} is damaged ({first_line(e)})"
-    return None
+    return damaged_files(checkpoint)
 
 
 def resolve_resume(resume: str | None, run_dir: Path, warn=lambda message: None) -> Path | None:

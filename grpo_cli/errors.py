@@ -9,3 +9,12 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none), to quote in a GrpoError."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def write_failure(what, e: OSError) -> GrpoError:
+    """One sentence for a failed write: a full disk says so."""
+    import errno
+
+    why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or first_line(e))
+    return GrpoError(f"Could not write {what} ({why}); nothing half-written was kept and the previous checkpoint is "
+                     "untouched: free space (or fix the directory) and continue with resume=auto.")

@@ -67,7 +67,7 @@ def load_adapter(model, adapter_dir, trainable: bool):
     peft = peft_module()
     try:
         return peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, __import__("safetensors").SafetensorError) as e:
         raise GrpoError(f"Could not load the LoRA adapter in {adapter_dir} ({first_line(e)}); point to a directory "
                         "written by a LoRA run (a checkpoint or final/adapter).") from None
 

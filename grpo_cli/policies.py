@@ -46,14 +46,15 @@ class RunPolicies:
         self.policy, self.algo = policy, cfg.algo
         m, algo, lora = cfg.model, cfg.algo, cfg.model.lora.r > 0
 
-        def frozen_copy(path: str):
-            return load_model(path, precision.frozen_dtype, m.device, m.trust_remote_code).requires_grad_(False)
+        def frozen_copy(path: str, key: str = "model.path"):
+            return load_model(path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(False)
 
         self.reference = frozen_copy(m.path) if algo.beta != 0 and not lora else None
         self.behaviour = None  # a frozen model, or (LoRA, lagged) an AdapterCopy
         self.behaviour_is_base = lora and algo.behaviour == "frozen" and not algo.behaviour_path
         if algo.behaviour == "frozen" and not self.behaviour_is_base:
-            self.behaviour = frozen_copy(algo.behaviour_path or m.path)
+            self.behaviour = frozen_copy(algo.behaviour_path or m.path,
+                                         "algo.behaviour_path" if algo.behaviour_path else "model.path")
         elif algo.behaviour == "lagged":
             self.behaviour = AdapterCopy(policy) if lora else frozen_copy(m.path)
         self.reference_is_base = lora and algo.beta != 0
