@@ -8,9 +8,11 @@ answer as text (after `data.answer_extract`); every other column is kept as load
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -110,9 +112,22 @@ def read_hub(cfg) -> DatasetDict:
     if not cfg.hub_name:
         raise GrpoError("data=hub needs data.hub_name, a Hugging Face dataset name such as openai/gsm8k.")
     what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
+    from grpo_cli.models import hub_unreachable
+
+    unreachable = hub_unreachable()
+    if unreachable:  # read the local datasets cache only, instead of a minute of retries
+        import datasets
+        from huggingface_hub import constants
+
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
     try:
         loaded = load_dataset(cfg.hub_name, cfg.hub_config)
     except Exception as e:  # unreachable hub, offline mode, a wrong name or config: the cause is in its message
+        if unreachable:
+            raise GrpoError(f"Could not load the dataset {what}: the Hugging Face hub cannot be reached ({unreachable}) "
+                            "and the dataset is not in the local cache; connect to the network, or use data=files "
+                            "with a local copy.") from None
         raise GrpoError(
             f"Could not load the dataset {what} from the Hugging Face hub ({first_line(e)}); check the name, "
             "data.hub_config and the network (offline mode, HF_HUB_OFFLINE=1, finds cached datasets only), or use data=files."
@@ -137,6 +152,15 @@ def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
     order = list(range(n))
     random.Random(cfg.seed).shuffle(order)
     return DatasetDict(train=rows.select(order[count:]), test=rows.select(order[:count]))
+
+
+USER_PROMPT = "_user_prompt"  # the prompt before the chat template, kept beside the rendered one
+
+
+def vars_of(cfg) -> dict:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(cfg) if is_dataclass(cfg) else dict(vars(cfg))
 
 
 def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
@@ -169,13 +193,26 @@ def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
     ]
 
 
+def render_user_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
+    """Prompts typed by a user (`grpo sample`), rendered as training renders the dataset's: `data.template`
+    when the row has every column it names (a .jsonl row of the training file), else the text as is;
+    then the chat template with `data.system_prompt` when `data.chat_template=true`."""
+    import string
+
+    names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
+    texts = [{"prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
+    plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
+                            system_prompt=cfg.system_prompt)
+    return render_prompts(texts, plain, tokenizer)
+
+
 def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None]) -> Dataset:
     """The split with rendered prompts and text answers, prompts over max_prompt_length dropped."""
     where = f"the {split_name!r} split of data={cfg.name}"
     if len(split) == 0:
         raise GrpoError(f"{where[0].upper()}{where[1:]} is empty; give it some rows.")
     # With a template the prompt is built from the columns it names and stored under prompt_field.
-    required = {"answer_field": cfg.answer_field, **({"prompt_field": cfg.prompt_field} if cfg.template is None else {})}
+    required = {**({"prompt_field": cfg.prompt_field} if cfg.template is None else {}), "answer_field": cfg.answer_field}
     for key, column in required.items():
         if column not in split.column_names:
             raise GrpoError(
@@ -188,6 +225,14 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
         for column in required.values():
             if row[column] is None:
                 raise GrpoError(f"Row {i} of {where} has no value in column {column!r}; fill it or drop the row.")
+    for column in required.values():  # a JSON column of mixed types loads as it is; "5" and 5 are not one answer
+        first_of = {}
+        for i, v in enumerate(columns[column]):
+            first_of.setdefault(type(v).__name__, i)
+        if len(first_of) > 1:
+            kinds = ", ".join(f"{k} in row {i}" for k, i in first_of.items())
+            raise GrpoError(f"Column {column!r} of {where} mixes value types ({kinds}); give every row the same type "
+                            "(quote numbers in JSON if they are text).")
     answers = [str(row[cfg.answer_field]) for row in rows]
     if cfg.answer_extract is not None:
         if cfg.answer_extract not in ANSWER_EXTRACTS:
@@ -199,7 +244,11 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
                     f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
                 )
         answers = [a.strip() for a in extracted]
-    columns[cfg.prompt_field], columns[cfg.answer_field] = render_prompts(rows, cfg, tokenizer), answers
+    rendered = render_prompts(rows, cfg, tokenizer)
+    if cfg.chat_template:  # what the user wrote, for tables and logs (columns starting with _ never reach a reward)
+        columns[USER_PROMPT] = render_prompts(rows, SimpleNamespace(**{**vars_of(cfg), "chat_template": False,
+                                                                       "system_prompt": None}), None)
+    columns[cfg.prompt_field], columns[cfg.answer_field] = rendered, answers
 
     if cfg.max_prompt_length is not None:
         if tokenizer is None:

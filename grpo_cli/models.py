@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
@@ -31,7 +32,56 @@ def resolve_path(path: str, key: str = "model.path") -> str:
         return str(local.resolve())  # absolute: a LoRA adapter records its base by this path
     if path.startswith((".", "/", "~")) or path.count("/") > 1:  # hub ids are "org/name"
         raise GrpoError(f"{key}={path} does not exist; pass a directory with a saved model, or a hub id.")
+    check_hub(path, key)
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached (one TCP connection, `timeout` seconds), or None.
+    Asked once per process: without it an offline machine retries each download for about a minute."""
+    global _HUB_STATE
+    if _HUB_STATE is None:
+        import socket
+        from urllib.parse import urlparse
+
+        from huggingface_hub import constants
+
+        url = urlparse(constants.ENDPOINT)
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+            _HUB_STATE = ""
+        except OSError as e:
+            _HUB_STATE = f"{url.hostname}: {e.strerror or type(e).__name__}"
+    return _HUB_STATE or None
+
+
+_HUB_STATE: str | None = None
+
+
+def check_hub(repo_id: str, key: str, repo_type: str = "model") -> None:
+    """A hub id that can be had: the hub answers, or the id is in the local cache (then the process
+    goes offline, so nothing waits on the network). Else one sentence, in seconds, naming the fixes."""
+    import os
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    probe = "config.json" if repo_type == "model" else "README.md"
+    cached = isinstance(try_to_load_from_cache(repo_id, probe, repo_type=repo_type), str)
+    if constants.HF_HUB_OFFLINE:
+        if not cached and repo_type == "model":
+            raise GrpoError(f"{key}={repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
+                            "downloading it; download it once with the network on, or point to a local directory.")
+        return
+    why = hub_unreachable()
+    if why is None:
+        return
+    if cached:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        constants.HF_HUB_OFFLINE = True
+        return
+    raise GrpoError(f"{key}={repo_id} is a hub id but the Hugging Face hub cannot be reached ({why}); connect to the "
+                    "network, or point to a local directory (set HF_HUB_OFFLINE=1 to work offline from the cache "
+                    "on purpose).")
 
 
 def resolve_device(device: str, key: str = "model.device") -> torch.device:
@@ -46,15 +96,25 @@ def resolve_device(device: str, key: str = "model.device") -> torch.device:
         raise GrpoError(f"{key}={device} is not a device torch knows; use {key}=auto, cpu, cuda or cuda:N.") from None
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    location = resolve_path(path)
+LOAD_ERRORS = (OSError, ValueError, SafetensorError)  # missing or damaged files, an unknown architecture
+
+
+def load_failure(what: str, path: str, location: str, key: str, e: BaseException) -> GrpoError:
+    """One sentence for a model or tokenizer that would not load: a damaged local directory and an
+    unreachable hub id have different fixes."""
+    if Path(location).exists():
+        return GrpoError(f"Could not load a {what} from {key}={path} ({first_line(e)[:200]}); its files are damaged or "
+                         "incomplete: point to another model or checkpoint (resume=auto skips a damaged one).")
+    return GrpoError(f"Could not load a {what} from {key}={path} ({first_line(e)[:200]}); check the hub id and your "
+                     "network (HF_HUB_OFFLINE=1 uses the local cache only), or pass a local directory.")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model.path"):
+    location = resolve_path(path, key)
     try:
         tok = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:  # missing files, or an architecture transformers does not know
-        raise GrpoError(
-            f"Could not load a tokenizer from {path!r} ({first_line(e)}); "
-            "check the hub id and your network, or pass model.path=LOCAL_DIR."
-        ) from None
+    except LOAD_ERRORS as e:
+        raise load_failure("tokenizer", path, location, key, e) from None
     tok.padding_side = "left"  # generation appends on the right
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -62,14 +122,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "auto", trust_remote_code: bool = False,
-               *, gradient_checkpointing: bool = False, quantize: str | None = None):
+               *, gradient_checkpointing: bool = False, quantize: str | None = None, key: str = "model.path"):
     """A causal LM in eval mode on `device` in `dtype`, ready for training code: dropout off, and a
     forward that can return lean token log-probabilities (logprobs.py). A LoRA adapter directory loads
     as its base with the adapter merged in (for evaluation and sampling); `quantize="4bit"` loads the
     weights in 4-bit NF4 for QLoRA (CUDA only)."""
-    location = resolve_path(path)
+    location = resolve_path(path, key)
     if is_adapter_dir(location) and not (Path(location) / "config.json").exists():
-        base = load_model(adapter_base(location), dtype, device, trust_remote_code)
+        base = load_model(adapter_base(location), dtype, device, trust_remote_code, key=f"the base of {key}={path}")
         return load_adapter(base, location, trainable=False).merge_and_unload().eval()
     extra = {}
     if quantize is not None:
@@ -78,11 +138,8 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "aut
     try:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, trust_remote_code=trust_remote_code,
                                                      **extra)
-    except (OSError, ValueError) as e:  # missing files, or an architecture transformers does not know
-        raise GrpoError(
-            f"Could not load a model from {path!r} ({first_line(e)}); "
-            "check the hub id and your network, or pass model.path=LOCAL_DIR."
-        ) from None
+    except LOAD_ERRORS as e:
+        raise load_failure("model", path, location, key, e) from None
     disable_dropout(model)
     enable_logprob_forward(model)
     if gradient_checkpointing:
@@ -122,3 +179,29 @@ def disable_dropout(model) -> None:
         for name in ("attention_dropout", "dropout", "attn_dropout", "resid_dropout"):
             if isinstance(getattr(module, name, None), float):
                 setattr(module, name, 0.0)
+
+
+def damaged_files(directory) -> str | None:
+    """Why a local model, adapter or checkpoint directory would not load (a config that is not JSON, a
+    truncated safetensors file), or None; cheap: headers and the last tensor only."""
+    import json
+
+    directory = Path(directory)
+    for name in ("config.json", "adapter_config.json"):
+        f = directory / name
+        if f.exists():
+            try:
+                json.loads(f.read_text())
+            except (ValueError, OSError) as e:
+                return f"{f} is not valid JSON ({first_line(e)})"
+    for f in sorted(directory.glob("*.safetensors")):
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as st:
+                keys = list(st.keys())
+                if keys:
+                    st.get_tensor(keys[-1])  # the last tensor: a truncated file ends early
+        except (SafetensorError, OSError) as e:
+            return f"{f} is damaged ({first_line(e)})"
+    return None

@@ -33,6 +33,11 @@ class Rollout:
     def completion_len(self) -> int:
         return self.completion_mask.shape[1]
 
+    def completion_ids(self) -> list[list[int]]:
+        """Each completion's token ids, up to and including EOS (what TRL-style rewards get as completion_ids)."""
+        ids, mask = self.input_ids[:, -self.completion_len :].tolist(), self.completion_mask.sum(1).tolist()
+        return [row[: int(n)] for row, n in zip(ids, mask)]
+
     def select_groups(self, groups: list[int]) -> "Rollout":
         """The rollout restricted to whole groups (token fields only; scores are added later)."""
         G = self.group_size

@@ -12,6 +12,8 @@ from rich.table import Table
 from grpo_cli.checkpoint import list_checkpoints
 from grpo_cli.choices import INFERENCE_PRECISIONS
 from grpo_cli.errors import GrpoError
+from grpo_cli.data import render_user_prompts
+from grpo_cli.evaluate import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
 from grpo_cli.generation import HFGenerator, Sampling, group_seed
 from grpo_cli.lora import is_adapter_dir
@@ -55,7 +57,9 @@ def model_dir(checkpoint: str | None, base: str) -> str:
     return checkpoint
 
 
-def run_sample(cfg, console) -> list[dict]:
+def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
+    """`grpo sample`: prompts rendered as training renders them (the data settings saved with a trained
+    checkpoint, unless `overrides` set data.*), G completions each, scored when an answer is given."""
     inputs = [{"prompt": p} for p in ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)]
     if cfg.prompts_file:
         inputs += read_prompts(cfg.prompts_file)
@@ -69,25 +73,34 @@ def run_sample(cfg, console) -> list[dict]:
     for row in inputs:  # an answer in the file wins over answer= on the command line
         if row.get("answer") is None and cfg.answer is not None:
             row["answer"] = cfg.answer
-    reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
     path = model_dir(cfg.checkpoint, cfg.model.path)
+    key = "checkpoint" if cfg.checkpoint is not None else "model.path"
+    check_model_files(path, key)  # every input checked before the model loads
+    cfg = with_training_settings(cfg, [path], list(overrides), console)
+    s = cfg.sampler
+    reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
+    if cfg.output:
+        writable_dir(Path(cfg.output).expanduser().parent, "output")
     prepare_process(cfg.threads, resolve_device(cfg.model.device))
-    model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code)
-    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code)
-    generator = HFGenerator(tokenizer, precision=Precision(cfg.precision, resolve_device(cfg.model.device).type))
+    model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
+    tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
+    for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer)):
+        row["rendered"] = text
+    generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template,
+                            precision=Precision(cfg.precision, resolve_device(cfg.model.device).type))
     sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k)
 
     rows, G = [], s.group_size
     for start in range(0, len(inputs), cfg.batch_size):
         batch = inputs[start : start + cfg.batch_size]
         seeds = [group_seed(cfg.seed, "sample", start + i) for i in range(len(batch))]
-        roll = generator.generate(model, [r["prompt"] for r in batch], G, sampling, seeds)
-        tokens = roll.completion_mask.sum(1).tolist()
+        roll = generator.generate(model, [r["rendered"] for r in batch], G, sampling, seeds)
+        tokens, ids = roll.completion_mask.sum(1).tolist(), roll.completion_ids()
         for i, source in enumerate(batch):
             group = [{"prompt": source["prompt"], "completion": roll.completions[i * G + j],
                       "tokens": int(tokens[i * G + j]), "truncated": bool(roll.truncated[i * G + j])} for j in range(G)]
             if reward is not None and source.get("answer") is not None:
-                score(reward, group, source)
+                score(reward, group, source, ids[i * G : (i + 1) * G])
             rows += group
     show(rows, G, path, console)
     if cfg.output:
@@ -101,13 +114,14 @@ def run_sample(cfg, console) -> list[dict]:
     return rows
 
 
-def score(reward, group: list[dict], source: dict) -> None:
+def score(reward, group: list[dict], source: dict, completion_ids=None) -> None:
     """Each completion's reward (and each term's, for several) against the prompt's answer; the
     prompt's other file columns reach the reward as columns."""
     G, answer = len(group), str(source["answer"])
-    columns = {k: [v] * G for k, v in source.items()}
-    total, terms = reward.score([r["prompt"] for r in group], [r["completion"] for r in group], [answer] * G,
-                                completion_tokens=[r["tokens"] for r in group], columns=columns)
+    columns = {k: [v] * G for k, v in source.items() if k != "rendered"}
+    total, terms = reward.score([source.get("rendered", source["prompt"])] * G, [r["completion"] for r in group], [answer] * G,
+                                completion_tokens=[r["tokens"] for r in group], columns=columns,
+                                completion_ids=completion_ids)
     for j, r in enumerate(group):
         r.update(answer=answer, reward=total[j])
         if len(terms) > 1:

@@ -24,8 +24,7 @@ from grpo_cli.logprobs import token_logprobs
 from grpo_cli.metrics import StepMetrics
 from grpo_cli.objective import group_advantages, policy_loss, token_kl
 from grpo_cli.precision import Precision
-from grpo_cli.rewards import score_batch
-from grpo_cli.rewards.exact_match import exact_match_reward
+from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rollout import Rollout, concat_rollouts
 
 
@@ -174,7 +173,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
     G, n, sampling = cfg.sampler.group_size, len(batch.prompts), sampling_of(cfg)
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
     metrics = metrics if metrics is not None else StepMetrics()
-    check = exact_match_reward(cfg.reward.extract, cfg.reward.pattern)  # accuracy, whatever the reward
+    judge = Judge(cfg.reward, reward_fn)  # what "correct" means for accuracy (reward.correct)
 
     def per_completion(values):
         return [v for v in values for _ in range(G)]
@@ -187,12 +186,12 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
             roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds)
             total, terms = score_batch(
                 reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
-                completion_tokens=roll.completion_mask.sum(1).tolist(),
+                completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
                 columns={k: per_completion(v) for k, v in batch.columns.items()},
             )
             rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)
             terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
-            correct = check(None, roll.completions, per_completion(batch.answers))
+            correct = judge(total, roll.completions, per_completion(batch.answers))
             metrics.mean("reward_mean", rewards.sum(), rewards.numel())
             metrics.mean("reward_sq", rewards.pow(2).sum(), rewards.numel())  # for the std, over ranks too
             metrics.mean("accuracy", sum(correct), len(correct))
@@ -200,7 +199,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
             for k, v in terms.items():
                 metrics.mean(f"reward/{k}", v.double().sum(), v.numel())
             if not cfg.algo.dynamic_sampling:
-                roll.rewards, roll.extra["reward_terms"] = rewards.float(), terms
+                roll.rewards, roll.extra["reward_terms"] = rewards, terms  # float64: logs show the rewards given
                 metrics.mean("dropped_frac", 0.0, rewards.shape[0])
                 return roll, list(batch.answers), metrics
             groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - have()]
@@ -208,7 +207,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
             if groups:
                 kept.append(roll.select_groups(groups))
                 kept_answers += [batch.answers[g] for g in groups]
-                kept_rewards.append(rewards[groups].float())
+                kept_rewards.append(rewards[groups])
                 kept_terms.append({k: v[groups] for k, v in terms.items()})
             last, last_terms, last_answers = roll, terms, list(batch.answers)
         missing = float(dist.all_sum(torch.tensor([float(n - have())]))[0])  # the global quota
@@ -224,7 +223,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
         pad.weight = torch.zeros(short * G, device=pad.input_ids.device)
         kept.append(pad)
         kept_answers += [last_answers[0]] * short
-        kept_rewards.append(torch.zeros(short, G))
+        kept_rewards.append(torch.zeros(short, G, dtype=torch.float64))
         kept_terms.append({k: torch.zeros(short, G, dtype=v.dtype) for k, v in last_terms.items()})
     roll = concat_rollouts(kept)
     roll.rewards = torch.cat(kept_rewards)
@@ -296,11 +295,13 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     return row, roll
 
 
-def completion_rows(step: int, roll: Rollout, groups: int) -> list[dict]:
-    """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl."""
-    G, answers = roll.group_size, roll.extra["answers"]
+def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | None = None) -> list[dict]:
+    """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
+    the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
+    G, answers, user_text = roll.group_size, roll.extra["answers"], user_text or {}
     return [
-        {"step": step, "prompt": roll.prompts[g], "completion": roll.completions[g * G + j], "answer": str(answers[g]),
+        {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
+         "answer": str(answers[g]),
          "reward": float(roll.rewards[g, j]), "advantage": float(roll.advantages[g * G + j])}
         for g in range(min(groups, len(roll.prompts))) for j in range(G)
     ]

@@ -296,7 +296,7 @@ def test_an_unreachable_hub_dataset_is_one_sentence(tmp_path):
     )
     text = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 2, text
-    assert "Could not load the dataset grpo-cli-tests/no-such-dataset from the Hugging Face hub" in text
+    assert "Could not load the dataset grpo-cli-tests/no-such-dataset" in text and "hub" in text
     assert "Traceback" not in text and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

@@ -236,7 +236,7 @@ def test_python_reward_gets_prompts_completions_answers_token_counts_and_columns
 
     assert values == [2.0, 1.0]
     assert conv_rewards.seen == {"prompts": ["q1", "q1"], "completions": ["ab", "c"], "answers": ["7", "7"],
-                                 "completion_tokens": [3, 2], "columns": {"level": [1, 1]}}
+                                 "completion_tokens": [3, 2], "columns": {"level": [1, 1], "completion_ids": None}}
     assert build_reward(RewardConfig(name="python", fn="conv_rewards.score"))(["q"], ["abc"], ["1"]) == [3.0]
 
 

@@ -27,6 +27,9 @@ BUILDERS = {
     "python": python_fn.build,
 }
 USER_CODE = ("python",)  # terms that run the user's own function: what they raise is theirs to fix
+# The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
+# reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
+MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0}
 
 
 @dataclass
@@ -38,6 +41,7 @@ class Batch:
     answers: list[str]  # the dataset's reference answer, as text
     completion_tokens: Optional[list[int]] = None  # tokens generated, EOS included when one was emitted
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns by name, when the caller has them
+    completion_ids: Optional[list[list[int]]] = None  # each completion's token ids, when the caller has them
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -48,6 +52,7 @@ class Batch:
             [self.prompts[i]], [self.completions[i]], [self.answers[i]],
             None if self.completion_tokens is None else [self.completion_tokens[i]],
             {k: [v[i]] for k, v in self.columns.items()},
+            None if self.completion_ids is None else [self.completion_ids[i]],
         )
 
 
@@ -60,17 +65,29 @@ class Reward:
     def __init__(self, terms: dict[str, TermFn], weights: dict[str, float]):
         self.terms, self.weights = terms, weights
 
-    def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None):
+    @property
+    def max_value(self) -> float | None:
+        """The largest weighted sum the terms can give, or None when a term has no known maximum (or a
+        negative weight makes the sum's maximum depend on a minimum)."""
+        tops = [getattr(fn, "max_value", MAX_VALUE.get(name)) for name, fn in self.terms.items()]
+        if any(t is None for t in tops) or any(w < 0 for w in self.weights.values()):
+            return None
+        return sum(self.weights[name] * t for name, t in zip(self.terms, tops))
+
+    def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None):
         """(weighted sum per completion, {term: its values}) for one batch."""
         batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
                       None if completion_tokens is None else [int(n) for n in completion_tokens],
-                      {k: list(v) for k, v in (columns or {}).items()})
-        values = {name: run_term(name, fn, batch, user_code=name in USER_CODE) for name, fn in self.terms.items()}
+                      {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")}, completion_ids)
+        values = {name: run_term(name, fn, batch, user_code=name in USER_CODE, none_is_no_score=name in USER_CODE)
+                  for name, fn in self.terms.items()}
         total = [sum(self.weights[name] * values[name][i] for name in values) for i in range(len(batch))]
         return total, values
 
-    def __call__(self, prompts, completions, answers, *, completion_tokens=None, columns=None) -> list[float]:
-        return self.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns)[0]
+    def __call__(self, prompts, completions, answers, *, completion_tokens=None, columns=None,
+                 completion_ids=None) -> list[float]:
+        return self.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
+                          completion_ids=completion_ids)[0]
 
 
 def build_reward(cfg) -> Reward:
@@ -98,20 +115,56 @@ def build_reward(cfg) -> Reward:
     return Reward({name: BUILDERS[name](cfg) for name in names}, dict(zip(names, map(float, weights))))
 
 
-def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=None, columns=None):
+class Judge:
+    """What "correct" means for accuracy, pass@k and maj@k (`reward.correct`):
+    - `reward` (default): the completion's reward reaches `reward.correct_threshold`, or the reward's
+      maximum when that is null (exact_match, math, format: 1; python: the function's `max_reward`
+      attribute, else 1). A reward with no maximum (reward=model) and no threshold falls back to `answer`.
+    - `answer`: the answer extracted as `reward.extract` says equals the dataset's answer.
+    `label` says which rule is in force; every printed accuracy carries it."""
+
+    def __init__(self, cfg, reward: "Reward | None" = None):
+        from grpo_cli.rewards.exact_match import exact_match_reward
+
+        self.threshold = None
+        if cfg.correct == "reward":
+            top = reward.max_value if isinstance(reward, Reward) else None
+            self.threshold = cfg.correct_threshold if cfg.correct_threshold is not None else top
+        self._answer = exact_match_reward(cfg.extract, cfg.pattern)
+        if self.threshold is not None:
+            self.label = f"reward >= {self.threshold:g}"
+        else:
+            fallback = " (the reward has no maximum; set reward.correct_threshold)" if cfg.correct == "reward" else ""
+            self.label = f"answer by {cfg.extract}{fallback}"
+
+    def __call__(self, rewards: Sequence[float], completions: Sequence[str], answers: Sequence[str]) -> list[bool]:
+        if self.threshold is not None:
+            return [r >= self.threshold - 1e-9 for r in rewards]
+        return [v == 1.0 for v in self._answer(None, completions, answers)]
+
+
+def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=None, columns=None,
+                completion_ids=None):
     """(totals, per-term values) of any reward: a `Reward`, or a plain fn(prompts, completions, answers)."""
     if isinstance(reward_fn, Reward):
-        return reward_fn.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns)
+        return reward_fn.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
+                               completion_ids=completion_ids)
     return list(reward_fn(prompts, completions, answers)), {}
 
 
-def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool) -> list[float]:
+def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool, none_is_no_score: bool = False) -> list[float]:
     """fn(batch) as finite floats, one per completion, or a GrpoError naming the reward (and, when
-    `user_code` raised, the completion); an exception from a built-in term propagates unchanged."""
+    `user_code` raised, the completion); an exception from a built-in term propagates unchanged.
+    With `none_is_no_score` (reward=python, TRL's convention) a None is 0: no score from this term."""
     try:
         values = fn(batch)
     except GrpoError:
         raise
+    except SystemExit as e:  # a reward that exits would end the run with its code and no word
+        if not user_code:
+            raise
+        raise GrpoError(f"Reward {name!r} called sys.exit({e.code!r}); a reward must return one float per completion "
+                        "(raise an exception to report a problem).") from None
     except Exception as e:
         if not user_code:
             raise
@@ -132,6 +185,9 @@ def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool) -> list[fl
         )
     out = []
     for i, v in enumerate(values):
+        if v is None and none_is_no_score:  # "no score" (TRL's convention): adds nothing, as TRL's nansum
+            out.append(0.0)
+            continue
         try:
             x = None if isinstance(v, (str, bytes)) else float(v)
         except (TypeError, ValueError):

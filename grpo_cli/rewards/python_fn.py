@@ -7,9 +7,18 @@ The calling convention, once per batch of completions:
 Every argument is a list with one entry per completion (a prompt's G completions repeat its row):
 `prompts` is the text the model was prompted with, `completions` what it wrote, `answers` the
 dataset's reference answer as text (data.answer_field), `completion_tokens` each completion's length
-in tokens (EOS included when one was generated), and `columns` every dataset column by its name, when
-the caller has the dataset rows (training steps and `grpo evaluate`). Return one finite float per
-completion (a list, tuple, numpy array or tensor). Accept `**kwargs` to ignore what you do not use.
+in tokens (EOS included when one was generated), `completion_ids` its token ids, and `columns` every
+dataset column by its name, when the caller has the dataset rows (training steps and `grpo evaluate`).
+Return one finite float per completion (a list, tuple, numpy array or tensor). Accept `**kwargs` to
+ignore what you do not use.
+
+A reward function written for TRL's GRPOTrainer, `fn(prompts, completions, completion_ids, **kwargs)`
+reading dataset columns from kwargs, runs unchanged. As in TRL, `None` for a completion means "no
+score from this function": it adds 0 to the weighted sum (TRL sums with nansum).
+
+A completion counts as correct (accuracy, pass@k, maj@k) when its reward reaches the function's
+`max_reward` attribute (set `score.max_reward = 5.0` beside it), 1.0 when it has none, or
+`reward.correct_threshold` when given.
 
 The module is imported from sys.path (PYTHONPATH) or the current directory; `mypkg.rewards.score`
 works as well as `mypkg.rewards:score`.
@@ -46,10 +55,24 @@ def load_function(spec: str):
     return fn
 
 
+def parameters(fn) -> tuple[set[str], bool]:
+    """The keyword arguments `fn` accepts, and whether it takes **kwargs (then it is passed everything): a
+    function that names only what it uses is not handed arguments it has no parameter for."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C function without a signature: pass everything
+        return set(), True
+    return ({p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)},
+            any(p.kind == p.VAR_KEYWORD for p in params))
+
+
 def build(cfg):
     if not cfg.fn:
         raise GrpoError("reward=python needs reward.fn, a dotted path to your function, e.g. reward.fn=mypkg.rewards:score.")
     fn = load_function(cfg.fn)
+    accepted, takes_all = parameters(fn)
 
     def reward(batch):
         kwargs = {
@@ -58,7 +81,9 @@ def build(cfg):
             "completions": batch.completions,
             "answers": batch.answers,
             "completion_tokens": batch.completion_tokens,
+            "completion_ids": batch.completion_ids,
         }
-        return fn(**kwargs)
+        return fn(**(kwargs if takes_all else {k: v for k, v in kwargs.items() if k in accepted}))
 
+    reward.max_value = float(getattr(fn, "max_reward", 1.0))  # what counts as "correct" (rewards.Judge)
     return reward
