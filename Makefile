@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,math,tensorboard,peft]"
+	$(BIN)/pip install -q -e ".[test,plot,math,tensorboard,peft,sweeps]"
 	touch $(STAMP)
 
 train: $(STAMP)

@@ -12,7 +12,7 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, REWARDS, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, OBJECTIVES, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -50,7 +50,8 @@ class Problems(list):
 
 
 def check_model(p: Problems, m) -> None:
-    p.need(bool(str(m.path).strip()), "model.path is empty; give a hub id, a local directory or builtin:tiny")
+    p.need(bool(str(m.path).strip()), "model.path is empty; give the model with model.path=HUB_ID_OR_DIRECTORY "
+                                      "(model=instruct needs it)")
     p.need(bool(DEVICE.match(str(m.device))), f"model.device={m.device!r} must be auto, cpu, cuda or cuda:N")
     lora = m.lora
     p.at_least("model.lora.r", lora.r, 0)
@@ -77,6 +78,9 @@ def check_sampler(p: Problems, s, *, sampling: bool = True) -> None:
 def check_reward(p: Problems, r) -> None:
     p.choice("reward.name", r.name, (*REWARDS, "combo"))
     p.choice("reward.extract", r.extract, REWARD_EXTRACTS)
+    p.choice("reward.correct", r.correct, CORRECT_RULES)
+    if r.correct_threshold is not None:
+        p.finite("reward.correct_threshold", r.correct_threshold)
     if r.extract == "regex":
         try:
             groups = re.compile(r.pattern or "").groups
@@ -185,6 +189,11 @@ def check_train(cfg) -> None:
     p.need(not (a.std == "sample" and a.scale != "none" and cfg.sampler.group_size < 2),
            "algo.std=sample needs sampler.group_size >= 2")
     t = cfg.trainer
+    if cfg.objective is not None:
+        p.choice("objective", cfg.objective, OBJECTIVES)
+        p.need(not cfg.objective.endswith("accuracy_after") or t.eval_before_after,
+               f"objective={cfg.objective} is measured by the held-out evaluation at the end; set "
+               "trainer.eval_before_after=true or choose objective=reward_last20")
     p.at_least("trainer.steps", t.steps, 0)
     p.at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
     p.at_least("trainer.micro_batch_size", t.micro_batch_size, 1)

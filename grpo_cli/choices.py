@@ -16,7 +16,10 @@ DATA_SOURCES = ("arithmetic", "long_addition", "files", "hub")
 ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
 REWARDS = ("exact_match", "math", "format", "length", "model", "python")  # reward=combo adds them up
 REWARD_EXTRACTS = ("last_number", "hash", "boxed", "regex", "full")
+CORRECT_RULES = ("reward", "answer")  # what accuracy counts as right (rewards.Judge)
 # transformers' schedules that need nothing beyond warm-up and length (get_scheduler)
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
               "inverse_sqrt")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # trainer.strategy
+# What `objective=` may name: numbers of the run summary a sweeper (Optuna) can optimise
+OBJECTIVES = ("reward_last20", "greedy_accuracy_after", "sampled_accuracy_after", "seconds")

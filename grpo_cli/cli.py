@@ -7,6 +7,8 @@ the rest of the package takes plain objects.
 
 from __future__ import annotations
 
+import os
+import json
 import sys
 from pathlib import Path
 
@@ -27,9 +29,27 @@ COMMANDS = {
     "evaluate": "greedy and sampled accuracy, pass@k, maj@k and mean reward of checkpoints on a data split",
     "sample": "completions from a checkpoint for given prompts, scored when an answer is given",
 }
-USAGE = "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg job] [--help]\n\ncommands:\n" + "\n".join(
+USAGE = "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg job] [--help]\n       grpo --version\n\ncommands:\n" + "\n".join(
     f"  {name:<9} {what}" for name, what in COMMANDS.items()
 ) + "\n\n`grpo <command> --help` lists that command's config groups and options."
+
+# `eval "$(grpo --completion bash)"`: the subcommand, then Hydra's own completion of that command's config
+# (groups, keys, options), asked with the subcommand taken out of the line as Hydra expects.
+COMPLETION = r"""_grpo_complete() {
+    local cur="${COMP_WORDS[COMP_CWORD]}"
+    if [ "$COMP_CWORD" -eq 1 ]; then
+        COMPREPLY=($(compgen -W "train evaluate sample --help --version --completion" -- "$cur"))
+        return
+    fi
+    local cmd="${COMP_WORDS[1]}"
+    local rest="${COMP_LINE#*$cmd}"
+    local choices
+    choices=$(COMP_LINE="grpo$rest" COMP_POINT=$COMP_POINT grpo "$cmd" -sc query=bash 2>/dev/null)
+    COMPREPLY=($(compgen -o nospace -o default -W "$choices" -- "$cur"))
+}
+COMP_WORDBREAKS=${COMP_WORDBREAKS//=}
+complete -o nospace -o default -F _grpo_complete grpo"""
+ZSH_PREAMBLE = "autoload -U +X bashcompinit && bashcompinit\n"
 
 SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "sample": SampleConfig}
 _job_started = False  # a Hydra exit before any job started is a composition (user) error
@@ -49,21 +69,26 @@ def _run(command: str, cfg) -> object:
             from grpo_cli.distributed import SINGLE
             from grpo_cli.trainer import train
 
-            summary = train(plain, out_dir, console, _dist or SINGLE)
+            overrides = list(HydraConfig.get().overrides.task)
+            summary = train(plain, out_dir, console, _dist or SINGLE, command=f"grpo train {' '.join(overrides)}".strip())
             console.summary(summary)
-            return summary
+            if in_sweep and rank == 0:
+                write_job_summary(out_dir, {"status": "done", **summary})
+            return float(summary[plain.objective]) if plain.objective else summary
         if command == "evaluate":
             from grpo_cli.evaluate import run_evaluate
 
-            return run_evaluate(plain, out_dir, console)
+            return run_evaluate(plain, out_dir, console, overrides=list(HydraConfig.get().overrides.task))
         from grpo_cli.sample import run_sample
 
-        return run_sample(plain, console)
+        return run_sample(plain, console, overrides=list(HydraConfig.get().overrides.task))
     except GrpoError as e:
         where = f"rank {rank}: " if _dist is not None and _dist.world_size > 1 else ""
         console.error(f"{where}{e}")
         if in_sweep:  # a failed job is reported in the sweep table; the other jobs still run
-            return {"status": "failed", "error": str(e)}
+            if rank == 0:
+                write_job_summary(out_dir, {"status": "failed", "error": str(e)})
+            return float("nan") if OmegaConf.select(cfg, "objective") else {"status": "failed", "error": str(e)}
         sys.exit(2)
     except Stopped as e:
         console.print(f"[bold yellow]{e}[/]")
@@ -80,6 +105,21 @@ def _run(command: str, cfg) -> object:
         console.error(f"rank {rank}: another rank stopped ({type(e).__name__}: {str(e).splitlines()[0][:200]}), so this "
                       "rank stops too; see that rank's output, then continue with resume=auto.")
         sys.exit(1)
+
+
+def write_job_summary(out_dir: Path, row: dict) -> None:
+    """summary.json in a sweep job's directory: what the sweep's table is built from, whichever launcher
+    ran the job (in this process, joblib workers, Slurm through submitit)."""
+    from grpo_cli.sweep import SUMMARY_FILE
+
+    job = HydraConfig.get().job
+    row = {"job": job.num, "overrides": list(HydraConfig.get().overrides.task), **row, "run_dir": str(out_dir)}
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / SUMMARY_FILE).write_text(json.dumps(row, indent=1) + "\n")
+    except OSError as e:  # the job's result is still printed; only the sweep table will miss it
+        Console(progress=False).warn(f"could not write {Path(out_dir) / SUMMARY_FILE} ({e.strerror}); the sweep table "
+                                     "will not list this job")
 
 
 def _entry(command: str):
@@ -105,6 +145,25 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
+    if argv[0] == "--completion" or (len(argv) > 1 and argv[1] in ("--shell-completion", "-sc") and
+                                     any(a.startswith("install=") for a in argv[2:])):
+        shell = argv[1] if argv[0] == "--completion" and len(argv) > 1 else next(
+            (a.split("=", 1)[1] for a in argv[2:] if a.startswith("install=")), "bash")
+        if shell not in ("bash", "zsh"):
+            print(f"error: completion for {shell!r} is not available; use bash or zsh.", file=sys.stderr)
+            sys.exit(2)
+        print(COMPLETION if shell == "bash" else ZSH_PREAMBLE + COMPLETION)
+        sys.exit(0)
+    if len(argv) > 1 and argv[1] in ("-sc", "--shell-completion"):  # the completion script asking Hydra
+        register_configs()
+        sys.argv = [f"grpo {argv[0]}"] + argv[1:]
+        _entry(argv[0])()
+        return
+    if argv[0] in ("-V", "--version", "version"):
+        from importlib.metadata import version
+
+        print(f"grpo-cli {version('grpo-cli')}")
+        sys.exit(0)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.\n\n{USAGE}", file=sys.stderr)
@@ -112,6 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     register_configs()
     try:  # composition errors and bad values: one sentence, before torch is imported
         check_command_line(command, rest, SCHEMAS[command])
+    except GrpoError as e:
+        Console(progress=False).error(str(e))
+        sys.exit(2)
+    try:
+        rest = _run_directory(command, rest)
     except GrpoError as e:
         Console(progress=False).error(str(e))
         sys.exit(2)
@@ -159,7 +223,27 @@ def _join_process_group(command: str, overrides: list[str]) -> list[str]:
         stamp = _dist.broadcast_object(time.strftime("%Y-%m-%d_%H-%M-%S") if _dist.is_main else None)
         overrides = [*overrides, f"hydra.run.dir=runs/{stamp}"]
     if not _dist.is_main:
-        overrides = [*overrides, "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+        overrides = [*overrides, "hydra/hydra_logging=disabled"]
+    return overrides
+
+
+DEFAULT_RUN_ROOTS = {"train": "runs", "evaluate": "runs/evaluate"}
+
+
+def _run_directory(command: str, overrides: list[str]) -> list[str]:
+    """`output_dir=X` is also Hydra's run directory, so nothing goes to runs/<time>/ beside it; and the
+    run directory must be one that can be made and written, which is checked before Hydra makes it."""
+    if command not in DEFAULT_RUN_ROOTS or any(o in ("-m", "--multirun") for o in overrides):
+        return overrides
+    given = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("-"))
+    target = given.get("hydra.run.dir") or given.get("output_dir")
+    if given.get("output_dir") and "hydra.run.dir" not in given:
+        overrides = [*overrides, f"hydra.run.dir='{given['output_dir']}'"]
+    path = Path(str(target).strip("'\"") if target else DEFAULT_RUN_ROOTS[command]).expanduser()
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        why = f"{existing} is not a directory" if not existing.is_dir() else f"{existing} is not writable"
+        raise GrpoError(f"Cannot write to the run directory {path} ({why}); choose another with output_dir=DIR.")
     return overrides
 
 

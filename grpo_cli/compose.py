@@ -53,13 +53,17 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in itertools.islice(itertools.product(*options), MAX_COMBINATIONS)]
 
 
-def check_one(command: str, overrides: list[str], schema) -> None:
+def compose_config(command: str, overrides: list[str], schema=None):
+    """The command's config composed from `overrides` as Hydra would, as the schema's dataclass object;
+    a composition error, an unknown key or a missing value is one sentence (GrpoError)."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
-    from grpo_cli import checks
+    from grpo_cli.config import register_configs, schema_of
 
+    register_configs()
+    schema = schema or schema_of(command)
     with initialize_config_module("grpo_cli.conf", version_base="1.3"):
         try:
             cfg = compose(command, overrides=overrides)
@@ -71,9 +75,15 @@ def check_one(command: str, overrides: list[str], schema) -> None:
         raise GrpoError(f"{key} is not a setting{near}; remove it (a `+` adds a key, but nothing reads one the schema "
                         f"does not know).")
     try:
-        plain = OmegaConf.to_object(cfg)
+        return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
         raise GrpoError(f"{e.full_key} is required here and has no value: set {e.full_key}=... on the command line.") from None
+
+
+def check_one(command: str, overrides: list[str], schema) -> None:
+    from grpo_cli import checks
+
+    plain = compose_config(command, overrides, schema)
     {"train": checks.check_train, "evaluate": checks.check_evaluate, "sample": checks.check_sample}[command](plain)
 
 

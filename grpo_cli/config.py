@@ -50,6 +50,7 @@ class RewardConfig:
     model_batch_size: int = 16
     model_device: str = "auto"
     fn: Optional[str] = None
+    correct: str = "reward"
     correct_threshold: Optional[float] = None
 
 
@@ -146,6 +147,13 @@ class TrainerConfig:
 
 
 @dataclass
+class HubConfig:
+    push: bool = False
+    repo_id: Optional[str] = None
+    private: bool = True
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -157,6 +165,8 @@ class TrainConfig:
     output_dir: Optional[str] = None
     resume: Optional[str] = None
     overwrite: bool = False
+    objective: Optional[str] = None
+    hub: HubConfig = field(default_factory=HubConfig)
 
 
 @dataclass
@@ -211,3 +221,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="sample_schema", node=SampleConfig)
+
+
+def schema_of(command: str):
+    """The dataclass schema of a command's config."""
+    return {"train": TrainConfig, "evaluate": EvaluateConfig, "sample": SampleConfig}[command]

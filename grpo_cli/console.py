@@ -4,6 +4,7 @@ and TensorBoard event files when asked for)."""
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,18 +15,21 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, write_failure
 
 
 class Console:
     def __init__(self, progress: bool = True, quiet: bool = False):
         # quiet: a rank other than 0 under torchrun, which says nothing but its errors
         self.rich = RichConsole(stderr=True, quiet=quiet)  # progress and warnings
+        if not self.rich.is_terminal:  # a log file (nohup, Slurm, CI): whole lines, never wrapped at 80 columns
+            self.rich = RichConsole(stderr=True, quiet=quiet, soft_wrap=True)
         self.out = RichConsole(quiet=quiet)  # results: tables a user may pipe or save
         self._errors = RichConsole(stderr=True)
         self.show_progress = progress and not quiet
         self._progress = None
         self._task = None
+        self._plain = None  # outside a terminal: (total, log_every, time of the last line, start time, first step)
 
     def error(self, message: str) -> None:
         """One sentence, printed whole (never wrapped mid-sentence), whatever the terminal."""
@@ -38,9 +42,20 @@ class Console:
         self.rich.print(f"[bold yellow]warning:[/] {message}")
 
     @contextmanager
-    def training(self, total: int, start: int = 0):
+    def training(self, total: int, start: int = 0, log_every: int = 1, every_seconds: float = 30.0):
+        """A live bar in a terminal; elsewhere one plain line every `log_every` steps or `every_seconds`,
+        whichever comes first, so a log file shows the reward as the run goes."""
         if not self.show_progress:
             yield self
+            return
+        if not self.rich.is_terminal:
+            now = time.monotonic()
+            self._plain = {"total": total, "every": log_every, "seconds": every_seconds, "last": now,
+                           "t0": now, "first": start}
+            try:
+                yield self
+            finally:
+                self._plain = None
             return
         columns = [
             TextColumn("[bold]train"),
@@ -59,7 +74,41 @@ class Console:
             finally:
                 self._progress = None
 
+    @contextmanager
+    def task(self, description: str, total: int, every_seconds: float = 10.0):
+        """Progress of a long job that is not training (an evaluation): a bar in a terminal, elsewhere a
+        plain line at most every `every_seconds` and at the end. Yields advance(n)."""
+        if self.rich.quiet:
+            yield lambda n=1: None
+            return
+        if self.rich.is_terminal:
+            with Progress(TextColumn(f"[bold]{escape(description)}"), BarColumn(), MofNCompleteColumn(),
+                          TimeRemainingColumn(), console=self.rich, transient=True) as progress:
+                task = progress.add_task(description, total=total)
+                yield lambda n=1: progress.advance(task, n)
+            return
+        state = {"done": 0, "last": time.monotonic()}
+
+        def advance(n: int = 1) -> None:
+            state["done"] += n
+            now = time.monotonic()
+            if state["done"] >= total or now - state["last"] >= every_seconds:
+                state["last"] = now
+                self.rich.print(f"{description}: {state['done']}/{total}", highlight=False)
+
+        self.rich.print(f"{description}: 0/{total}", highlight=False)
+        yield advance
+
     def step(self, row: dict) -> None:
+        if self._plain is not None:
+            p, now, step = self._plain, time.monotonic(), row["step"]
+            if step % p["every"] == 0 or step == p["total"] or now - p["last"] >= p["seconds"]:
+                p["last"] = now
+                done = step - p["first"]
+                left = (now - p["t0"]) / max(done, 1) * (p["total"] - step)
+                self.rich.print(f"step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}  "
+                                f"{row['seconds']:.2f} s/step  eta {_clock(left)}", highlight=False)
+            return
         if self._progress is None:
             if not self.show_progress:
                 self.rich.print(
@@ -118,6 +167,11 @@ class Console:
         self.out.print(table)
 
 
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 class MetricsLog:
     """One JSON object per line; appended as the run goes so a crash keeps every finished row.
     With `tensorboard`, each row also goes there."""
@@ -132,8 +186,11 @@ class MetricsLog:
     def write(self, row: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:
+            raise write_failure(self.path, e) from None
         if self.tensorboard is not None:
             self.tensorboard.write(row)
 

@@ -1,7 +1,8 @@
 """The GRPO objective as pure tensor functions: no model, no I/O, no config objects.
 
-Seeds: 000 (eq. 1-2 group-whitened advantages, eq. 6 clipped surrogate with KL, §1.8 token
-factorisation), 001 (eq. 1 seq-mean-token-mean), 003 (token-sum toy objective), 004 (k3 KL).
+docs/math.md derives each function: group-relative advantages (DeepSeekMath), the clipped surrogate
+with KL (PPO, DeepSeekMath), token / sequence / GSPO ratios, the k1/k2/k3 KL estimators (Schulman 2020)
+and the aggregation choices (DeepSeekMath, DAPO, Dr. GRPO).
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
 def group_advantages(
     rewards: Tensor, *, scale: str = "group", std: str = "population", eps: float = 1e-6, all_sum=None
 ) -> Tensor:
-    """Group-relative advantages A = (R - mean_group) / sigma, seed 000 eq. 1-2.
+    """Group-relative advantages A = (R - mean_group) / sigma (DeepSeekMath;
+    docs/math.md, "Group-relative advantages").
 
-    rewards: [n_prompts, group_size]. sigma = sqrt(var + eps**2) (eq. 1), with var taken per
+    rewards: [n_prompts, group_size]. sigma = sqrt(var + eps**2), with var taken per
     group (``scale="group"``) or over the whole batch around the batch mean (``"batch"``); the
     mean subtracted is always the group's. ``scale="none"`` only centres (Dr. GRPO).
     ``std="population"`` divides the sum of squares by the count, ``"sample"`` by count - 1.
@@ -126,21 +128,21 @@ def policy_loss(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The negated clipped GRPO surrogate of seed 000 eq. 6, to minimise.
+    """The negated clipped GRPO surrogate (docs/math.md, "The clipped surrogate"), to minimise.
 
     Per token: L = -min(r*A, clip(r, 1 - clip_eps, 1 + clip_eps_high) * A) + beta * KL, with the
-    sequence advantage A broadcast over its tokens (seed 000 §1.8) and KL from ``token_kl``.
+    sequence advantage A broadcast over its tokens and KL from ``token_kl``.
 
     logp, old_logp, ref_logp, mask: [B, T], mask marking completion tokens; advantages: [B].
     old_logp, advantages and ref_logp are constants (detached).
 
-    ratio_level: ``"token"`` r_t = exp(logp_t - old_logp_t) (seeds 001, 003, 004);
-    ``"sequence"`` r = exp(sum_t log-ratio), the whole-sequence ratio of seed 000 §1.6 factorised
-    by §1.8; ``"sequence_mean"`` r = exp(mean_t log-ratio) (GSPO).
+    ratio_level: ``"token"`` r_t = exp(logp_t - old_logp_t) (DeepSeekMath, DAPO);
+    ``"sequence"`` r = exp(sum_t log-ratio), the exact importance weight of the whole
+    sequence; ``"sequence_mean"`` r = exp(mean_t log-ratio) (GSPO).
 
     aggregation: ``"seq_mean_token_mean"`` mean over sequences of the per-sequence token mean
-    (seed 001 eq. 1); ``"token_mean"`` mean over all completion tokens (DAPO);
-    ``"seq_mean_token_sum"`` mean over sequences of the token sum (seed 003);
+    (DeepSeekMath); ``"token_mean"`` mean over all completion tokens (DAPO);
+    ``"seq_mean_token_sum"`` mean over sequences of the token sum (the exact sequence-level gradient);
     ``"constant_norm"`` token sum / (B * max_completion_length), default T (Dr. GRPO).
     A sequence with no completion tokens contributes zero.
 
@@ -194,7 +196,7 @@ def policy_loss(
 
     log_ratio = logp - old_logp  # [B, T]
     if ratio_level != "token":
-        seq_log_ratio = log_ratio.sum(dim=1)  # [B], log of the sequence ratio (seed 000 §1.8)
+        seq_log_ratio = log_ratio.sum(dim=1)  # [B], log of the sequence ratio (docs/math.md, "Sequence-level ratios")
         if ratio_level == "sequence_mean":
             seq_log_ratio = seq_log_ratio / seq_tokens
         log_ratio = seq_log_ratio[:, None].expand(-1, tokens)

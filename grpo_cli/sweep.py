@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,43 +16,38 @@ from rich.table import Table
 COLUMNS = ("job", "overrides", "status", "reward_last20", "sampled_accuracy_after", "greedy_accuracy_after",
            "seconds", "run_dir", "error")
 
-# Jobs that stopped on a user mistake (a GrpoError, returned as {"status": "failed"}); the CLI exits 2
-# after the sweep when there are any. A job that crashes with a bug never reaches this table: Hydra's
-# BasicSweeper re-raises its exception once the batch has run, before on_multirun_end, and the sweep
-# ends with that trace (exit 1).
+SUMMARY_FILE = "summary.json"  # each job writes its row (cli.write_job_summary); the table is built from them
+
+# Jobs that stopped on a user mistake (a GrpoError: status "failed" in their summary.json); the CLI exits 2
+# after the sweep when there are any. A job that crashes with a bug writes no summary: the launcher
+# re-raises its exception once the batch has run, before on_multirun_end, and the sweep ends with that trace.
 failed_jobs: list[str] = []
 
 
 class SweepSummary(Callback):
-    """Registered in train.yaml under hydra.callbacks; Hydra calls it around every job."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
+    """Registered in train.yaml under hydra.callbacks. At the end of a sweep it reads the summary.json
+    each job wrote in its own directory, so the table is the same whatever process ran the jobs."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self.rows.clear()
         failed_jobs.clear()
 
-    def on_job_end(self, config, job_return, **kwargs) -> None:
-        if config.hydra.mode != RunMode.MULTIRUN:  # Hydra calls job callbacks for single runs too
-            return
-        value = job_return._return_value  # the attribute: `.return_value` re-raises a job's exception
-        row = {"job": config.hydra.job.num, "overrides": list(job_return.overrides or [])}
-        if isinstance(value, dict) and value.get("status") == "failed":
-            row.update(status="failed", error=value["error"])
-        elif isinstance(value, dict):
-            row.update(status="done", **{k: value.get(k) for k in COLUMNS if k in value})
-        else:
-            row.update(status="done")
-        if row["status"] == "failed":
-            failed_jobs.append(str(row["job"]))
-        self.rows.append(row)
+    def read_rows(self, sweep_dir: Path) -> list[dict[str, Any]]:
+        rows = []
+        for path in sorted(sweep_dir.glob(f"*/{SUMMARY_FILE}")) + sorted(sweep_dir.glob(f"*/*/{SUMMARY_FILE}")):
+            try:
+                row = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                Console(stderr=True).print(f"[yellow]warning:[/] skipping {path} ({e}) in the sweep table")
+                continue
+            rows.append({**row, "status": row.get("status", "done")})
+        return sorted(rows, key=lambda r: int(r.get("job", 0)))
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self.rows = self.read_rows(sweep_dir)
         if not self.rows:
             return
-        sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        failed_jobs.extend(str(r["job"]) for r in self.rows if r["status"] == "failed")
         with open(sweep_dir / "sweep.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(COLUMNS), extrasaction="ignore")
             writer.writeheader()
@@ -61,7 +57,7 @@ class SweepSummary(Callback):
         headers = {"job": "job", "overrides": "swept", "status": "status", "reward_last20": "reward (last 20)",
                    "sampled_accuracy_after": "sampled acc.", "greedy_accuracy_after": "greedy acc.", "seconds": "s"}
         for col, header in headers.items():
-            table.add_column(header, justify="left" if col in ("overrides", "status") else "right")
+            table.add_column(header, justify="left" if col in ("overrides", "status") else "right", overflow="fold")
         for r, overrides in zip(self.rows, swept):
             cells = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else "" if r.get(c) is None else str(r[c])
                      for c in headers]

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
+from rich.markup import escape
 from transformers import get_scheduler
 
-from grpo_cli.checkpoint import (clean_temporaries, experiment_diff, load_sharded, load_state, resolve_resume,
-                                 save_checkpoint, save_final, set_rng_state)
+from grpo_cli.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff, load_sharded, load_state,
+                                 resolve_resume, save_checkpoint, save_final, set_rng_state, write_config)
 from grpo_cli.checks import check_train
 from grpo_cli.console import Console, MetricsLog, TensorBoard, tensorboard_writer
-from grpo_cli.data import PromptOrder, load_data
+from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import held_out_scores
@@ -31,7 +33,8 @@ from grpo_cli.generation import HFGenerator, group_seed
 from grpo_cli.models import load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import check_pure_bf16_lr, training_precision
-from grpo_cli.rewards import build_reward
+from grpo_cli.publish import check_push, push, write_model_card
+from grpo_cli.rewards import Judge, build_reward
 from grpo_cli.runtime import prepare_process
 from grpo_cli.step import PromptBatch, completion_rows, grpo_step, shown_group
 from grpo_cli.stopping import GracefulStop, Stopped
@@ -106,6 +109,9 @@ def resume_point(cfg, run_dir: Path, console: Console) -> tuple[Path | None, dic
     state = load_state(resume_from)
     if not cfg.output_dir and str(cfg.resume).lower() != "auto":
         run_dir = resume_from.parent.parent  # resume=PATH continues in that checkpoint's run
+    if state["step"] > cfg.trainer.steps:
+        raise GrpoError(f"{resume_from} is at step {state['step']}, past trainer.steps={cfg.trainer.steps}; raise "
+                        "trainer.steps to continue the run (its final/ is left as it is).")
     changed = experiment_diff(state.get("config", {}), asdict(cfg))
     if changed:
         raise GrpoError(
@@ -116,9 +122,31 @@ def resume_point(cfg, run_dir: Path, console: Console) -> tuple[Path | None, dic
     return resume_from, state, run_dir
 
 
-def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
+# The built-in model's settings (conf/train.yaml, sampler/default.yaml, optimizer/adamw.yaml): tuned for a
+# 3 MB model that answers in a few characters. A real model left on them truncates and diverges.
+BUILTIN_MODEL_SETTINGS = {"sampler.max_new_tokens": 6, "optimizer.lr": 3e-4, "trainer.micro_batch_size": 64}
+
+
+def builtin_settings_note(cfg) -> str | None:
+    """A start-up note when model.path leaves the built-in model but the run keeps its settings."""
+    if cfg.model.path.startswith("builtin:"):
+        return None
+    kept = {k: v for k, v in BUILTIN_MODEL_SETTINGS.items()
+            if OmegaConf.select(OmegaConf.structured(cfg), k) == v}
+    if not kept:
+        return None
+    return (f"model.path={cfg.model.path} runs with the built-in tiny model's settings "
+            f"({', '.join(f'{k}={v:g}' for k, v in kept.items())}), which suit a 3 MB model, not a real one; "
+            "start from a preset (experiment=instruct, experiment=qwen_gsm8k) or set those keys.")
+
+
+def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: str | None = None) -> dict:
     """`grpo train`: the whole run, on this rank. Returns the summary printed at the end."""
     check_config(cfg)
+    check_push(cfg)  # before any work: a push that cannot happen is refused now, not after training
+    note = builtin_settings_note(cfg)
+    if note:
+        console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
     t, world = cfg.trainer, dist.world_size
     strategy = resolve_strategy(t.strategy, dist)
     if t.prompts_per_step % world:
@@ -138,11 +166,14 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
                 shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (run_dir / name).unlink(missing_ok=True)
         for left in clean_temporaries(run_dir):
             console.warn(f"removed {left}, left by a save that was interrupted")
+        write_config(run_dir / CONFIG_FILE, asdict(cfg))  # written once the run is accepted, never over another
+        write_config(run_dir / "overrides.yaml", {"command": command or "", "world_size": world})
     dist.barrier()
 
     # The policies (docs/math.md, "Policies") and everything that feeds them.
     precision = training_precision(t.precision, device)
-    tokenizer = load_tokenizer(str(resume_from) if resume_from else cfg.model.path, cfg.model.trust_remote_code)
+    tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
+                 else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
     sharded = strategy == "fsdp"
     if state and sharded and not state.get("sharded"):
         raise GrpoError(f"{resume_from} was written without FSDP, so its optimizer state cannot be sharded; resume it "
@@ -160,6 +191,8 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
     generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
     data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows, test_rows = data["train"], data["test"]
+    user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
+                 if USER_PROMPT in train_rows.column_names else {})  # chat-rendered prompt -> what the user wrote
     reward_fn = build_reward(cfg.reward)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     if state:
@@ -191,17 +224,19 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
         training rows (which filter on it) pass them by."""
         return {"step": step, "kind": "eval", **{f"eval/{k}": v for k, v in scores.items() if k != "num_prompts"}}
 
+    correct_rule = Judge(cfg.reward, reward_fn).label  # every printed accuracy says what "correct" means
+
     def evaluate_now(step: int) -> None:
         scores = evaluate_held_out()
         metrics.write(eval_row(step, scores))
         console.print(f"step {step} held-out: greedy accuracy {scores['accuracy']:.3f}, "
-                      f"sampled {scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f}")
+                      f"sampled {scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f} (correct: {correct_rule})")
 
     before = state.get("held_out_before") or (evaluate_held_out() if t.eval_before_after else None)
     if before:
         console.print(
             f"held-out accuracy on {len(held_out)} prompts before training: "
-            f"greedy {before['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f}"
+            f"greedy {before['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f} (correct: {correct_rule})"
         )
         if t.eval_every and not state:
             metrics.write(eval_row(0, before))  # where the held-out curve starts
@@ -240,7 +275,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
         console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      "(press Ctrl-C again to stop at once)")
 
-    with console.training(t.steps, start=first_step - 1), GracefulStop(announce) as stop:
+    with console.training(t.steps, start=first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop:
         for step in range(first_step, t.steps + 1):
             policy.train()
             row, roll = grpo_step(roles, generator, optimizer, my_share(order.indices(step - 1), step), reward_fn, cfg,
@@ -263,7 +298,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
                 metrics.write(row)
             console.step(row)
             if t.log_completions_every and t.log_completions_groups and step % t.log_completions_every == 0:
-                sample = completion_rows(step, roll, t.log_completions_groups)
+                sample = completion_rows(step, roll, t.log_completions_groups, user_text)
                 for r in sample:
                     samples_log.write(r)
                 show = shown_group(sample, roll.group_size)
@@ -286,7 +321,8 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
                 raise Stopped(signum, step)
 
     policy.eval()
-    save_final(run_dir, policy, tokenizer, dist, lora_base=cfg.model.path if cfg.model.lora.r else None)
+    save_final(run_dir, policy, tokenizer, dist, lora_base=cfg.model.path if cfg.model.lora.r else None,
+               config=asdict(cfg))
     if metrics.tensorboard is not None:
         metrics.tensorboard.close()
     rows = [r for r in metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
@@ -303,9 +339,15 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE) -> dict:
         summary.update(
             greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
             sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],
+            correct=correct_rule,
         )
         console.print(
             f"held-out accuracy on {len(held_out)} prompts: greedy {before['accuracy']:.3f} -> "
-            f"{after['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f}"
+            f"{after['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f} "
+            f"(correct: {correct_rule})"
         )
+    if dist.is_main:
+        card = write_model_card(run_dir / "final", cfg, summary, command or "grpo train")
+        if cfg.hub.push:
+            summary["pushed"] = push(card.parent, cfg, console)
     return summary

@@ -1,4 +1,4 @@
-"""The loop's policies and variants (seed 000 §1.2, §1.6, §1.9; seed 003 steps 4-5; DAPO)."""
+"""The loop's policies and variants (docs/math.md, "Policies" and "The algorithm"; DAPO)."""
 
 import json
 
@@ -153,7 +153,7 @@ def test_every_preset_trains_two_steps_and_logs_entropy_and_both_kls(tmp_path):
     from grpo_cli.config import register_configs
 
     register_configs()
-    for preset in ("grpo", "dr_grpo", "dapo", "gspo", "seed000"):
+    for preset in ("grpo", "dr_grpo", "dapo", "gspo", "seq_ratio"):
         with initialize_config_module("grpo_cli.conf", version_base="1.3"):
             cfg = OmegaConf.to_object(compose("train", overrides=[f"algo={preset}"]))
         small = small_config()

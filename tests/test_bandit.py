@@ -3,7 +3,7 @@
 The policy is a categorical pi = softmax(theta) over K = 5 actions (float64 logits); a completion
 is a single token, so every "sequence" has T = 1. Because the action set is tiny, an expectation
 E_{a ~ p}[f(a)] is the finite sum sum_a p(a) f(a): no sampling, no Monte-Carlo noise, and the
-identities of seed 000 (eq. 5, eq. 6, the §1.10 Proposition) and seed 004 (k3) can be checked to
+identities of docs/math.md (the importance-weighted policy gradient, the clipped surrogate, and Schulman's k3) can be checked to
 round-off. The quantity under test always goes through ``policy_loss`` (or ``token_kl`` /
 ``group_advantages``) with autograd; the expected side is written from closed forms that do not
 touch the code under test, chiefly grad_theta log softmax(theta)[a] = e_a - pi.
@@ -63,7 +63,7 @@ def loss_grad(theta, actions, advantages, old_logp=None, ref_logp=None, **kw):
     return grad, loss, metrics
 
 
-# ------------------------------------------------------------ seed 000 eq. 5, §1.10 Proposition
+# ------------------------------------------- the importance-weighted policy gradient (docs/math.md)
 
 
 def test_expected_surrogate_gradient_at_theta_old_is_the_policy_gradient():
@@ -86,7 +86,7 @@ def test_expected_surrogate_gradient_at_theta_old_is_the_policy_gradient():
 
 
 def test_importance_weighted_gradient_under_a_behaviour_policy_equals_the_on_policy_gradient():
-    # Seed 000 §1.10 Proposition: grad E_{a ~ phi}[r(a) A(a)] with r = pi_theta / pi_phi equals
+    # docs/math.md, "The clipped surrogate": grad E_{a ~ phi}[r(a) A(a)] with r = pi_theta / pi_phi equals
     # E_{a ~ pi_theta}[(e_a - pi) A(a)]: phi(a) * r(a) = pi_theta(a) (change of measure).
     # The clip window (0.001, 1e9) contains every ratio here, so the surrogate is unclipped.
     pi, phi = probs(THETA), probs(PHI)
@@ -112,7 +112,7 @@ def test_importance_weighted_gradient_under_a_behaviour_policy_equals_the_on_pol
     assert (clipped - expected).abs().max() > 1e-3
 
 
-# ---------------------------------------------------------------------- seed 000 eq. 6, clipping
+# ------------------------------------------------------------------ the clipped surrogate
 
 
 def test_clipping_gives_zero_gradient_when_the_ratio_is_past_the_trust_region_in_the_advantage_direction():
@@ -152,7 +152,7 @@ def test_clipping_gives_zero_gradient_when_the_ratio_is_past_the_trust_region_in
                     assert metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0, where
 
 
-# ------------------------------------------------------------------------------------ seed 004, k3
+# ------------------------------------------------------------------------ Schulman's k3
 
 
 def exact_kl(p: torch.Tensor, q: torch.Tensor) -> float:

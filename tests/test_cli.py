@@ -105,7 +105,7 @@ def test_a_model_directory_of_an_unknown_architecture_is_one_sentence(tmp_path):
 
 def test_help_lists_the_config_groups_and_their_options():
     out = grpo("train", "--help", check_rc=0)
-    for line in ("algo: dapo, dr_grpo, grpo, gspo, seed000", "model: instruct, qwen, tiny",
+    for line in ("algo: dapo, dr_grpo, grpo, gspo, seq_ratio", "model: instruct, qwen, tiny",
                  "reward: combo, exact_match, format, length, math, model, python", "sampler: default",
                  "optimizer: adamw", "data: arithmetic, files, gsm8k, hub, long_addition"):
         assert line in out.stdout
@@ -157,3 +157,62 @@ def test_a_local_model_directory_of_another_architecture_trains(tmp_path):
     assert [r["step"] for r in rows if "reward_mean" in r] == [1, 2]
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert type(reloaded).__name__ == "Qwen2ForCausalLM"
+
+
+def test_outside_a_terminal_progress_is_a_plain_line_per_log_every_steps(tmp_path):
+    out = grpo("train", f"output_dir={tmp_path}", *FAST, "trainer.steps=4", "trainer.log_every=2", "trainer.progress=true",
+               check_rc=0)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"], out.stderr
+    assert all(" reward " in line and " s/step " in line and " eta " in line for line in lines)
+
+
+def test_outside_a_terminal_a_long_warning_stays_on_one_line(capsys):
+    from grpo_cli.console import Console
+
+    message = "this warning is long " * 12  # ~250 characters, far past 80 columns
+    Console().warn(message.strip())
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message.strip() in err
+
+
+def test_version_and_python_dash_m_work():
+    from importlib.metadata import version
+
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"grpo-cli {version('grpo-cli')}", out.stdout + out.stderr
+
+
+def test_bash_completion_completes_the_subcommand_and_then_its_config(tmp_path):
+    import os
+    import shutil
+
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed here")
+    script = tmp_path / "complete.sh"
+    script.write_text('eval "$(grpo --completion bash)"\n' + r'''
+complete_line() {
+  COMP_LINE="$1"; COMP_POINT=${#COMP_LINE}
+  read -ra COMP_WORDS <<< "$COMP_LINE"
+  if [[ "$COMP_LINE" == *" " ]]; then COMP_WORDS+=(""); fi
+  COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+  _grpo_complete
+  echo "${COMPREPLY[*]}"
+}
+complete_line "grpo ev"
+complete_line "grpo train mod"
+complete_line "grpo train model="
+complete_line "grpo sample checkp"
+''')
+    bin_dir = os.path.dirname(sys.executable)
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert out.stdout.splitlines() == ["evaluate", "model. model=", "model=instruct model=qwen model=tiny", "checkpoint="], out
+
+
+def test_hydra_s_completion_install_prints_the_working_script():
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "train", "--shell-completion", "install=bash"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "complete -o nospace -o default -F _grpo_complete grpo" in out.stdout
+    zsh = subprocess.run([sys.executable, "-m", "grpo_cli", "--completion", "zsh"], capture_output=True, text=True, timeout=60)
+    assert zsh.stdout.startswith("autoload -U +X bashcompinit && bashcompinit")

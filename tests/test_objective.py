@@ -29,7 +29,7 @@ def test_toy_example_of_seed_003_gives_sqrt3_and_minus_one_over_sqrt3():
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("shape", [(1, 2), (3, 4), (8, 16)])
 def test_advantages_are_invariant_to_positive_affine_reward_changes(seed, shape):
-    # Seed 000 §1.10, baseline invariance lemma: aR + b with a > 0 leaves A unchanged (up to eps).
+    # docs/math.md, invariance to aR + b: aR + b with a > 0 leaves A unchanged (up to eps).
     gen = torch.Generator().manual_seed(seed)
     rewards = torch.randn(shape, generator=gen, dtype=torch.float64)
     for a, b in [(0.5, 3.0), (7.0, -2.0), (1.0, 100.0)]:
@@ -41,7 +41,7 @@ def test_advantages_are_invariant_to_positive_affine_reward_changes(seed, shape)
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("shape", [(1, 2), (3, 4), (8, 16)])
 def test_advantages_have_zero_mean_and_unit_population_variance_per_group(seed, shape):
-    # Seed 000 §1.10, zero-mean lemma: (1/m) sum_j A_ij = 0 and (1/m) sum_j A_ij^2 = 1 (up to eps).
+    # docs/math.md, zero mean and unit variance: (1/m) sum_j A_ij = 0 and (1/m) sum_j A_ij^2 = 1 (up to eps).
     gen = torch.Generator().manual_seed(100 + seed)
     rewards = 3.0 * torch.randn(shape, generator=gen, dtype=torch.float64)
     adv = group_advantages(rewards)
