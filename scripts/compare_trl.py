@@ -1,0 +1,361 @@
+"""grpo-cli against TRL's GRPOTrainer on the same model, prompts and settings, runs interleaved.
+
+    pip install 'grpo-cli[compare]'                   # TRL; never a runtime dependency of grpo-cli
+    python scripts/compare_trl.py                      # both workloads, 1 round each
+    python scripts/compare_trl.py --task default --rounds 2
+    python scripts/compare_trl.py --task qwen-shape --precision fp32 bf16
+
+Workloads:
+  default     the built-in tiny model on the built-in arithmetic task, the training defaults
+              (32 prompts x G=8, 6 new tokens, micro-batch 64, lr 3e-4, beta 0.04, fp32) for --steps
+              steps; both trainers see the same prompts in the same order (TRL's dataset is grpo-cli's
+              prompt order, unshuffled). Reports seconds per step, steps and seconds until the 20-step
+              mean reward reaches 0.9, peak RSS, CPU seconds.
+  qwen-shape  Qwen2.5-0.5B's architecture with random weights (written once to a local directory, one
+              token per id), 2 prompts x G=4 of 16 random tokens, 64 new tokens (a random model does not
+              emit EOS), a seeded random 0/1 reward, beta 0.04, --qwen-steps steps of which the first is
+              a warm-up; at each --precision (fp32; bf16 = TRL's bf16=True autocast vs grpo-cli's
+              trainer.precision=bf16-mixed).
+
+Each run is a fresh child process (so peak RSS is its own), with --threads torch threads; rounds
+alternate TRL and grpo-cli so a busy machine slows both alike. Phases: TRL's generation phase is its
+`_generate_and_score_completions` (sampling, rewards, reference and old log-probs), grpo-cli's is
+generation + scoring; the update is the rest of the step.
+
+Settings that cannot be matched exactly (listed so the comparison is honest):
+  - advantages: TRL divides by std (unbiased) + 1e-4, grpo-cli by sqrt(var + eps^2); grpo-cli is run
+    with algo.std=sample so only the epsilon differs;
+  - TRL computes the "old" log-probs only when needed, as grpo-cli does; both keep the reference in fp32
+    at fp32 (grpo-cli stores frozen models in bf16 under bf16-mixed);
+  - sampling noise: each draws its own, from the same seed, so the reward curves differ by chance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+STEPS_DEFAULT = 300
+QWEN_PROMPT_LEN, QWEN_NEW_TOKENS = 16, 64
+
+
+def usage() -> dict:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"peak_mib": r.ru_maxrss / 1024, "cpu_s": r.ru_utime + r.ru_stime}
+
+
+# --- the workloads' shared inputs -------------------------------------------------------------------
+
+
+def default_prompts(steps: int) -> list[dict]:
+    """grpo-cli's prompts for steps 1..steps, in order (32 per step): TRL reads them unshuffled."""
+    from grpo_cli.data import PromptOrder, arithmetic_problems
+
+    train = arithmetic_problems(49, 200, 0)["train"]
+    order = PromptOrder(len(train), 32, 0)
+    rows = []
+    for step in range(steps):
+        part = train[order.indices(step)]
+        rows += [{"prompt": p, "answer": a} for p, a in zip(part["prompt"], part["answer"])]
+    return rows
+
+
+def qwen_dir(root: Path) -> Path:
+    """A Qwen2.5-0.5B-shaped model with random weights and an id-per-token tokenizer, saved once."""
+    out = root / "qwen0.5b-shape"
+    if (out / "config.json").exists():
+        return out
+    import torch
+    import transformers
+    from bench import QWEN_EOS_ID, QWEN_PAD_ID, QWEN_SHAPE, id_tokenizer
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(**QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID,
+                                      bos_token_id=QWEN_PAD_ID)
+    model = transformers.Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = QWEN_EOS_ID, QWEN_PAD_ID
+    model.save_pretrained(out)
+    id_tokenizer(config.vocab_size, QWEN_PAD_ID, QWEN_EOS_ID).save_pretrained(out)
+    return out
+
+
+def qwen_prompts(n: int) -> list[dict]:
+    from bench import QWEN_PAD_ID, random_prompts
+
+    return [{"prompt": p, "answer": ""} for p in random_prompts(n, QWEN_PROMPT_LEN, QWEN_PAD_ID, 0)]
+
+
+REWARD_MODULE = '''
+import random
+from grpo_cli.rewards.exact_match import exact_match_reward
+
+_rng = random.Random(0)
+_exact = exact_match_reward("last_number", None)
+
+def exact(prompts, completions, answer=None, answers=None, **kwargs):
+    return _exact(prompts, completions, answer if answer is not None else answers)
+
+def coin(prompts, completions, **kwargs):
+    """A seeded 0/1 reward: groups have advantages, so the update is a real one."""
+    return [float(_rng.random() < 0.5) for _ in completions]
+'''
+
+
+# --- one run in a child -----------------------------------------------------------------------------
+
+
+def run_trl(task: str, precision: str, steps: int, work: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    import compare_rewards as rewards
+
+    if task == "default":
+        from grpo_cli.models import resolve_path
+
+        model, data, reward = resolve_path("builtin:tiny"), default_prompts(steps), rewards.exact
+        shape = dict(num_generations=8, per_device_train_batch_size=64, gradient_accumulation_steps=4,
+                     max_completion_length=6, learning_rate=3e-4)
+    else:
+        model, data, reward = str(qwen_dir(work.parent)), qwen_prompts(2 * steps), rewards.coin
+        shape = dict(num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                     max_completion_length=QWEN_NEW_TOKENS, learning_rate=1e-6)
+    args = GRPOConfig(
+        output_dir=str(work), max_steps=steps, beta=0.04, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        temperature=1.0, top_p=1.0, top_k=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0,
+        adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, seed=0, shuffle_dataset=False,
+        use_cpu=True, bf16=precision == "bf16", logging_steps=1, save_strategy="no", report_to=[],
+        disable_dropout=True, dataloader_num_workers=0, **shape,
+    )
+    times, gen = [], [0.0]
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            times.append([time.perf_counter(), None, gen[0]])
+
+        def on_step_end(self, *a, **k):
+            times[-1][1] = time.perf_counter()
+            times[-1][2] = gen[0] - times[-1][2]
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(data),
+                          callbacks=[Clock()])
+    inner = trainer._generate_and_score_completions
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        out = inner(*a, **k)
+        gen[0] += time.perf_counter() - t0
+        return out
+
+    trainer._generate_and_score_completions = timed
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "reward" in h]
+    step_s = [end - start for start, end, _ in times]
+    return {"rewards": [h["reward"] for h in logs], "step_s": step_s, "gen_s": [g for *_, g in times],
+            "tokens": [h.get("completions/mean_length") for h in logs], "threads": torch.get_num_threads(), **usage()}
+
+
+def run_grpo(task: str, precision: str, steps: int, work: Path) -> dict:
+    import torch
+
+    from grpo_cli.cli import main
+
+    common = [f"output_dir={work}", f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_before_after=false",
+              "trainer.eval_every=0", "trainer.log_completions_every=0", f"trainer.save_every={steps + 1}",
+              "algo.std=sample", "algo.beta=0.04", f"trainer.threads={torch.get_num_threads()}"]
+    if task == "default":
+        extra = []
+    else:
+        prompts = work.parent / "qwen_prompts.jsonl"
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in qwen_prompts(2 * steps)))
+        extra = [f"model.path={qwen_dir(work.parent)}", "data=files", f"data.train_file={prompts}", "data.test_size=2",
+                 "reward=python", "reward.fn=compare_rewards:coin", "trainer.prompts_per_step=2", "sampler.group_size=4",
+                 f"sampler.max_new_tokens={QWEN_NEW_TOKENS}", "trainer.micro_batch_size=8", "optimizer.lr=1e-6",
+                 f"trainer.precision={'bf16-mixed' if precision == 'bf16' else 'fp32'}"]
+    try:
+        main(["train", *common, *extra])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "reward_mean" in r]
+    return {"rewards": [r["reward_mean"] for r in rows], "step_s": [r["seconds"] for r in rows],
+            "gen_s": [r["gen_s"] + r["score_s"] for r in rows], "tokens": [r["completion_len"] for r in rows],
+            "threads": torch.get_num_threads(), **usage()}
+
+
+def child(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    sys.path.insert(0, str(work.parent))
+    fn = run_trl if args.child == "trl" else run_grpo
+    result = fn(args.task, args.precision[0], args.steps, work)
+    Path(args.result).write_text(json.dumps(result))
+
+
+# --- the parent: interleaved runs, then the tables ---------------------------------------------------
+
+
+def matmul_peak(threads: int) -> dict:
+    """The machine's measured GFLOP/s for a 2048^3 matmul, fp32 and bf16, with `threads` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(5))
+        out[name] = 2 * 2048**3 / best / 1e9
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def first_reaching(rewards: list[float], target: float = 0.9, window: int = 20) -> int | None:
+    """The first step (1-based) at which the mean of the last `window` rewards reaches `target`."""
+    for i in range(window, len(rewards) + 1):
+        if sum(rewards[i - window : i]) / window >= target:
+            return i
+    return None
+
+
+def spawn(who: str, task: str, precision: str, steps: int, threads: int, root: Path, tag: str) -> dict:
+    work, result = root / f"{who}-{task}-{precision}-{tag}", root / f"{who}-{task}-{precision}-{tag}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, __file__, "--child", who, "--task", task, "--precision", precision, "--steps", str(steps),
+           "--threads", str(threads), "--work", str(work), "--result", str(result)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{who} {task} {precision} failed:\n{done.stderr[-4000:]}")
+    out = json.loads(result.read_text())
+    out["wall_s"] = time.perf_counter() - t0
+    print(f"  {who:5s} {task} {precision}: {sum(out['step_s']):.1f} s in steps, peak {out['peak_mib']:.0f} MiB",
+          file=sys.stderr, flush=True)
+    return out
+
+
+def summarise(runs: list[dict], skip: int) -> dict:
+    """Means over rounds of the per-step figures (after `skip` warm-up steps)."""
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    per_round = []
+    for r in runs:
+        step, gen = r["step_s"][skip:], r["gen_s"][skip:]
+        reach = first_reaching(r["rewards"])
+        per_round.append({"step_s": mean(step), "gen_s": mean(gen), "update_s": mean(step) - mean(gen),
+                          "peak_mib": r["peak_mib"], "cpu_s": r["cpu_s"], "reach": reach,
+                          "reach_s": sum(r["step_s"][:reach]) if reach else None,
+                          "last20": mean(r["rewards"][-20:]), "first": r["rewards"][0],
+                          "tokens": mean([t for t in r["tokens"][skip:] if t is not None] or [0])})
+    keys = per_round[0]
+    return {k: (mean([p[k] for p in per_round]) if all(p[k] is not None for p in per_round) else None) for k in keys}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape"])
+    p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--steps", type=int, default=STEPS_DEFAULT, help="default task: steps per run")
+    p.add_argument("--qwen-steps", type=int, default=3, help="qwen-shape: steps per run (the first is a warm-up)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--work", default=None, help="where runs and the random model go (default: a temporary dir)")
+    p.add_argument("--child", choices=["trl", "grpo"], help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.task = args.task[0]
+        child(args)
+        return 0
+    try:
+        import trl
+    except ImportError:
+        sys.exit("TRL is not installed: pip install 'grpo-cli[compare]'")
+    root = Path(args.work or tempfile.mkdtemp(prefix="compare_trl_"))
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "compare_rewards.py").write_text(REWARD_MODULE)
+    import torch
+    import transformers
+
+    peak = matmul_peak(args.threads)
+    print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
+          f"{args.threads} thread(s); matmul 2048^3 peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s")
+    workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []
+    workloads += [("qwen-shape", pr, args.qwen_steps, 1) for pr in args.precision] if "qwen-shape" in args.task else []
+    if "qwen-shape" in args.task:
+        qwen_dir(root)
+    table = []
+    for task, precision, steps, skip in workloads:
+        runs = {"trl": [], "grpo": []}
+        for r in range(args.rounds):
+            for who in (("trl", "grpo") if r % 2 == 0 else ("grpo", "trl")):
+                runs[who].append(spawn(who, task, precision, steps, args.threads, root, f"r{r}"))
+        table.append((task, precision, summarise(runs["trl"], skip), summarise(runs["grpo"], skip)))
+    print_tables(table, peak)
+    return 0
+
+
+def flops_per_step(task: str) -> tuple[float, float] | None:
+    """(generation, update) FLOPs of one qwen-shape step: 2 P per generated or prefilled token, and
+    6 P per token of the update's forward + backward (prompt and completion), P = 494M parameters."""
+    if task != "qwen-shape":
+        return None
+    P, n, G = 494e6, 2, 4
+    gen = 2 * P * (n * QWEN_PROMPT_LEN + n * G * QWEN_NEW_TOKENS)
+    update = 6 * P * n * G * (QWEN_PROMPT_LEN + QWEN_NEW_TOKENS)
+    return gen, update
+
+
+def print_tables(table, peak) -> None:
+    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
+    print("\n| workload | trainer | s/step | generation s | update s | peak RSS MiB | CPU s | steps to 0.9 | s to 0.9 | reward first -> last 20 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for task, precision, trl, grpo in table:
+        for name, s in (("TRL", trl), ("grpo-cli", grpo)):
+            print(f"| {task} {precision} | {name} | {fmt(s['step_s'])} | {fmt(s['gen_s'])} | {fmt(s['update_s'])} | "
+                  f"{fmt(s['peak_mib'], '{:,.0f}')} | {fmt(s['cpu_s'], '{:.0f}')} | {fmt(s['reach'], '{:.0f}')} | "
+                  f"{fmt(s['reach_s'], '{:.0f}')} | {s['first']:.3f} -> {s['last20']:.3f} |")
+    print("\nratios, grpo-cli / TRL (lower is better):\n")
+    print("| workload | time per step | generation | update | peak RSS | CPU s | seconds to 0.9 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for task, precision, trl, grpo in table:
+        ratio = lambda k: fmt(grpo[k] / trl[k] if grpo[k] is not None and trl[k] else None)  # noqa: E731
+        print(f"| {task} {precision} | {ratio('step_s')}x | {ratio('gen_s')}x | {ratio('update_s')}x | "
+              f"{ratio('peak_mib')}x | {ratio('cpu_s')}x | {ratio('reach_s')}x |")
+    shares = [(t, pr, tr, g) for t, pr, tr, g in table if flops_per_step(t)]
+    if shares:
+        print("\nshare of the measured matmul peak (qwen-shape FLOPs: 2P per generated token, 6P per updated token):\n")
+        print("| workload | trainer | generation | update |")
+        print("| --- | --- | --- | --- |")
+        for task, precision, trl, grpo in shares:
+            gen, update = flops_per_step(task)
+            top = peak[precision] * 1e9
+            for name, s in (("TRL", trl), ("grpo-cli", grpo)):
+                print(f"| {task} {precision} | {name} | {gen / s['gen_s'] / top:.0%} | {update / s['update_s'] / top:.0%} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
