@@ -1,11 +1,15 @@
 """The built-in base model: a character tokenizer and a small Llama-shaped causal LM, warmed up by a
 noisy supervised pass on the arithmetic task.
 
-Real GRPO starts from a model that already writes the answer format (an SFT model). The warm-up
-teaches the format and the sums, but its targets are deliberately noisy: the right sum only with
-probability `p_correct`, otherwise a near miss (off by 1, 2 or 10). The model learns that
-distribution, so sampling it is right only part of the time while the right answer stays the most
-likely one: the knowledge GRPO sharpens is there, the reward starts low.
+Real GRPO starts from a model that already writes the answer format (an SFT model) and makes
+systematic mistakes. The warm-up teaches the format and the sums, but its targets carry two slips a
+learner makes: on a sum with a carry it usually drops the carry (37 + 25 = 52), and on an odd sum
+without one it is usually one too high (21 + 14 = 36). Such a problem's target is the slip with
+probability `p_slip`, the right sum with probability `p_correct`, else a near miss (off by 1, 2 or 10);
+the other problems are right with probability `p_correct + p_slip`. The model learns that
+distribution, so its *greedy* answer is the slip on about 70% of problems, while the right answer keeps
+a third of the probability: the knowledge GRPO needs is there, and what it changes shows in greedy
+decoding as well as in sampled accuracy.
 
 `scripts/build_tiny_model.py` runs `build` and writes the directory shipped in the package
 (`grpo_cli/assets/tiny`): a normal Hugging Face model directory.
@@ -64,12 +68,28 @@ def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int 
     return LlamaForCausalLM(config)
 
 
-def noisy_answer(a: int, b: int, rng: random.Random, p_correct: float) -> str:
-    """The sum with probability p_correct, else a non-negative near miss."""
+def slip(a: int, b: int) -> int | None:
+    """The systematic mistake on a + b, or None: a dropped carry, else one too high on an odd sum."""
     s = a + b
-    if rng.random() < p_correct:
+    if a % 10 + b % 10 >= 10:
+        return s - 10
+    if s % 2 == 1:
+        return s + 1
+    return None
+
+
+def noisy_answer(a: int, b: int, rng: random.Random, p_correct: float, p_slip: float = 0.5) -> str:
+    """The warm-up target for a + b: the slip (when the problem has one) with probability p_slip, the
+    sum with probability p_correct (p_correct + p_slip without a slip), else a non-negative near miss."""
+    s, wrong = a + b, slip(a, b)
+    r = rng.random()
+    if wrong is None:
+        p_correct, p_slip = p_correct + p_slip, 0.0
+    if r < p_correct:
         return str(s)
-    return str(rng.choice([s + d for d in NEAR_MISSES if s + d >= 0]))
+    if r < p_correct + p_slip:
+        return str(wrong)
+    return str(rng.choice([s + d for d in NEAR_MISSES if s + d >= 0 and s + d != wrong]))
 
 
 def _sft_batch(pairs, rng, tokenizer, batch_size, p_correct):

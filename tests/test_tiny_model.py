@@ -38,14 +38,17 @@ def test_the_builder_writes_a_directory_automodel_loads(tiny_dir):
     assert 300_000 < sum(p.numel() for p in model.parameters()) < 2_000_000
 
 
-def test_noisy_warmup_targets_are_right_at_the_configured_rate_and_otherwise_near_misses():
+def test_warmup_targets_make_the_systematic_slip_at_the_configured_rates():
     import random
 
+    assert tiny.slip(37, 25) == 52 and tiny.slip(21, 14) == 36 and tiny.slip(20, 14) is None  # by hand
     rng = random.Random(0)
-    answers = [int(tiny.noisy_answer(20, 15, rng, p_correct=0.35)) for _ in range(4000)]
-    right = sum(a == 35 for a in answers) / len(answers)
-    assert abs(right - 0.35) < 0.03
-    assert {a - 35 for a in answers} <= {0, *tiny.NEAR_MISSES}
+    carry = [int(tiny.noisy_answer(37, 25, rng, p_correct=0.35, p_slip=0.5)) for _ in range(4000)]
+    assert abs(sum(a == 62 for a in carry) / 4000 - 0.35) < 0.03  # right
+    assert abs(sum(a == 52 for a in carry) / 4000 - 0.50) < 0.03  # the dropped carry
+    assert {a - 62 for a in carry} <= {0, -10, *tiny.NEAR_MISSES}
+    plain = [int(tiny.noisy_answer(20, 14, rng, p_correct=0.35, p_slip=0.5)) for _ in range(4000)]
+    assert abs(sum(a == 34 for a in plain) / 4000 - 0.85) < 0.03  # no slip: right otherwise
 
 
 def test_the_shipped_base_model_is_right_only_part_of_the_time_but_well_formed():
@@ -56,7 +59,10 @@ def test_the_shipped_base_model_is_right_only_part_of_the_time_but_well_formed()
     answers = [a for a in test["answer"] for _ in range(4)]
     sampled = sum(is_correct(c, a) for c, a in zip(roll.completions, answers)) / len(answers)
     well_formed = sum(extract_answer(c) == c for c in roll.completions) / len(answers)
-    assert 0.15 <= sampled <= 0.5, sampled  # GRPO has room to improve from here
+    assert 0.15 <= sampled <= 0.6, sampled  # GRPO has room to improve from here
+    greedy = generate(model, tok, test["prompt"], 1, max_new_tokens=6, greedy=True)
+    right = sum(is_correct(c, a) for c, a in zip(greedy.completions, test["answer"])) / len(test)
+    assert right <= 0.5, right  # the slips are the greedy answer on most problems
     assert well_formed >= 0.95 and roll.truncated.float().mean() == 0  # a number, then EOS
 
 
