@@ -12,7 +12,7 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, OBJECTIVES, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, OBJECTIVES, TRACKERS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -195,6 +195,8 @@ def check_train(cfg) -> None:
                f"objective={cfg.objective} is measured by the held-out evaluation at the end; set "
                "trainer.eval_before_after=true or choose objective=reward_last20")
     p.at_least("trainer.steps", t.steps, 0)
+    for name in t.trackers:
+        p.choice("trainer.trackers", name, TRACKERS)
     p.at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
     p.at_least("trainer.micro_batch_size", t.micro_batch_size, 1)
     p.at_least("trainer.seed", t.seed, 0)

@@ -23,3 +23,4 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_wi
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # trainer.strategy
 # What `objective=` may name: numbers of the run summary a sweeper (Optuna) can optimise
 OBJECTIVES = ("reward_last20", "greedy_accuracy_after", "sampled_accuracy_after", "seconds")
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # trainer.trackers; metrics.jsonl is always written

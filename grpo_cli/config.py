@@ -139,6 +139,8 @@ class TrainerConfig:
     eval_every: int = 50
     log_completions_every: int = 50
     log_completions_groups: int = 2
+    trackers: List[str] = field(default_factory=list)
+    tracker_project: str = "grpo-cli"
     tensorboard: bool = False
     precision: str = "fp32"
     threads: int = 0

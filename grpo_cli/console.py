@@ -173,15 +173,19 @@ def _clock(seconds: float) -> str:
 
 
 class MetricsLog:
-    """One JSON object per line; appended as the run goes so a crash keeps every finished row.
-    With `tensorboard`, each row also goes there."""
+    """One JSON object per line; appended as the run goes so a crash keeps every finished row. Each row
+    also goes to every tracker in `trackers` (trackers.py: TensorBoard, wandb, MLflow, trackio)."""
 
-    def __init__(self, path: Path, tensorboard: "TensorBoard | None" = None, enabled: bool = True):
+    def __init__(self, path: Path, trackers: list | None = None, enabled: bool = True):
         self.path = Path(path)
         self.enabled = enabled  # under torchrun only rank 0 writes
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tensorboard = tensorboard
+        self.trackers = trackers or []
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
 
     def write(self, row: dict) -> None:
         if not self.enabled:
@@ -191,8 +195,8 @@ class MetricsLog:
                 f.write(json.dumps(row) + "\n")
         except OSError as e:
             raise write_failure(self.path, e) from None
-        if self.tensorboard is not None:
-            self.tensorboard.write(row)
+        for tracker in self.trackers:
+            tracker.write(row)
 
     def truncate(self, step: int) -> None:
         """Keep only rows up to `step` (atomically): a resumed run redoes the steps after it."""
@@ -213,32 +217,3 @@ class MetricsLog:
             return rows + [json.loads(line) for line in lines[-1:]]
         except json.JSONDecodeError:
             return rows
-
-
-def tensorboard_writer():
-    """torch's SummaryWriter, or a GrpoError naming the extra that provides it."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise GrpoError(
-            "trainer.tensorboard=true needs TensorBoard, which is not installed; install the extra with "
-            "pip install 'grpo-cli[tensorboard]', or set trainer.tensorboard=false."
-        ) from None
-    return SummaryWriter
-
-
-class TensorBoard:
-    """Every numeric key of each metrics row as a scalar at the row's step, in `log_dir`.
-    `purge_step` (a resumed run's first step) hides what an earlier process logged from there on."""
-
-    def __init__(self, log_dir: Path, purge_step: int | None = None):
-        self.writer = tensorboard_writer()(log_dir=str(log_dir), purge_step=purge_step)
-
-    def write(self, row: dict) -> None:
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, row["step"])
-        self.writer.flush()  # a killed run keeps every row, as metrics.jsonl does
-
-    def close(self) -> None:
-        self.writer.close()

@@ -24,7 +24,7 @@ from transformers import get_scheduler
 from grpo_cli.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff, load_sharded, load_state,
                                  resolve_resume, save_checkpoint, save_final, set_rng_state, write_config)
 from grpo_cli.checks import check_train
-from grpo_cli.console import Console, MetricsLog, TensorBoard, tensorboard_writer
+from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
@@ -37,6 +37,7 @@ from grpo_cli.publish import check_push, push, write_model_card
 from grpo_cli.rewards import Judge, build_reward
 from grpo_cli.runtime import prepare_process
 from grpo_cli.step import PromptBatch, completion_rows, grpo_step, shown_group
+from grpo_cli.trackers import check_trackers, open_trackers, tracker_names
 from grpo_cli.stopping import GracefulStop, Stopped
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
@@ -154,8 +155,8 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                         f"rank samples whole groups; use a multiple of {world}.")
     device = resolve_device(cfg.model.device)
     prepare_process(t.threads, device, dist.local_world_size)
-    if t.tensorboard:
-        tensorboard_writer()  # a missing extra is reported before anything is loaded
+    trackers = tracker_names(t)
+    check_trackers(trackers)  # a missing extra is reported before anything is loaded
     run_dir = Path(run_dir)
     open_run_dir(run_dir, dist)
     set_seed(t.seed)
@@ -207,9 +208,9 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     order = PromptOrder(len(train_rows), t.prompts_per_step, t.seed)
     resumed_at = state.get("step", 0)
     writes = dist.is_main  # rank 0 writes every file of the run
-    metrics = MetricsLog(run_dir / "metrics.jsonl",
-                         TensorBoard(run_dir, purge_step=resumed_at + 1 if state else None) if t.tensorboard and writes else None,
-                         enabled=writes)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes,
+                         trackers=open_trackers(trackers, run_dir, asdict(cfg), t.tracker_project,
+                                                resumed_at if state else None) if writes else None)
     samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
     for log in (metrics, samples_log):
         log.truncate(resumed_at)  # rows past the checkpoint are redone, not duplicated
@@ -323,8 +324,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     policy.eval()
     save_final(run_dir, policy, tokenizer, dist, lora_base=cfg.model.path if cfg.model.lora.r else None,
                config=asdict(cfg))
-    if metrics.tensorboard is not None:
-        metrics.tensorboard.close()
+    metrics.close()
     rows = [r for r in metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
     last = rows[-20:]
     summary = {
