@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 SMOLLM2 := models/SmolLM2-135M-Instruct
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup train test test-real smollm2 bench plot clean
+.PHONY: setup train test test-real test-trackers ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -38,8 +38,21 @@ $(SMOLLM2)/model.safetensors: | $(STAMP)
 test-real: $(STAMP) smollm2
 	$(TEST_ENV) GRPO_SMOLLM2=$(SMOLLM2) $(BIN)/python -m pytest -q -m real $(ARGS)
 
+# The trackers' own clients, each in its offline or local mode (extras wandb, mlflow, trackio).
+test-trackers: $(STAMP)
+	$(BIN)/pip install -q -e ".[wandb,mlflow,trackio]"
+	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/test_trackers.py $(ARGS)
+
+# What CI runs: the suite, then the slow lanes (trackers, the real model).
+ci: test test-trackers test-real
+
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)
+
+# grpo-cli and TRL's GRPOTrainer side by side (the `compare` extra installs TRL).
+compare: $(STAMP)
+	$(BIN)/pip install -q -e ".[compare]"
+	$(BIN)/python scripts/compare_trl.py $(ARGS)
 
 plot: $(STAMP)
 	$(BIN)/python scripts/plot_metrics.py $(RUN)
