@@ -50,8 +50,12 @@ QWEN_PROMPT_LEN, QWEN_NEW_TOKENS = 16, 64
 
 
 def usage() -> dict:
+    """This process's peak RSS and CPU seconds. The peak is VmHWM: ru_maxrss survives exec on Linux, so a
+    child started by a parent that held the 0.5B model would report the parent's peak."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return {"peak_mib": r.ru_maxrss / 1024, "cpu_s": r.ru_utime + r.ru_stime}
+    hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+               if line.startswith("VmHWM:"))
+    return {"peak_mib": hwm / 1024, "cpu_s": r.ru_utime + r.ru_stime}
 
 
 # --- the workloads' shared inputs -------------------------------------------------------------------
@@ -71,7 +75,10 @@ def default_prompts(steps: int) -> list[dict]:
 
 
 def qwen_dir(root: Path) -> Path:
-    """A Qwen2.5-0.5B-shaped model with random weights and an id-per-token tokenizer, saved once."""
+    """A Qwen2.5-0.5B-shaped model with random weights and an id-per-token tokenizer, saved once. It is
+    saved as a Llama with attention biases (Qwen2 is a Llama with q/k/v biases; this adds o's 896 too):
+    transformers reloads any `qwen2` directory with Qwen's own tokenizer class, whatever the directory
+    holds, and that would not read the id-per-token tokenizer both trainers must share."""
     out = root / "qwen0.5b-shape"
     if (out / "config.json").exists():
         return out
@@ -80,12 +87,15 @@ def qwen_dir(root: Path) -> Path:
     from bench import QWEN_EOS_ID, QWEN_PAD_ID, QWEN_SHAPE, id_tokenizer
 
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(**QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID,
-                                      bos_token_id=QWEN_PAD_ID)
-    model = transformers.Qwen2ForCausalLM(config)
+    config = transformers.LlamaConfig(**QWEN_SHAPE, attention_bias=True, rms_norm_eps=1e-6, pad_token_id=QWEN_PAD_ID,
+                                      eos_token_id=QWEN_EOS_ID, bos_token_id=QWEN_PAD_ID)
+    model = transformers.LlamaForCausalLM(config)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = QWEN_EOS_ID, QWEN_PAD_ID
     model.save_pretrained(out)
     id_tokenizer(config.vocab_size, QWEN_PAD_ID, QWEN_EOS_ID).save_pretrained(out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
     return out
 
 
