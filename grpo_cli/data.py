@@ -157,12 +157,6 @@ def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
 USER_PROMPT = "_user_prompt"  # the prompt before the chat template, kept beside the rendered one
 
 
-def vars_of(cfg) -> dict:
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(cfg) if is_dataclass(cfg) else dict(vars(cfg))
-
-
 def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
     """The prompt text of each row: the template filled from its columns, then the chat template."""
     if cfg.template is None:
@@ -246,8 +240,9 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
         answers = [a.strip() for a in extracted]
     rendered = render_prompts(rows, cfg, tokenizer)
     if cfg.chat_template:  # what the user wrote, for tables and logs (columns starting with _ never reach a reward)
-        columns[USER_PROMPT] = render_prompts(rows, SimpleNamespace(**{**vars_of(cfg), "chat_template": False,
-                                                                       "system_prompt": None}), None)
+        plain = SimpleNamespace(template=cfg.template, prompt_field=cfg.prompt_field, chat_template=False,
+                                system_prompt=None)
+        columns[USER_PROMPT] = render_prompts(rows, plain, None)
     columns[cfg.prompt_field], columns[cfg.answer_field] = rendered, answers
 
     if cfg.max_prompt_length is not None:
