@@ -216,3 +216,17 @@ def test_hydra_s_completion_install_prints_the_working_script():
     assert out.returncode == 0 and "complete -o nospace -o default -F _grpo_complete grpo" in out.stdout
     zsh = subprocess.run([sys.executable, "-m", "grpo_cli", "--completion", "zsh"], capture_output=True, text=True, timeout=60)
     assert zsh.stdout.startswith("autoload -U +X bashcompinit && bashcompinit")
+
+
+def test_the_run_directory_is_the_one_place_a_run_writes(tmp_path):
+    """With output_dir=X nothing lands in the current directory (no runs/, .hydra/ or log); X holds the
+    resolved config.yaml, as does every checkpoint and final/."""
+    cwd, run = tmp_path / "cwd", tmp_path / "run"
+    cwd.mkdir()
+    out = subprocess.run([sys.executable, "-m", "grpo_cli", "train", f"output_dir={run}", *FAST, "trainer.save_every=1"],
+                         capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list(cwd.iterdir()) == []
+    for where in (run, run / "checkpoints" / "step-1", run / "final"):
+        saved = (where / "config.yaml").read_text()
+        assert "trainer:" in saved and "steps: 2" in saved, where
