@@ -8,7 +8,6 @@ answer as text (after `data.answer_extract`); every other column is kept as load
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 from pathlib import Path
@@ -112,15 +111,11 @@ def read_hub(cfg) -> DatasetDict:
     if not cfg.hub_name:
         raise GrpoError("data=hub needs data.hub_name, a Hugging Face dataset name such as openai/gsm8k.")
     what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
-    from grpo_cli.models import hub_unreachable
+    from grpo_cli.models import go_offline, hub_unreachable
 
     unreachable = hub_unreachable()
     if unreachable:  # read the local datasets cache only, instead of a minute of retries
-        import datasets
-        from huggingface_hub import constants
-
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+        go_offline()
     try:
         loaded = load_dataset(cfg.hub_name, cfg.hub_config)
     except Exception as e:  # unreachable hub, offline mode, a wrong name or config: the cause is in its message

@@ -48,9 +48,9 @@ def maj_at_k(answers: list[str | None], right, k: int) -> float:
     return sum(majority(b) in right for b in blocks) / len(blocks)
 
 
-def _score(reward_fn, prompts, roll, answers, columns):
-    return score_batch(reward_fn, prompts, roll.completions, answers, completion_tokens=roll.completion_mask.sum(1).tolist(),
-                       columns=columns, completion_ids=roll.completion_ids())
+def _score(reward_fn, prompts, roll, answers, columns, tokens: list[int]):
+    return score_batch(reward_fn, prompts, roll.completions, answers, completion_tokens=tokens, columns=columns,
+                       completion_ids=roll.completion_ids())
 
 
 @torch.no_grad()
@@ -65,7 +65,7 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
         roll = generator.generate(model, p, 1, Sampling(max_new_tokens, greedy=True))
         tokens = roll.completion_mask.sum(1).tolist()
         total, per_term = _score(reward_fn, p, roll, a,
-                                 {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()})
+                                 {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}, tokens)
         rewards += total
         for name, values in per_term.items():
             terms.setdefault(name, []).extend(values)
@@ -108,7 +108,8 @@ def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, 
         roll = generator.generate(model, p, samples, sampling, seeds)
         per = lambda values: [v for v in values for _ in range(samples)]  # noqa: E731
         total, _ = _score(reward_fn, per(p), roll, per(a),
-                          {k: per(v[start : start + batch_size]) for k, v in (columns or {}).items()})
+                          {k: per(v[start : start + batch_size]) for k, v in (columns or {}).items()},
+                          roll.completion_mask.sum(1).tolist())
         correct = judge(total, roll.completions, per(a))
         for i, target in enumerate(a):
             block = range(i * samples, (i + 1) * samples)

@@ -58,17 +58,27 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
 _HUB_STATE: str | None = None
 
 
-def check_hub(repo_id: str, key: str, repo_type: str = "model") -> None:
-    """A hub id that can be had: the hub answers, or the id is in the local cache (then the process
-    goes offline, so nothing waits on the network). Else one sentence, in seconds, naming the fixes."""
+def go_offline() -> None:
+    """Read only local caches from now on (huggingface_hub, and datasets when loaded), in this process."""
     import os
+    import sys
 
+    from huggingface_hub import constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+
+
+def check_hub(repo_id: str, key: str) -> None:
+    """A hub model id that can be had: the hub answers, or the id is in the local cache (then the process
+    goes offline, so nothing waits on the network). Else one sentence, in seconds, naming the fixes."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    probe = "config.json" if repo_type == "model" else "README.md"
-    cached = isinstance(try_to_load_from_cache(repo_id, probe, repo_type=repo_type), str)
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     if constants.HF_HUB_OFFLINE:
-        if not cached and repo_type == "model":
+        if not cached:
             raise GrpoError(f"{key}={repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
                             "downloading it; download it once with the network on, or point to a local directory.")
         return
@@ -76,8 +86,7 @@ def check_hub(repo_id: str, key: str, repo_type: str = "model") -> None:
     if why is None:
         return
     if cached:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        constants.HF_HUB_OFFLINE = True
+        go_offline()
         return
     raise GrpoError(f"{key}={repo_id} is a hub id but the Hugging Face hub cannot be reached ({why}); connect to the "
                     "network, or point to a local directory (set HF_HUB_OFFLINE=1 to work offline from the cache "

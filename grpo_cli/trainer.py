@@ -132,8 +132,8 @@ def builtin_settings_note(cfg) -> str | None:
     """A start-up note when model.path leaves the built-in model but the run keeps its settings."""
     if cfg.model.path.startswith("builtin:"):
         return None
-    kept = {k: v for k, v in BUILTIN_MODEL_SETTINGS.items()
-            if OmegaConf.select(OmegaConf.structured(cfg), k) == v}
+    settings = OmegaConf.structured(cfg)
+    kept = {k: v for k, v in BUILTIN_MODEL_SETTINGS.items() if OmegaConf.select(settings, k) == v}
     if not kept:
         return None
     return (f"model.path={cfg.model.path} runs with the built-in tiny model's settings "
