@@ -230,8 +230,10 @@ def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: 
             if lora_base is not None:
                 from grpo_cli.lora import merged_copy
 
-                _save_model(model, tokenizer, tmp / "adapter")
-                _save_model(merged_copy(lora_base, unwrap(model)), tokenizer, tmp, config=config)
+                # Under FSDP the adapter's tensors are shards: save them from the gathered state dict.
+                adapter = None if full is None else {k: v for k, v in full.items() if ".lora_" in k}
+                _save_model(model, tokenizer, tmp / "adapter", full)
+                _save_model(merged_copy(lora_base, unwrap(model), adapter=adapter), tokenizer, tmp, config=config)
             else:
                 _save_model(model, tokenizer, tmp, full, config)
             _fsync_tree(tmp)

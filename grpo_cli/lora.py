@@ -115,14 +115,15 @@ class AdapterCopy:
                     params[n].copy_(t)
 
 
-def merged_copy(base_path: str, trained, dtype: torch.dtype = torch.float32):
+def merged_copy(base_path: str, trained, dtype: torch.dtype = torch.float32, adapter: dict | None = None):
     """A plain causal LM: a fresh `dtype` copy of the base with the trained adapter merged in (the base
-    the run held may be bf16; merging into it would round the adapter's small updates away)."""
+    the run held may be bf16; merging into it would round the adapter's small updates away). `adapter`:
+    the adapter's tensors by name when `trained` holds shards of them (FSDP)."""
     from grpo_cli.models import load_model
 
     base = load_model(base_path, dtype, "cpu")
     fresh = add_adapter(base, _lora_of(trained))
-    result = fresh.load_state_dict(adapter_state(peft_model(trained)), strict=False)
+    result = fresh.load_state_dict(adapter_state(peft_model(trained)) if adapter is None else adapter, strict=False)
     if result.unexpected_keys:  # every adapter tensor must land, or the merge would be silently wrong
         raise RuntimeError(f"adapter tensors without a place in the fresh copy: {result.unexpected_keys[:3]}")
     return fresh.merge_and_unload()

@@ -54,14 +54,25 @@ def assert_same_run(a, b, atol):
             assert ra[k] == pytest.approx(rb[k], rel=1e-3, abs=1e-5), k
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, tmp_path):
+@pytest.mark.parametrize("strategy,lora,atol", [("ddp", [], 1e-5), ("fsdp", [], 1e-5),
+                                                ("fsdp", ["model.lora.r=4", "optimizer.lr=3e-3"], 1e-4)],
+                         ids=["ddp", "fsdp", "fsdp-lora"])
+def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, lora, atol, tmp_path):
     """Tolerance: the same maths summed in another order (2 micro-batches on one process, 1 per rank, and
-    the all-reduce), so the weights agree to 1e-5 after 3 steps; the sampled completions are identical."""
-    one_process(tmp_path / "one", "trainer.steps=3")
-    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, "trainer.steps=3", f"trainer.strategy={strategy}"])
+    the all-reduce), so the weights agree to 1e-5 after 3 steps; the sampled completions are identical.
+    Under LoRA final/ is the merged model and final/adapter the adapter, from the gathered shards; at
+    lr 3e-3 (10x the default, so three steps move the adapter visibly) the same rounding moves the
+    weights 10x further: 1e-4 (measured 3e-5)."""
+    one_process(tmp_path / "one", "trainer.steps=3", *lora)
+    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, "trainer.steps=3", f"trainer.strategy={strategy}", *lora])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert_same_run(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    assert_same_run(tmp_path / "one", tmp_path / "two", atol=atol)
+    if lora:
+        a = load_file(tmp_path / "one" / "final" / "adapter" / "adapter_model.safetensors")
+        b = load_file(tmp_path / "two" / "final" / "adapter" / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and a
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
     assert not (tmp_path / "two" / "checkpoints" / ".tmp-step-3").exists()
 
 
