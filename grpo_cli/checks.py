@@ -12,7 +12,7 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, OBJECTIVES, TRACKERS, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, GENERATORS, OBJECTIVES, SAMPLER_CORRECTIONS, TRACKERS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -47,6 +47,18 @@ class Problems(list):
     def raise_if_any(self) -> None:
         if self:
             raise GrpoError("; ".join(self) + ".")
+
+
+def check_generator(p: Problems, g, model) -> None:
+    p.choice("generator.name", g.name, GENERATORS)
+    if g.name != "vllm":
+        return
+    p.finite("generator.gpu_memory_utilization", g.gpu_memory_utilization, 0, 1, low_open=True)
+    p.finite("generator.kv_cache_gib", g.kv_cache_gib, 0, low_open=True)
+    p.need(g.max_model_len is None or g.max_model_len >= 1, f"generator.max_model_len={g.max_model_len} must be >= 1 "
+                                                           "(or null for the model's own)")
+    p.need(not model.lora.quantize, "generator=vllm cannot serve a 4-bit QLoRA base (model.lora.quantize); "
+                                    "use generator=hf or a LoRA run without quantize")
 
 
 def check_model(p: Problems, m) -> None:
@@ -180,6 +192,9 @@ def check_train(cfg) -> None:
     p.need(a.behaviour != "lagged" or a.behaviour_refresh >= 1,
            "algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")
     p.need(not a.behaviour_path or a.behaviour == "frozen", "algo.behaviour_path is only used with algo.behaviour=frozen")
+    p.choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
+    p.finite("algo.sampler_correction_cap", a.sampler_correction_cap, 1)
+    check_generator(p, cfg.generator, cfg.model)
     p.at_least("algo.ref_refresh", a.ref_refresh, 0)
     p.at_least("algo.behaviour_refresh", a.behaviour_refresh, 0)
     p.at_least("algo.max_refill_rounds", a.max_refill_rounds, 0)
@@ -220,6 +235,7 @@ def check_train(cfg) -> None:
 
 def check_inference(p: Problems, cfg) -> None:
     check_model(p, cfg.model)
+    check_generator(p, cfg.generator, cfg.model)
     p.choice("precision", cfg.precision, INFERENCE_PRECISIONS)
     p.at_least("threads", cfg.threads, 0)
     p.at_least("batch_size", cfg.batch_size, 1)

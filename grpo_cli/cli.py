@@ -197,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         if _dist is not None:
+            if "grpo_cli.vllm_engine" in sys.modules:  # generator=vllm: its engines go before the process group
+                sys.modules["grpo_cli.vllm_engine"].shutdown_engines()
             _dist.close()
 
 

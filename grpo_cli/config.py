@@ -121,6 +121,18 @@ class AlgoConfig:
     mask_truncated: bool = False
     dynamic_sampling: bool = False
     max_refill_rounds: int = 4
+    sampler_correction: str = "none"
+    sampler_correction_cap: float = 2.0
+
+
+@dataclass
+class GeneratorConfig:
+    name: str = "hf"
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: float = 1.0
+    max_model_len: Optional[int] = None
+    sleep: bool = True
+    enforce_eager: bool = False
 
 
 @dataclass
@@ -163,6 +175,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output_dir: Optional[str] = None
     resume: Optional[str] = None
@@ -177,6 +190,7 @@ class EvaluateConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     checkpoint: Any = None  # a path, a list of paths, or null: Hydra accepts `checkpoint=[a,b]` only untyped
     split: str = "test"
     limit: Optional[int] = None
@@ -195,6 +209,7 @@ class SampleConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     checkpoint: Optional[str] = None
     prompt: Optional[str] = None
     prompts: List[str] = field(default_factory=list)
@@ -214,6 +229,7 @@ GROUP_SCHEMAS: dict[str, Any] = {
     "optimizer": OptimizerConfig,
     "data": DataConfig,
     "algo": AlgoConfig,
+    "generator": GeneratorConfig,
 }
 
 

@@ -277,7 +277,7 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.generation import HFGenerator
+    from grpo_cli.generation import make_generator
     from grpo_cli.models import load_model, load_tokenizer, resolve_device
     from grpo_cli.precision import DTYPES, Precision
     from grpo_cli.rewards import build_reward
@@ -293,6 +293,10 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     for path, _ in targets:
         check_model_files(path, key)
     writable_dir(out_dir, "output_dir")
+    if cfg.generator.name == "vllm":
+        from grpo_cli.vllm_engine import check_vllm_installed
+
+        check_vllm_installed()
     reward_fn = build_reward(cfg.reward)
     judge = Judge(cfg.reward, reward_fn)
     # Prompts depend on the tokenizer only through the chat template and the length filter.
@@ -302,7 +306,8 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         console.print(f"model {len(rows) + 1}/{len(targets)}: {path}", highlight=False)
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-        generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
+        generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
+                                   device=resolve_device(cfg.model.device), seed=cfg.seed)
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console)
         prompts, answers = split[cfg.data.prompt_field], split[cfg.data.answer_field]
@@ -318,6 +323,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
                                              columns=columns, advance=advance))
         rows.append({"checkpoint": path, "step": step, **scores})
         console.print(f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f} (correct: {judge.label})", highlight=False)
+        generator.close()  # a vLLM engine's memory goes before the next model's engine is built
         del model
     result = {"split": cfg.split, "data": cfg.data.name, "num_prompts": rows[0]["num_prompts"],
               "samples": cfg.samples, "k": ks, "correct": judge.label, "rows": rows}

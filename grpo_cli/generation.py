@@ -1,5 +1,7 @@
 """Generation behind one small interface that training, held-out evaluation, `grpo evaluate` and
-`grpo sample` share: `generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`.
+`grpo sample` share: `generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`,
+`generator.update(model)` after an optimizer step and `generator.sleep()` while the update runs.
+The `generator` config group picks `hf` (here) or `vllm` (vllm_engine.py); `make_generator` builds it.
 
 `HFGenerator` samples with the model's own forward and KV cache:
 - each distinct prompt is prefilled once and its cache repeated for its G completions;
@@ -155,25 +157,25 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
 
 
 def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, completion_ids: Tensor,
-             eos_ids: list[int], tokenizer, logprobs: Tensor | None = None) -> Rollout:
-    """The Rollout of sampled completions: left-padded prompt + completion rows, masks and text."""
+             eos_ids: list[int], tokenizer, logprobs: Tensor | None = None, truncated: Tensor | None = None) -> Rollout:
+    """The Rollout of sampled completions: left-padded prompt + completion rows, masks and text.
+    `truncated` (the engine's finish reason) defaults to: no EOS among the tokens."""
     pad_id = tokenizer.pad_token_id
     device = completion_ids.device
     if completion_ids.shape[1] == 0:  # nothing generated: keep one column, an immediate stop
         completion_ids = torch.full((completion_ids.shape[0], 1), eos_ids[0], device=device)
-    mask, truncated = completion_mask(completion_ids, eos_ids)
+    mask, no_eos = completion_mask(completion_ids, eos_ids)
+    truncated = no_eos if truncated is None else truncated
     ids, prompt_mask = _left_pad(prompt_ids, pad_id, device)
     ids, prompt_mask = ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)  # tokens after EOS are padding
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    roll = Rollout(
+    return Rollout(
         prompts=list(prompts), group_size=group_size,
         input_ids=torch.cat([ids, completion_ids], dim=1), attention_mask=torch.cat([prompt_mask, mask], dim=1),
         completion_mask=mask, truncated=truncated, completions=texts, pad_token_id=pad_id,
+        sampler_logp=None if logprobs is None else logprobs[:, : mask.shape[1]] * mask,
     )
-    if logprobs is not None:
-        roll.extra["sampler_logp"] = logprobs[:, : mask.shape[1]] * mask
-    return roll
 
 
 class HFGenerator:
@@ -181,6 +183,7 @@ class HFGenerator:
     call (the policy, or a behaviour policy), so there are no weights to push after an update."""
 
     name = "hf"
+    needs_weights = False  # generation reads the model passed in; nothing to push after an update
 
     def __init__(self, tokenizer, *, chat_template: bool = False, precision: Precision | None = None):
         self.tokenizer, self.chat_template = tokenizer, chat_template
@@ -216,3 +219,20 @@ class HFGenerator:
 
     def update(self, model) -> None:
         """Nothing to do: generation reads the model's current weights."""
+
+    def sleep(self) -> None:
+        """Nothing to free: there is no second copy of the weights."""
+
+    def close(self) -> None:
+        """Nothing to shut down."""
+
+
+def make_generator(settings, tokenizer, *, chat_template: bool, precision: Precision, device, world_size: int = 1,
+                   seed: int = 0):
+    """The generator the `generator` config group names: `hf` (the model's own forward) or `vllm`."""
+    if settings.name == "vllm":
+        from grpo_cli.vllm_engine import VLLMGenerator
+
+        return VLLMGenerator(tokenizer, settings, chat_template=chat_template, precision=precision, device=device,
+                             world_size=world_size, seed=seed)
+    return HFGenerator(tokenizer, chat_template=chat_template, precision=precision)

@@ -7,6 +7,8 @@ and the aggregation choices (DeepSeekMath, DAPO, Dr. GRPO).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -111,6 +113,15 @@ def token_kl(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
     return torch.expm1(-log_ratio) + log_ratio
 
 
+def sampler_correction_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training"; docs/math.md, "Sampler mismatch"): the tokens came from the inference
+    engine's pi_sampler, not from the trainer's pi_old, so each token's surrogate is weighted by
+    min(pi_old / pi_sampler, C). [B, T], a constant."""
+    log_w = (old_logp.detach() - sampler_logp.detach()).clamp(max=math.log(cap))
+    return torch.exp(log_w)
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -127,6 +138,7 @@ def policy_loss(
     max_completion_length: int | None = None,
     num_sequences: float | None = None,
     num_tokens: float | None = None,
+    sampler_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The negated clipped GRPO surrogate (docs/math.md, "The clipped surrogate"), to minimise.
 
@@ -150,6 +162,9 @@ def policy_loss(
     sees only part of it (a micro-batch, one rank's share); then the parts' losses add up to the full
     loss. Default: this batch's own.
 
+    sampler_weight: [B, T] constant per-token weights on the surrogate term only (not the KL), such as the
+    truncated importance weight min(pi_old / pi_sampler, C) of ``sampler_correction_weight``.
+
     Every log-ratio is clamped to +-LOG_RATIO_BOUND before exp, so a sequence log-ratio of any size
     gives a finite loss and gradient.
 
@@ -161,7 +176,7 @@ def policy_loss(
     _check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
     if logp.dim() != 2:
         raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
-    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp}
+    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp, "sampler_weight": sampler_weight}
     for name, t in named.items():
         if t is not None and t.shape != logp.shape:
             raise ValueError(
@@ -204,6 +219,8 @@ def policy_loss(
 
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
     per_token = -surrogate
+    if sampler_weight is not None:
+        per_token = per_token * sampler_weight.detach().to(dtype).masked_fill(~keep, 0.0)
     kl = None
     if ref_logp is not None:
         ref_logp = ref_logp.detach().to(dtype).masked_fill(~keep, 0.0)

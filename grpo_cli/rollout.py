@@ -27,6 +27,7 @@ class Rollout:
     old_logp: Optional[Tensor] = None  # [n*G, T] pi_theta_old, only when mu > 1
     ref_logp: Optional[Tensor] = None  # [n*G, T] pi_ref, only when beta != 0
     weight: Optional[Tensor] = None  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
+    sampler_logp: Optional[Tensor] = None  # [n*G, T] the sampler's own log-probs of its tokens (vLLM), 0 off the mask
     extra: dict = field(default_factory=dict)
 
     @property
@@ -48,6 +49,7 @@ class Rollout:
             completion_mask=self.completion_mask[rows], truncated=self.truncated[rows],
             completions=[self.completions[i] for i in rows.tolist()], pad_token_id=self.pad_token_id,
             weight=None if self.weight is None else self.weight[rows],
+            sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
         )
 
 
@@ -71,6 +73,8 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
         weight=None if all(r.weight is None for r in rolls) else torch.cat([
             r.weight if r.weight is not None else torch.ones(r.input_ids.shape[0], device=r.input_ids.device)
             for r in rolls]),
+        sampler_logp=None if any(r.sampler_logp is None for r in rolls) else torch.cat(
+            [F.pad(r.sampler_logp, (0, T - r.completion_len)) for r in rolls]),
     )
 
 

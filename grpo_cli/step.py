@@ -22,7 +22,7 @@ from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.generation import Sampling
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import group_advantages, policy_loss, token_kl
+from grpo_cli.objective import group_advantages, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rollout import Rollout, concat_rollouts
@@ -124,13 +124,16 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
                 with precision.outside_autocast():
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
                     old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
+                    sampler = roll.sampler_logp[rows] if roll.sampler_logp is not None else None
+                    weight = (sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
+                              if sampler is not None and algo.sampler_correction == "tis" else None)
                     loss, m = policy_loss(
                         logp, old, roll.advantages[rows], mask,
                         clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
                         ref_logp=roll.ref_logp[rows] if roll.ref_logp is not None else None,
                         kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
                         max_completion_length=cfg.sampler.max_new_tokens,
-                        num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens,
+                        num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
                     )
                     # DDP averages gradients over ranks: times the world size, that average is the global sum.
                     (loss * dist.world_size).backward()
@@ -144,6 +147,8 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
                     record.mean(k, m[k] * tokens, tokens)
                 record.min("ratio_min", m["ratio_min"])
                 record.max("ratio_max", m["ratio_max"])
+                if sampler is not None:  # the engine against the trainer (docs/math.md, "Sampler mismatch")
+                    record_mismatch(record, old, sampler, mask, weight, algo.sampler_correction_cap)
     params = [p for p in policy.parameters() if p.grad is not None]
     max_norm = cfg.optimizer.max_grad_norm if cfg.optimizer.max_grad_norm > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0  # a host sync
@@ -152,6 +157,18 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step's gradients are thrown away
     return not finite, grad_norm
+
+
+def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float) -> None:
+    """How far the sampler's log-probs are from the trainer's, over completion tokens: the mean
+    |log pi_old - log pi_sampler| and the largest pi_old / pi_sampler; with the correction on, the share
+    of tokens whose weight the cap cut."""
+    tokens, keep = mask.sum(), mask.bool()
+    diff = (old - sampler).float()
+    record.mean("sampler/logp_diff", (diff.abs() * mask).sum(), tokens)
+    record.max("sampler/ratio_max", torch.where(keep, diff, -torch.inf).amax().exp())
+    if weight is not None:
+        record.mean("sampler/capped_frac", ((diff > math.log(cap)) & keep).sum(), tokens)
 
 
 def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill=None, metrics: StepMetrics | None = None,
@@ -183,7 +200,8 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
 
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
-            roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds)
+            roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds,
+                                      with_logprobs=generator.name == "vllm" or cfg.algo.sampler_correction == "tis")
             total, terms = score_batch(
                 reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
                 completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
@@ -257,6 +275,7 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
         with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once for the rollout
             roll, answers, metrics = collect(generator, generating, batch, reward_fn, cfg, refill, StepMetrics(device), dist)
+        generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
         t_gen = clock(device)
         # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
         if policies.behaviour is not None:
@@ -275,7 +294,9 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
         failed, grad_norm = optimise(policy, optimizer, roll, cfg, precision, record=metrics if last else None,
                                      with_entropy=i == 0, dist=dist)
         skipped += failed
-    generator.update(policy)
+    if generator.needs_weights and policies.behaviour is None:  # the engine samples the next step: push the update
+        with dist.full_model(policy) as full:
+            generator.update(full)
     t_end = clock(device)
 
     weights = real_rows(roll)

@@ -29,7 +29,7 @@ from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import held_out_scores
-from grpo_cli.generation import HFGenerator, group_seed
+from grpo_cli.generation import group_seed, make_generator
 from grpo_cli.models import load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import check_pure_bf16_lr, training_precision
@@ -157,6 +157,10 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     prepare_process(t.threads, device, dist.local_world_size)
     trackers = tracker_names(t)
     check_trackers(trackers)  # a missing extra is reported before anything is loaded
+    if cfg.generator.name == "vllm":
+        from grpo_cli.vllm_engine import check_vllm_installed
+
+        check_vllm_installed()
     run_dir = Path(run_dir)
     open_run_dir(run_dir, dist)
     set_seed(t.seed)
@@ -189,7 +193,8 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     policies.policy = policy
     policies.load_state_dict(state)  # a refreshed reference or lagged behaviour is not on disk
     roles = policies.roles()
-    generator = HFGenerator(tokenizer, chat_template=cfg.data.chat_template, precision=precision)
+    generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
+                               device=device, world_size=world, seed=t.seed)
     data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows, test_rows = data["train"], data["test"]
     user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))

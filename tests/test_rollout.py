@@ -74,7 +74,7 @@ def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_mode
                     seeds=[0, 1, 2], with_logprobs=True)
     got, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len, temperature=1.3)
     m = roll.completion_mask.bool()
-    assert torch.allclose(roll.extra["sampler_logp"][m], got[m], atol=1e-5)
+    assert torch.allclose(roll.sampler_logp[m], got[m], atol=1e-5)
 
 
 def test_a_group_s_completions_depend_on_its_seed_not_on_the_rest_of_the_batch(tiny_model):
