@@ -3,14 +3,17 @@
     python scripts/bench.py                                   # tiny and qwen0.5b-shape, defaults below
     python scripts/bench.py --models tiny --repeats 3
     python scripts/bench.py --models qwen0.5b-shape --max-new-tokens 64 --precision bf16-mixed
+    .venv-vllm/bin/python scripts/bench.py --models qwen0.5b-shape --generator hf,vllm   # make vllm-env first
     make bench ARGS="--models tiny --threads 1"
 
 Each step is `grpo_cli.step.grpo_step`, the trainer's own step, and the phases are the ones it
 times (gen_s, score_s, update_s):
-  generation  sampling n prompts x G completions (one batched, KV-cached `generate`) and the reward calls
+  generation  sampling n prompts x G completions (one batched, KV-cached `generate`, or the vLLM
+              engine with --generator vllm) and the reward calls
   scoring     advantages and the no-grad log-prob passes: the reference's when beta != 0, the old
               policy's when mu (algo.num_iterations) > 1
   update      mu clipped-surrogate passes with backward over micro-batches, clipping, AdamW step
+              (with vllm: and the push of the new weights into the engine, shown apart as "push")
 
 Models (none is downloaded):
   tiny            the built-in model (builtin:tiny) on the arithmetic prompts with the exact-match
@@ -44,10 +47,10 @@ from rich.table import Table
 from grpo_cli import step as step_fn  # a loop below names its counter `step`
 from grpo_cli import trainer
 from grpo_cli.choices import PRECISIONS
-from grpo_cli.config import RewardConfig, TrainConfig
+from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import HFGenerator, group_seed
+from grpo_cli.generation import group_seed, make_generator
 from grpo_cli.logprobs import enable_logprob_forward
 from grpo_cli.models import disable_dropout, load_model, load_tokenizer, resolve_device
 from grpo_cli.lora import adapter_disabled, add_adapter
@@ -190,7 +193,8 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         policy = policy.to(precision.param_dtype)
         reference = copy.deepcopy(policy).to(precision.frozen_dtype).requires_grad_(False) if cfg.algo.beta else None
         policies = step_fn.Policies.of(policy, reference)
-    generator = HFGenerator(tokenizer, precision=precision)
+    generator = make_generator(GeneratorConfig(name=opts["generator"]), tokenizer, chat_template=False,
+                               precision=precision, device=device, seed=cfg.trainer.seed)
     params = sum(p.numel() for p in policy.parameters())
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     warmup, repeats = opts["warmup"], opts["repeats"]
@@ -229,6 +233,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         "tokens_per_s": sum(tokens) / sum(r["seconds"] for r in rows),
         "peak_mib": (torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else peak_rss_mib(),
         "truncated_frac": mean("truncated_frac"),
+        "push_s": getattr(generator, "push_seconds", 0.0) / (warmup + repeats),  # the engine's weight pushes
         "micro_batch": shape.micro_batch,
         "prompt_len": shape.prompt_len,
         "max_new_tokens": shape.max_new_tokens,
@@ -243,9 +248,11 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
 class Variant:
     precision: str
     lora: int = 0  # LoRA rank, 0 = full fine-tuning
+    generator: str = "hf"
 
     def __str__(self) -> str:
-        return self.precision + (f" + LoRA r={self.lora}" if self.lora else "")
+        return (self.precision + (f" + LoRA r={self.lora}" if self.lora else "")
+                + (f" + {self.generator}" if self.generator != "hf" else ""))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -260,6 +267,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"comma-separated trainer.precision values from {', '.join(PRECISIONS)}, each benchmarked "
                         "(default fp32 on CPU, bf16-mixed on CUDA)")
     p.add_argument("--lora", default="0", help="comma-separated LoRA ranks, each benchmarked (0 = full fine-tuning)")
+    p.add_argument("--generator", default="hf", help="comma-separated, from hf, vllm: each benchmarked (vllm needs "
+                   "vLLM: run with .venv-vllm/bin/python after `make vllm-env` on CPU)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every model and variant this many times, interleaved; times are averaged (default 1)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
@@ -287,7 +296,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         ranks = [int(x) for x in args.lora.split(",")]
     except ValueError:
         p.error("--lora takes comma-separated integers")
-    args.precisions, args.ranks = precisions, ranks
+    generators = [x.strip() for x in args.generator.split(",") if x.strip()]
+    if not generators or any(g not in ("hf", "vllm") for g in generators):
+        p.error("--generator: comma-separated, from hf, vllm")
+    args.precisions, args.ranks, args.generators = precisions, ranks, generators
     return args
 
 
@@ -331,7 +343,7 @@ def main(argv=None) -> int:
         out.print(f"[bold red]error:[/] {e}")
         return 2
     precisions = args.precisions or ["bf16-mixed" if device.type == "cuda" else "fp32"]
-    variants = [Variant(p, r) for p in precisions for r in args.ranks]
+    variants = [Variant(p, r, g) for p in precisions for r in args.ranks for g in args.generators]
     threads = args.threads or torch.get_num_threads()
     where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
     out.print(f"device [bold]{where}[/]  torch {torch.__version__}  transformers {transformers.__version__}  "
@@ -345,7 +357,8 @@ def main(argv=None) -> int:
     for round_ in range(args.rounds):
         for name in args.model_list:
             for v in variants:
-                opts = dict(device=args.device, precision=v.precision, lora=v.lora, beta=args.beta, warmup=args.warmup,
+                opts = dict(device=args.device, precision=v.precision, lora=v.lora, generator=v.generator,
+                            beta=args.beta, warmup=args.warmup,
                             repeats=args.repeats, threads=args.threads, seed=args.seed)
                 log(f"round {round_ + 1}/{args.rounds}: {name}, {v}")
                 try:
@@ -378,6 +391,8 @@ def main(argv=None) -> int:
 
     notes = [
         "tokens/s = completion tokens (up to and including EOS) / total seconds of the step.",
+        *([f"{name} {v}: {r['push_s']:.2f} s per step pushing the weights into the engine (in update)"
+           for (name, v), r in results.items() if v.generator == "vllm"]),
         ("peak = torch.cuda.max_memory_allocated over the timed steps (after reset_peak_memory_stats)."
          if cuda else
          "peak = the child process's peak RSS (resource.getrusage ru_maxrss): interpreter, libraries, "
