@@ -178,17 +178,12 @@ def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, c
     )
 
 
-class HFGenerator:
-    """Generation with the model's own forward (see the module docstring). The model is passed per
-    call (the policy, or a behaviour policy), so there are no weights to push after an update."""
+class PromptIds:
+    """What every generator shares: each prompt tokenized once per run, and one seed per group."""
 
-    name = "hf"
-    needs_weights = False  # generation reads the model passed in; nothing to push after an update
-
-    def __init__(self, tokenizer, *, chat_template: bool = False, precision: Precision | None = None):
+    def __init__(self, tokenizer, chat_template: bool):
         self.tokenizer, self.chat_template = tokenizer, chat_template
-        self.precision = precision or Precision("fp32")
-        self._ids: dict[str, list[int]] = {}  # every prompt is tokenized once per run
+        self._ids: dict[str, list[int]] = {}
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
         new = [p for p in dict.fromkeys(prompts) if p not in self._ids]
@@ -196,15 +191,33 @@ class HFGenerator:
             self._ids.update(zip(new, encode_prompts(self.tokenizer, new, self.chat_template)))
         return [self._ids[p] for p in prompts]
 
+    @staticmethod
+    def group_seeds(prompts: list[str], sampling: Sampling, seeds: list[int] | None) -> list[int] | None:
+        """`seeds` checked (one per prompt), or drawn from torch's global generator when sampling."""
+        if seeds is None and not sampling.greedy:
+            seeds = torch.randint(2**62, (len(prompts),)).tolist()
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one seed per prompt (its group's).")
+        return seeds
+
+
+class HFGenerator(PromptIds):
+    """Generation with the model's own forward (see the module docstring). The model is passed per
+    call (the policy, or a behaviour policy), so there are no weights to push after an update."""
+
+    name = "hf"
+    needs_weights = False  # generation reads the model passed in; nothing to push after an update
+
+    def __init__(self, tokenizer, *, chat_template: bool = False, precision: Precision | None = None):
+        super().__init__(tokenizer, chat_template)
+        self.precision = precision or Precision("fp32")
+
     def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
                  *, with_logprobs: bool = False) -> Rollout:
         """`group_size` completions of each prompt; `seeds` (one per prompt) fix each group's sampling
         noise, and default to draws from torch's global generator."""
         prompts = list(prompts)
-        if seeds is None and not sampling.greedy:
-            seeds = torch.randint(2**62, (len(prompts),)).tolist()
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one seed per prompt (its group's).")
+        seeds = self.group_seeds(prompts, sampling, seeds)
         prompt_ids = self.encode(prompts)
         eos = eos_token_ids(model, self.tokenizer)
         was_training = model.training

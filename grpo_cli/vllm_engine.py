@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import Sampling, assemble, eos_token_ids, encode_prompts
+from grpo_cli.generation import PromptIds, Sampling, assemble, eos_token_ids
 from grpo_cli.precision import Precision
 from grpo_cli.rollout import Rollout
 
@@ -140,7 +140,7 @@ def shutdown_engines() -> None:
         generator.close()
 
 
-class VLLMGenerator:
+class VLLMGenerator(PromptIds):
     """`generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`, as HFGenerator, with a
     vLLM engine holding the sampling weights (see the module docstring)."""
 
@@ -149,12 +149,12 @@ class VLLMGenerator:
 
     def __init__(self, tokenizer, settings, *, chat_template: bool = False, precision: Precision | None = None,
                  device: torch.device | None = None, world_size: int = 1, seed: int = 0):
-        self.tokenizer, self.settings, self.chat_template = tokenizer, settings, chat_template
+        super().__init__(tokenizer, chat_template)
+        self.settings = settings
         self.precision = precision or Precision("fp32")
         self.device = torch.device(device or "cpu")
         self.world_size, self.seed = world_size, seed
         self.llm, self._pushed, self._asleep = None, None, False
-        self._ids: dict[str, list[int]] = {}
         self.push_seconds = 0.0  # total time spent pushing weights (for benchmarks)
         _ENGINES.add(self)
 
@@ -247,23 +247,14 @@ class VLLMGenerator:
         return self.llm
 
     # -- generation -------------------------------------------------------------------------------
-    def encode(self, prompts: list[str]) -> list[list[int]]:
-        new = [p for p in dict.fromkeys(prompts) if p not in self._ids]
-        if new:
-            self._ids.update(zip(new, encode_prompts(self.tokenizer, new, self.chat_template)))
-        return [self._ids[p] for p in prompts]
-
     def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
                  *, with_logprobs: bool = True) -> Rollout:
-        """`group_size` completions of each prompt, with the sampling log-probs in extra["sampler_logp"]."""
+        """`group_size` completions of each prompt, with the sampling log-probs in roll.sampler_logp."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         prompts = list(prompts)
-        if seeds is None and not sampling.greedy:
-            seeds = torch.randint(2**62, (len(prompts),)).tolist()
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one seed per prompt (its group's).")
+        seeds = self.group_seeds(prompts, sampling, seeds)
         prompt_ids = self.encode(prompts)
         eos = eos_token_ids(model, self.tokenizer)
         llm = self.engine(model)
