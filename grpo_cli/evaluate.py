@@ -277,7 +277,7 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.generation import make_generator
+    from grpo_cli.generation import check_available, make_generator
     from grpo_cli.models import load_model, load_tokenizer, resolve_device
     from grpo_cli.precision import DTYPES, Precision
     from grpo_cli.rewards import build_reward
@@ -293,10 +293,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     for path, _ in targets:
         check_model_files(path, key)
     writable_dir(out_dir, "output_dir")
-    if cfg.generator.name == "vllm":
-        from grpo_cli.vllm_engine import check_vllm_installed
-
-        check_vllm_installed()
+    check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     reward_fn = build_reward(cfg.reward)
     judge = Judge(cfg.reward, reward_fn)
     # Prompts depend on the tokenizer only through the chat template and the length filter.

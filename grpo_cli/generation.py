@@ -240,6 +240,14 @@ class HFGenerator(PromptIds):
         """Nothing to shut down."""
 
 
+def check_available(settings) -> None:
+    """Fail with one sentence before any model loads when the generator's library is missing."""
+    if settings.name == "vllm":
+        from grpo_cli.vllm_engine import check_vllm_installed
+
+        check_vllm_installed()
+
+
 def make_generator(settings, tokenizer, *, chat_template: bool, precision: Precision, device, world_size: int = 1,
                    seed: int = 0):
     """The generator the `generator` config group names: `hf` (the model's own forward) or `vllm`."""

@@ -15,7 +15,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.data import render_user_prompts
 from grpo_cli.evaluate import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
-from grpo_cli.generation import Sampling, group_seed, make_generator
+from grpo_cli.generation import Sampling, check_available, group_seed, make_generator
 from grpo_cli.lora import is_adapter_dir
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.precision import DTYPES, Precision
@@ -82,10 +82,7 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     if cfg.output:
         writable_dir(Path(cfg.output).expanduser().parent, "output")
     prepare_process(cfg.threads, resolve_device(cfg.model.device))
-    if cfg.generator.name == "vllm":
-        from grpo_cli.vllm_engine import check_vllm_installed
-
-        check_vllm_installed()
+    check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
     for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer)):

@@ -29,7 +29,7 @@ from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
 from grpo_cli.evaluate import held_out_scores
-from grpo_cli.generation import group_seed, make_generator
+from grpo_cli.generation import check_available, group_seed, make_generator
 from grpo_cli.models import load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import check_pure_bf16_lr, training_precision
@@ -157,10 +157,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     prepare_process(t.threads, device, dist.local_world_size)
     trackers = tracker_names(t)
     check_trackers(trackers)  # a missing extra is reported before anything is loaded
-    if cfg.generator.name == "vllm":
-        from grpo_cli.vllm_engine import check_vllm_installed
-
-        check_vllm_installed()
+    check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     run_dir = Path(run_dir)
     open_run_dir(run_dir, dist)
     set_seed(t.seed)
