@@ -189,8 +189,10 @@ class VLLMGenerator(PromptIds):
                       torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
             try:
                 self.llm = vllm.LLM(model=d, **kwargs)
-            except (ValueError, NotImplementedError) as e:  # an architecture or setting vLLM does not serve
-                raise GrpoError(f"vLLM cannot serve this model ({str(e).splitlines()[0]}); use generator=hf.") from None
+            except (ValueError, NotImplementedError) as e:  # an architecture, setting or memory size vLLM refuses
+                raise GrpoError(f"vLLM could not start an engine for this model ({str(e).splitlines()[0]}); adjust "
+                                "generator.max_model_len, generator.kv_cache_gib (CPU) or generator.gpu_memory_utilization "
+                                "(CUDA), or use generator=hf.") from None
             finally:
                 random.setstate(states[0])
                 np.random.set_state(states[1])
@@ -225,13 +227,13 @@ class VLLMGenerator(PromptIds):
 
         t = time.perf_counter()
         self._wake()
-        weights = list(full_weights(model))
+        weights = full_weights(model)  # streamed: a merged LoRA weight or a gathered shard lives one at a time
         # vLLM's in-place reload: each layer's weights are loaded, then processed into the kernel's form
         # (fused qkv / gate-up, the CPU backend's packed GEMM weights) and copied into the old storage.
         # The rotary embedding (no weights) and a tied LM head (the embedding's, re-processed below)
         # report "failed to load" at every push: expected, so not shown.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.apply_model(_reprocess_tied_head)
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
         self._pushed = fingerprint(model)

@@ -197,3 +197,12 @@ def test_under_torchrun_each_rank_s_engine_gives_the_run_one_process_gives(strat
     one, two = reward_rows(tmp_path / "one"), reward_rows(tmp_path / "two")
     assert [r[:2] for r in one] == [r[:2] for r in two] and len(one) == 4
     assert all(a[2] == pytest.approx(b[2], abs=1e-4) for a, b in zip(one, two))
+
+
+def test_an_engine_that_cannot_start_is_one_sentence_and_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "generator=vllm", "generator.kv_cache_gib=0.00001",
+                          "trainer.steps=1", f"output_dir={tmp_path / 'run'}"], cwd=tmp_path, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "vLLM could not start an engine" in out.stderr and "generator.kv_cache_gib" in out.stderr
+    assert "Traceback" not in out.stderr
