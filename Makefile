@@ -63,7 +63,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(ARGS)
+	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, the real model, vLLM).
 ci: test test-trackers test-real test-vllm

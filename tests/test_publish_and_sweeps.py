@@ -17,7 +17,10 @@ FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4",
 
 
 def has(plugin: str) -> bool:
-    return importlib.util.find_spec(plugin) is not None
+    try:  # a dotted name raises, not returns None, when its parent package (hydra_plugins) is missing
+        return importlib.util.find_spec(plugin) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def grpo_cli(*args, cwd=None):
