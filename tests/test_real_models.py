@@ -339,7 +339,7 @@ import json, resource, torch
 from grpo_cli.runtime import reuse_freed_memory
 applied = reuse_freed_memory()
 faults = []
-for _ in range(12):  # a step's pattern: large blocks of two dtypes and temporaries, all freed at the end
+for _ in range(40):  # a step's pattern: large blocks of two dtypes and temporaries, all freed at the end
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     a = torch.ones(16 << 20)
     b = torch.ones(8 << 20, dtype=torch.bfloat16)
@@ -355,7 +355,9 @@ print(json.dumps({"applied": applied, "faults": faults}))
 def test_freed_memory_is_reused_so_a_repeated_step_touches_no_new_pages():
     """Page faults counted, not time: with reuse, once every block size has found a hole the loop
     faults in (almost) nothing; with glibc's defaults (GRPO_MALLOC=system) each 64 MiB block is
-    mmapped and faulted in again, every iteration."""
+    mmapped and faulted in again, every iteration. When the heap settles varies from run to run
+    (address-space layout: measured 20 runs here, the last growth came at iteration 3 to 17, 128-160
+    MiB in all), so the test bounds the total growth and asks only the last ten iterations for none."""
     def run(malloc: str) -> dict:
         env = {**os.environ, "GRPO_MALLOC": malloc, "OMP_NUM_THREADS": "1"}
         out = subprocess.run([sys.executable, "-c", ALLOCATION_LOOP], capture_output=True, text=True, env=env, timeout=120)
@@ -365,8 +367,9 @@ def test_freed_memory_is_reused_so_a_repeated_step_touches_no_new_pages():
     pages = ((16 << 20) * 4 + (8 << 20) * 2) // resource.getpagesize()  # the two blocks' pages: 24,576
     reused, system = run(""), run("system")
     assert reused["applied"] and not system["applied"]
-    assert all(f < 0.01 * pages for f in reused["faults"][6:]), reused["faults"]
-    assert all(f > 0.5 * pages for f in system["faults"][6:]), system["faults"]
+    assert all(f > 0.5 * pages for f in system["faults"][1:]), system["faults"]
+    assert sum(reused["faults"][1:]) < 0.1 * sum(system["faults"][1:]), reused["faults"]  # ~5% measured
+    assert all(f < 0.01 * pages for f in reused["faults"][-10:]), reused["faults"]
 
 
 # --- prompts tokenized once, correctly ----------------------------------------------------------
