@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
 import torch
+from torch.profiler import record_function
 
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.generation import Sampling
@@ -26,6 +27,9 @@ from grpo_cli.objective import group_advantages, policy_loss, sampler_correction
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rollout import Rollout, concat_rollouts
+
+
+PHASES = ("grpo/generation", "grpo/scoring", "grpo/update")  # the step's phases, as timed (gen_s, score_s, update_s)
 
 
 @dataclass
@@ -271,32 +275,38 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     policy = policies.policy
     device = next(policy.parameters()).device
     algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
+    # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
     with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
-        with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once for the rollout
-            roll, answers, metrics = collect(generator, generating, batch, reward_fn, cfg, refill, StepMetrics(device), dist)
-        generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
+        with record_function(PHASES[0]):
+            with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once for the rollout
+                roll, answers, metrics = collect(generator, generating, batch, reward_fn, cfg, refill, StepMetrics(device),
+                                                 dist)
+            generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
         t_gen = clock(device)
         # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
-        if policies.behaviour is not None:
-            roll.old_logp = score(sampler_model, roll, temp, mb, precision)
-    if policies.behaviour is None and algo.num_iterations > 1:
-        roll.old_logp = score(policy, roll, temp, mb, precision)
-    if policies.reference is not None:
-        with policies.reference() as reference:
-            roll.ref_logp = score(reference, roll, temp, mb, precision)
-    roll.advantages = advantages(roll, algo, dist)
+        with record_function(PHASES[1]):
+            if policies.behaviour is not None:
+                roll.old_logp = score(sampler_model, roll, temp, mb, precision)
+    with record_function(PHASES[1]):
+        if policies.behaviour is None and algo.num_iterations > 1:
+            roll.old_logp = score(policy, roll, temp, mb, precision)
+        if policies.reference is not None:
+            with policies.reference() as reference:
+                roll.ref_logp = score(reference, roll, temp, mb, precision)
+        roll.advantages = advantages(roll, algo, dist)
     t_score = clock(device)
 
     skipped, grad_norm = 0, 0.0
-    for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
-        last = i == algo.num_iterations - 1
-        failed, grad_norm = optimise(policy, optimizer, roll, cfg, precision, record=metrics if last else None,
-                                     with_entropy=i == 0, dist=dist)
-        skipped += failed
-    if generator.needs_weights and policies.behaviour is None:  # the engine samples the next step: push the update
-        with dist.full_model(policy) as full:
-            generator.update(full)
+    with record_function(PHASES[2]):
+        for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
+            last = i == algo.num_iterations - 1
+            failed, grad_norm = optimise(policy, optimizer, roll, cfg, precision, record=metrics if last else None,
+                                         with_entropy=i == 0, dist=dist)
+            skipped += failed
+        if generator.needs_weights and policies.behaviour is None:  # the engine samples the next step: push the update
+            with dist.full_model(policy) as full:
+                generator.update(full)
     t_end = clock(device)
 
     weights = real_rows(roll)

@@ -41,6 +41,7 @@ from multiprocessing import get_context
 
 import torch
 import transformers
+from torch.profiler import ProfilerActivity
 from rich.console import Console
 from rich.table import Table
 
@@ -201,9 +202,14 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     optimizer, scheduler = trainer.build_optimizer(policy, cfg.optimizer, warmup + repeats)
 
     rows = []
+    profiler = None
     # grpo_step synchronises CUDA at each phase boundary itself.
     for step in range(warmup + repeats):
         timed = step >= warmup
+        if timed and opts["profile"] and profiler is None:  # the timed steps only, not the warm-up
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            profiler = torch.profiler.profile(activities=activities)
+            profiler.start()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             if step == warmup:
@@ -218,6 +224,10 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         if timed:
             rows.append(row)
 
+    costs = {}
+    if profiler is not None:
+        profiler.stop()
+        costs = phase_costs(profiler.events(), repeats, opts["profile"])
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     tokens = [r["completion_tokens"] for r in rows]  # completion tokens (up to and incl. EOS)
     return {
@@ -238,7 +248,24 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         "prompt_len": shape.prompt_len,
         "max_new_tokens": shape.max_new_tokens,
         "threads": torch.get_num_threads(),
+        "profile": costs,
     }
+
+
+def phase_costs(events, steps: int, top: int) -> dict[str, list[tuple[str, float]]]:
+    """Per phase of the step (grpo_step's named ranges), its `top` operators by self time, in ms per
+    step: each operator's own time (CPU, plus the CUDA kernels it launched) is billed to the phase
+    range it ran under; the autograd engine's backward ops run under the update's range."""
+    per: dict[str, dict[str, float]] = {phase: {} for phase in step_fn.PHASES}
+    for e in events:
+        phase, up = None, e.cpu_parent
+        while up is not None and phase is None:
+            phase, up = (up.name if up.name in per else None), up.cpu_parent
+        if phase is None or e.name in per:
+            continue
+        own = (e.self_cpu_time_total + getattr(e, "self_device_time_total", 0.0)) / 1e3 / steps
+        per[phase][e.name] = per[phase].get(e.name, 0.0) + own
+    return {phase.split("/")[1]: sorted(ops.items(), key=lambda kv: -kv[1])[:top] for phase, ops in per.items()}
 
 
 # --- the command ---
@@ -278,6 +305,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed steps, averaged (default 1)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile the timed steps (torch.profiler) and print each phase's N costliest operators by "
+                        "self time, in ms per step (default 0: off; the profiler slows the step it watches)")
     args = p.parse_args(argv)
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.model_list if m not in DEFAULTS]
@@ -359,7 +389,7 @@ def main(argv=None) -> int:
             for v in variants:
                 opts = dict(device=args.device, precision=v.precision, lora=v.lora, generator=v.generator,
                             beta=args.beta, warmup=args.warmup,
-                            repeats=args.repeats, threads=args.threads, seed=args.seed)
+                            repeats=args.repeats, threads=args.threads, seed=args.seed, profile=args.profile)
                 log(f"round {round_ + 1}/{args.rounds}: {name}, {v}")
                 try:
                     runs.setdefault((name, v), []).append(run_in_child(name, shape_for(name, args), opts))
@@ -388,6 +418,13 @@ def main(argv=None) -> int:
                       f"(generation {r['gen_s'] / base['gen_s']:.2f}x, scoring "
                       f"{r['score_s'] / max(base['score_s'], 1e-9):.2f}x, update {r['update_s'] / base['update_s']:.2f}x), "
                       f"{r['peak_mib'] / base['peak_mib']:.2f}x the peak memory")
+
+    if args.profile:
+        out.print("[dim]--profile: the times above were taken under the profiler, which slows a step[/]")
+        for (name, v), r in runs.items():
+            for phase, ops in r[-1]["profile"].items():  # the last round's profile
+                if ops:
+                    out.print(f"{name}, {v}, {phase}: " + ", ".join(f"{op} {ms:.1f}" for op, ms in ops) + " (ms per step)")
 
     notes = [
         "tokens/s = completion tokens (up to and including EOS) / total seconds of the step.",
