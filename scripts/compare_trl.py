@@ -13,8 +13,8 @@ Workloads:
               mean reward reaches 0.9, peak RSS, CPU seconds.
   qwen-shape  Qwen2.5-0.5B's architecture with random weights (written once to a local directory, one
               token per id), 2 prompts x G=4 of 16 random tokens, 64 new tokens (a random model does not
-              emit EOS), a seeded random 0/1 reward, beta 0.04, --qwen-steps steps of which the first is
-              a warm-up; at each --precision (fp32; bf16 = TRL's bf16=True autocast vs grpo-cli's
+              emit EOS), a seeded random 0/1 reward, beta 0.04, --qwen-steps steps of which the first
+              --qwen-warmup are not timed; at each --precision (fp32; bf16 = TRL's bf16=True autocast vs grpo-cli's
               trainer.precision=bf16-mixed).
 
 Each run is a fresh child process (so peak RSS is its own), with --threads torch threads; rounds
@@ -289,7 +289,11 @@ def main(argv=None) -> int:
     p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape"])
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT, help="default task: steps per run")
-    p.add_argument("--qwen-steps", type=int, default=3, help="qwen-shape: steps per run (the first is a warm-up)")
+    p.add_argument("--qwen-steps", type=int, default=4,
+                   help="qwen-shape: steps per run, the first --qwen-warmup untimed (default 4)")
+    p.add_argument("--qwen-warmup", type=int, default=2,
+                   help="qwen-shape: untimed steps (default 2: AdamW's state is allocated in the first, and grpo-cli's "
+                        "heap settles over the first two)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default=None, help="where runs and the random model go (default: a temporary dir)")
@@ -314,7 +318,9 @@ def main(argv=None) -> int:
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{args.threads} thread(s); matmul 2048^3 peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s")
     workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []
-    workloads += [("qwen-shape", pr, args.qwen_steps, 1) for pr in args.precision] if "qwen-shape" in args.task else []
+    if "qwen-shape" in args.task and not 0 <= args.qwen_warmup < args.qwen_steps:
+        p.error("--qwen-warmup must be >= 0 and below --qwen-steps")
+    workloads += [("qwen-shape", pr, args.qwen_steps, args.qwen_warmup) for pr in args.precision] if "qwen-shape" in args.task else []
     if "qwen-shape" in args.task:
         qwen_dir(root)
     table = []
@@ -352,9 +358,9 @@ def print_tables(table, peak) -> None:
     print("| workload | time per step | generation | update | peak RSS | CPU s | seconds to 0.9 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for task, precision, trl, grpo in table:
-        ratio = lambda k: fmt(grpo[k] / trl[k] if grpo[k] is not None and trl[k] else None)  # noqa: E731
-        print(f"| {task} {precision} | {ratio('step_s')}x | {ratio('gen_s')}x | {ratio('update_s')}x | "
-              f"{ratio('peak_mib')}x | {ratio('cpu_s')}x | {ratio('reach_s')}x |")
+        ratio = lambda k: fmt(grpo[k] / trl[k] if grpo[k] is not None and trl[k] else None, "{:.2f}x")  # noqa: E731
+        print(f"| {task} {precision} | {ratio('step_s')} | {ratio('gen_s')} | {ratio('update_s')} | "
+              f"{ratio('peak_mib')} | {ratio('cpu_s')} | {ratio('reach_s')} |")
     shares = [(t, pr, tr, g) for t, pr, tr, g in table if flops_per_step(t)]
     if shares:
         print("\nshare of the measured matmul peak (qwen-shape FLOPs: 2P per generated token, 6P per updated token):\n")
