@@ -255,16 +255,17 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
 def phase_costs(events, steps: int, top: int) -> dict[str, list[tuple[str, float]]]:
     """Per phase of the step (grpo_step's named ranges), its `top` operators by self time, in ms per
     step: each operator's own time (CPU, plus the CUDA kernels it launched) is billed to the phase
-    range it ran under; the autograd engine's backward ops run under the update's range."""
+    whose range it started in. By time, not by parent: on CUDA the autograd engine runs backward on a
+    thread of its own, outside the update's range in the call tree but inside it in time."""
+    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events if e.name in step_fn.PHASES]
     per: dict[str, dict[str, float]] = {phase: {} for phase in step_fn.PHASES}
     for e in events:
-        phase, up = None, e.cpu_parent
-        while up is not None and phase is None:
-            phase, up = (up.name if up.name in per else None), up.cpu_parent
-        if phase is None or e.name in per:
+        if e.name in per:
             continue
-        own = (e.self_cpu_time_total + getattr(e, "self_device_time_total", 0.0)) / 1e3 / steps
-        per[phase][e.name] = per[phase].get(e.name, 0.0) + own
+        phase = next((name for start, end, name in ranges if start <= e.time_range.start < end), None)
+        if phase is not None:
+            own = (e.self_cpu_time_total + getattr(e, "self_device_time_total", 0.0)) / 1e3 / steps
+            per[phase][e.name] = per[phase].get(e.name, 0.0) + own
     return {phase.split("/")[1]: sorted(ops.items(), key=lambda kv: -kv[1])[:top] for phase, ops in per.items()}
 
 

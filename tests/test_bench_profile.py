@@ -1,13 +1,15 @@
 """`scripts/bench.py --profile`: every operator of a step is billed to the phase it ran in.
 
 The phases are named profiler ranges that `grpo_step` opens (generation, scoring, update); the
-benchmark bills each operator's self time to the range above it. Checked two ways: on a hand-built
-trace whose answer is known, and on a real step of the built-in model, where the update (and only
-the update) runs backward and the optimizer.
+benchmark bills each operator's self time to the range it started in (by time: on CUDA the backward
+runs on the autograd engine's own thread, outside the update's range in the call tree). Checked on a
+hand-built trace, on made-up events from another thread, and on a real step of the built-in model,
+where the update (and only the update) runs backward and the optimizer.
 """
 
 import importlib.util
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import torch
@@ -49,6 +51,21 @@ def test_operators_are_billed_to_the_phase_range_above_them_and_nowhere_else():
         assert len(ranges) == 2
         want = sum(e.cpu_time_total - e.self_cpu_time_total for e in ranges) / 1e3 / 2
         assert abs(sum(ms for _, ms in costs[phase]) - want) < 1e-6 * max(want, 1.0)
+
+
+def test_an_operator_of_another_thread_is_billed_by_when_it_ran():
+    bench = load_bench()
+
+    def event(name, start, end, self_us=0.0):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), self_cpu_time_total=self_us,
+                               cpu_parent=None)
+
+    events = [event("grpo/generation", 0, 100), event("grpo/update", 200, 500),
+              event("aten::mm", 10, 20, 4000.0),  # in generation
+              event("MmBackward0", 300, 310, 6000.0), event("aten::mm", 320, 330, 2000.0),  # backward thread, in update
+              event("aten::add", 150, 160, 9000.0)]  # between phases: nowhere
+    costs = bench.phase_costs(events, steps=1, top=5)
+    assert costs == {"generation": [("aten::mm", 4.0)], "scoring": [], "update": [("MmBackward0", 6.0), ("aten::mm", 2.0)]}
 
 
 def test_a_real_step_bills_backward_and_adamw_to_the_update_only():
