@@ -300,6 +300,8 @@ def main(argv=None) -> int:
     p.add_argument("--child", choices=["trl", "grpo"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if not 0 <= args.qwen_warmup < args.qwen_steps:
+        p.error("--qwen-warmup must be >= 0 and below --qwen-steps")
     if args.child:
         args.task = args.task[0]
         child(args)
@@ -318,10 +320,8 @@ def main(argv=None) -> int:
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{args.threads} thread(s); matmul 2048^3 peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s")
     workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []
-    if "qwen-shape" in args.task and not 0 <= args.qwen_warmup < args.qwen_steps:
-        p.error("--qwen-warmup must be >= 0 and below --qwen-steps")
-    workloads += [("qwen-shape", pr, args.qwen_steps, args.qwen_warmup) for pr in args.precision] if "qwen-shape" in args.task else []
     if "qwen-shape" in args.task:
+        workloads += [("qwen-shape", pr, args.qwen_steps, args.qwen_warmup) for pr in args.precision]
         qwen_dir(root)
     table = []
     for task, precision, steps, skip in workloads:

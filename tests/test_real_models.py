@@ -356,8 +356,8 @@ def test_freed_memory_is_reused_so_a_repeated_step_touches_no_new_pages():
     """Page faults counted, not time: with reuse, once every block size has found a hole the loop
     faults in (almost) nothing; with glibc's defaults (GRPO_MALLOC=system) each 64 MiB block is
     mmapped and faulted in again, every iteration. When the heap settles varies from run to run
-    (address-space layout: measured 20 runs here, the last growth came at iteration 3 to 17, 128-160
-    MiB in all), so the test bounds the total growth and asks only the last ten iterations for none."""
+    (address-space layout: in 26 runs here the last growth came at iteration 3 to 17, 128-160 MiB
+    in all), so the test bounds the total growth and asks only the last ten iterations for none."""
     def run(malloc: str) -> dict:
         env = {**os.environ, "GRPO_MALLOC": malloc, "OMP_NUM_THREADS": "1"}
         out = subprocess.run([sys.executable, "-c", ALLOCATION_LOOP], capture_output=True, text=True, env=env, timeout=120)
