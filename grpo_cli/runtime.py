@@ -8,7 +8,8 @@ first touch. `reuse_freed_memory` sets glibc's M_MMAP_MAX to 0 (large blocks com
 M_TRIM_THRESHOLD to -1 (never trim), the effect of MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1
 without restarting the process. torch asks for 64-byte aligned blocks, which glibc (2.36 here) can
 seldom place in a freed block of exactly the same size, so the heap grows for a few steps (two to
-three at the 0.5B shape) before every size finds a hole; from then on a step touches no new memory. Measured at the Qwen2.5-0.5B shape
+three at the 0.5B shape) before most sizes find a hole; after that a step seldom touches new memory
+(an occasional late growth, by one block, depends on the address-space layout). Measured at the Qwen2.5-0.5B shape
 in bf16-mixed (scripts/bench.py): with a trim threshold of 2 GiB (the largest positive value) the
 heap still released the update's 2.9 GB between steps, and each update took 9-10 s faulting it in
 again; with trimming off, 4.9 s from the third step on, at the same peak RSS (12.9 GB). The price:

@@ -353,23 +353,27 @@ print(json.dumps({"applied": applied, "faults": faults}))
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                     reason="reuse_freed_memory tunes glibc's malloc; this is not Linux with glibc")
 def test_freed_memory_is_reused_so_a_repeated_step_touches_no_new_pages():
-    """Page faults counted, not time: with reuse, once every block size has found a hole the loop
-    faults in (almost) nothing; with glibc's defaults (GRPO_MALLOC=system) each 64 MiB block is
-    mmapped and faulted in again, every iteration. When the heap settles varies from run to run
-    (address-space layout: in 26 runs here the last growth came at iteration 3 to 17, 128-160 MiB
-    in all), so the test bounds the total growth and asks only the last ten iterations for none."""
+    """Page faults counted, not time: with reuse, an iteration faults in nothing unless one of its
+    blocks finds no hole, and the heap then grows by that block; with glibc's defaults
+    (GRPO_MALLOC=system) the large blocks are mmapped and faulted in again, every iteration.
+    When and how often the heap grows varies from run to run with the address-space layout: in 40
+    runs here 2-5 of 39 iterations grew it (80-176 MiB in all, against ~3.7 GiB faulted by the
+    defaults), the last as late as iteration 22, and CI once saw a growth after iteration 30. So
+    the test bounds the total growth and asks most iterations to touch nothing, never for a
+    settled tail."""
     def run(malloc: str) -> dict:
         env = {**os.environ, "GRPO_MALLOC": malloc, "OMP_NUM_THREADS": "1"}
         out = subprocess.run([sys.executable, "-c", ALLOCATION_LOOP], capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    pages = ((16 << 20) * 4 + (8 << 20) * 2) // resource.getpagesize()  # the two blocks' pages: 24,576
+    pages = ((16 << 20) * 4 + (8 << 20) * 2 + (8 << 20) * 4) // resource.getpagesize()  # a, b, b.float(): 28,672
     reused, system = run(""), run("system")
     assert reused["applied"] and not system["applied"]
     assert all(f > 0.5 * pages for f in system["faults"][1:]), system["faults"]
-    assert sum(reused["faults"][1:]) < 0.1 * sum(system["faults"][1:]), reused["faults"]  # ~5% measured
-    assert all(f < 0.01 * pages for f in reused["faults"][-10:]), reused["faults"]
+    steady = reused["faults"][1:]
+    assert sum(steady) < 0.1 * sum(system["faults"][1:]), reused["faults"]  # 2-5% measured
+    assert sum(f < 0.01 * pages for f in steady) >= 0.75 * len(steady), reused["faults"]  # 34-37 of 39 measured
 
 
 # --- prompts tokenized once, correctly ----------------------------------------------------------
