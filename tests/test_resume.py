@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from safetensors.torch import load_file
 from grpo_cli.checkpoint import experiment_diff, list_checkpoints, load_state
 from grpo_cli.cli import main
 from grpo_cli.console import MetricsLog
+from grpo_cli.stopping import GracefulStop
 
 TINY = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
         "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8"]
@@ -170,7 +172,32 @@ def test_sigterm_finishes_the_step_saves_a_checkpoint_and_exits_143(tmp_path):
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM
     last_row = rows(tmp_path)[-1]["step"]
     assert [p.name for p in list_checkpoints(tmp_path)] == [f"step-{last_row}"]
-    assert last_row < 200 and "checkpoint saved" in proc.stdout.read()
+    out = proc.stdout.read()
+    assert last_row < 200 and "checkpoint saved" in out and "SIGTERM: finishing this step" in out, out
+
+
+def test_the_first_signal_is_announced_off_the_thread_it_interrupted():
+    """The handler interrupts the main thread anywhere, here while it holds a lock the announcement
+    also needs (as rich's import of its emoji table once was): run in the handler, the announcement
+    could not take the lock (an ImportError then, a deadlock with a plain Lock); on its own thread it
+    waits until the main thread lets go."""
+    lock, got, done, before = threading.Lock(), [], threading.Event(), signal.getsignal(signal.SIGTERM)
+
+    def announce(signum):
+        took = lock.acquire(timeout=5)
+        got.append((signum, threading.current_thread() is threading.main_thread(), took))
+        if took:
+            lock.release()
+        done.set()
+
+    with GracefulStop(announce) as stop:
+        with lock:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs in this thread, between these bytecodes, with the lock held
+            assert stop.signum == signal.SIGTERM and not done.is_set()
+        assert done.wait(10)
+    assert got == [(signal.SIGTERM, False, True)]
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
 
 
 def test_a_2x2_multirun_writes_four_jobs_and_a_summary(tmp_path):
