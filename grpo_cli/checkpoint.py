@@ -369,4 +369,5 @@ def experiment_diff(saved: dict, current: dict) -> list[str]:
     a, b = _flatten(saved), _flatten(current)
     keys = [k for k in sorted(set(a) | set(b))
             if (k.split(".")[0] in EXPERIMENT_GROUPS or k in EXPERIMENT_KEYS) and k not in FREE_KEYS]
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+    # A key the saved config lacks is a setting added since that run was written: it ran with the default.
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if k in a and a.get(k) != b.get(k)]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 import re
 
-from grpo_cli.choices import (ADVANTAGE_SCALES, AGGREGATIONS, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, REWARDS, CORRECT_RULES, GENERATORS, OBJECTIVES, SAMPLER_CORRECTIONS, TRACKERS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
+from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
@@ -158,6 +159,23 @@ def check_data(p: Problems, d) -> None:
     p.need(bool(d.prompt_field) and bool(d.answer_field), "data.prompt_field and data.answer_field must name columns")
 
 
+def check_loss(p: Problems, a) -> None:
+    """algo.loss and its settings (losses.py), the dual-clip bound and the entropy bonus."""
+    p.choice("algo.loss", a.loss, tuple(POLICY_LOSSES))
+    spec = POLICY_LOSSES.get(a.loss)
+    for key, value in dict(a.loss_args or {}).items():
+        if spec is not None and key not in spec.defaults:
+            known = ", ".join(spec.defaults) or "none"
+            p.append(f"algo.loss_args.{key} is not a setting of algo.loss={a.loss} (its settings: {known})")
+        else:
+            p.finite(f"algo.loss_args.{key}", value, 0, low_open=True)
+    if a.clip_ratio_c is not None:
+        p.need(a.loss == "clip", f"algo.clip_ratio_c (dual-clip) bounds the clipped surrogate; it is not used by "
+                                 f"algo.loss={a.loss}: set algo.clip_ratio_c=null or algo.loss=clip")
+        p.finite("algo.clip_ratio_c", a.clip_ratio_c, 1, low_open=True)
+    p.finite("algo.entropy_coef", a.entropy_coef, 0)
+
+
 def check_train(cfg) -> None:
     """`grpo train`'s config, every group."""
     p = Problems()
@@ -185,7 +203,8 @@ def check_train(cfg) -> None:
     p.finite("algo.beta", a.beta, 0)
     p.finite("algo.eps", a.eps, 0)
     p.at_least("algo.num_iterations", a.num_iterations, 1)
-    for key, value, allowed in (("algo.aggregation", a.aggregation, AGGREGATIONS), ("algo.ratio_level", a.ratio_level, RATIO_LEVELS),
+    check_loss(p, a)
+    for key, value, allowed in (("algo.aggregation", a.aggregation, tuple(AGGREGATIONS)), ("algo.ratio_level", a.ratio_level, RATIO_LEVELS),
                                 ("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS), ("algo.scale", a.scale, ADVANTAGE_SCALES),
                                 ("algo.std", a.std, STD_KINDS), ("algo.behaviour", a.behaviour, BEHAVIOURS)):
         p.choice(key, value, allowed)

@@ -6,7 +6,6 @@ ADVANTAGE_SCALES = ("group", "batch", "none")
 STD_KINDS = ("population", "sample")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIO_LEVELS = ("token", "sequence", "sequence_mean")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant_norm")
 BEHAVIOURS = ("current", "frozen", "lagged")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")  # training: see precision.py
 INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16")  # evaluate and sample: the weights' dtype

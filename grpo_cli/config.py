@@ -8,7 +8,7 @@ types. Hydra merges the YAML into them, so a mistyped key (`trainer.stepz=3`) or
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -106,6 +106,10 @@ class AlgoConfig:
     name: str = "grpo"
     clip_eps: float = 0.2
     clip_eps_high: Optional[float] = None
+    loss: str = "clip"
+    loss_args: Dict[str, Any] = field(default_factory=dict)
+    clip_ratio_c: Optional[float] = None
+    entropy_coef: float = 0.0
     beta: float = 0.04
     kl_estimator: str = "k3"
     num_iterations: int = 1

@@ -38,6 +38,7 @@ class LogProbRequest:
     completion_len: int  # T: score the last T tokens of each row
     temperature: float = 1.0  # the sampler's: ratios compare the tempered distributions
     with_entropy: bool = False
+    entropy_grad: bool = False  # the entropy with its gradient (an entropy bonus); else a constant
     chunk_tokens: int | None = None  # positions per head chunk; None = CHUNK_LOGITS // vocab
 
 
@@ -75,7 +76,7 @@ def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest, T: in
     lean = torch.is_grad_enabled() and states.requires_grad
     logps, entropies = [], []
     for s in range(0, states.shape[0], chunk):
-        args = (head, states[s : s + chunk], targets[s : s + chunk], req.temperature, req.with_entropy)
+        args = (head, states[s : s + chunk], targets[s : s + chunk], req.temperature, req.with_entropy, req.entropy_grad)
         logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if lean else _chunk(*args)
         logps.append(logp)
         entropies.append(entropy)
@@ -83,7 +84,7 @@ def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest, T: in
     return logp, torch.cat(entropies).view(-1, T) if req.with_entropy else None
 
 
-def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entropy: bool):
+def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False):
     """Chosen logit minus logsumexp in float32, of softmax(head(states) / temperature)."""
     logits = head(states).float()  # [chunk, V]
     if temperature != 1.0:
@@ -92,21 +93,22 @@ def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entro
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     return logp, entropy
 
 
 def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_len: int, *,
-                   temperature: float = 1.0, with_entropy: bool = False,
+                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                    chunk_tokens: int | None = None) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) for the last `completion_len` tokens of each row: [B, T] float32.
 
     `model` is anything whose innermost causal LM had `enable_logprob_forward` (load_model does it):
-    the bare model, or one wrapped by DDP, FSDP or PEFT. The policy is the sampler's tempered
+    the bare model, or one wrapped by DDP, FSDP or PEFT. The entropy (`with_entropy`) is a constant unless
+    `entropy_grad` (an entropy bonus differentiates it). The policy is the sampler's tempered
     distribution softmax(logits / temperature). Positions count real tokens only, as generation
     does with left padding.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    request = LogProbRequest(completion_len, temperature, with_entropy, chunk_tokens)
+    request = LogProbRequest(completion_len, temperature, with_entropy or entropy_grad, entropy_grad, chunk_tokens)
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logprobs=request)

@@ -12,13 +12,15 @@ import math
 import torch
 from torch import Tensor
 
-from grpo_cli.choices import ADVANTAGE_SCALES, AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS
+from grpo_cli.choices import ADVANTAGE_SCALES, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS
+from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES, Normalisers, TokenTerms, loss_settings
 
 __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "LOG_RATIO_BOUND",
+    "POLICY_LOSSES",
     "RATIO_LEVELS",
     "STD_KINDS",
     "group_advantages",
@@ -139,6 +141,11 @@ def policy_loss(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
     sampler_weight: Tensor | None = None,
+    loss: str = "clip",
+    loss_args: dict | None = None,
+    clip_ratio_c: float | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """The negated clipped GRPO surrogate (docs/math.md, "The clipped surrogate"), to minimise.
 
@@ -165,18 +172,27 @@ def policy_loss(
     sampler_weight: [B, T] constant per-token weights on the surrogate term only (not the KL), such as the
     truncated importance weight min(pi_old / pi_sampler, C) of ``sampler_correction_weight``.
 
+    loss: the per-token policy loss by name (losses.POLICY_LOSSES): ``"clip"`` the clipped surrogate above
+    (with ``clip_ratio_c``, dual-clip), ``"cispo"``, ``"sapo"``; ``loss_args`` its own settings.
+
+    entropy, entropy_coef: [B, T] token entropies of pi_theta (with gradient) and the bonus's weight: the
+    loss becomes loss - entropy_coef * (entropy summed over completion tokens / num_tokens), the step's
+    token mean whatever the aggregation (as TRL), so entropy_coef means the same for every loss.
+
     Every log-ratio is clamped to +-LOG_RATIO_BOUND before exp, so a sequence log-ratio of any size
     gives a finite loss and gradient.
 
     Returns (loss, metrics); metrics are 0-d tensors (read them once per step): kl, clip_frac_low,
     clip_frac_high, ratio_mean, ratio_min, ratio_max, all over completion tokens.
     """
-    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    _check_choice("aggregation", aggregation, tuple(AGGREGATIONS))
+    _check_choice("policy loss", loss, tuple(POLICY_LOSSES))
     _check_choice("ratio level", ratio_level, RATIO_LEVELS)
     _check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
     if logp.dim() != 2:
         raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
-    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp, "sampler_weight": sampler_weight}
+    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp, "sampler_weight": sampler_weight,
+             "entropy": entropy}
     for name, t in named.items():
         if t is not None and t.shape != logp.shape:
             raise ValueError(
@@ -191,6 +207,8 @@ def policy_loss(
         )
     if beta != 0 and ref_logp is None:
         raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
+    if entropy_coef and entropy is None:
+        raise ValueError("entropy_coef != 0 needs entropy, the policy's token entropies (with gradient).")
     if max_completion_length is not None and max_completion_length < 1:
         raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}.")
     if num_sequences is not None and num_sequences < 1:
@@ -217,8 +235,9 @@ def policy_loss(
         log_ratio = seq_log_ratio[:, None].expand(-1, tokens)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # [B, T]
 
-    surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
-    per_token = -surrogate
+    terms = TokenTerms(logp=logp, ratio=ratio, advantages=adv, clip_low=clip_low, clip_high=clip_high,
+                       clip_ratio_c=clip_ratio_c, args=loss_settings(loss, loss_args))
+    per_token, loss_metrics = POLICY_LOSSES[loss].fn(terms)
     if sampler_weight is not None:
         per_token = per_token * sampler_weight.detach().to(dtype).masked_fill(~keep, 0.0)
     kl = None
@@ -229,15 +248,12 @@ def policy_loss(
             per_token = per_token + beta * kl
 
     seq_sums = (per_token * weight).sum(dim=1)  # [B]
-    sequences = batch if num_sequences is None else num_sequences
-    if aggregation == "seq_mean_token_mean":
-        loss = (seq_sums / seq_tokens).sum() / sequences
-    elif aggregation == "token_mean":
-        loss = seq_sums.sum() / (weight.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
-    elif aggregation == "seq_mean_token_sum":
-        loss = seq_sums.sum() / sequences
-    else:
-        loss = seq_sums.sum() / (sequences * (max_completion_length or tokens))
+    normalisers = Normalisers(sequences=batch if num_sequences is None else num_sequences, tokens=num_tokens,
+                              max_completion_length=max_completion_length or tokens)
+    total = AGGREGATIONS[aggregation](seq_sums, seq_tokens, weight, normalisers)
+    if entropy_coef:
+        token_count = weight.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0)
+        total = total - entropy_coef * (entropy.to(dtype) * weight).sum() / token_count
 
     with torch.no_grad():  # device tensors: the caller reads them once per step (one host sync)
         n_tokens = weight.sum().clamp(min=1)
@@ -257,6 +273,7 @@ def policy_loss(
             "ratio_mean": torch.where(empty, one, masked_mean(ratio)),
             "ratio_min": torch.where(empty, one, ratio_min),
             "ratio_max": torch.where(empty, one, ratio_max),
+            **{k: masked_mean(v) for k, v in loss_metrics.items()},
         }
-    return loss, metrics
+    return total, metrics
 

@@ -23,7 +23,7 @@ from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.generation import Sampling
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import group_advantages, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.objective import POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rollout import Rollout, concat_rollouts
@@ -124,7 +124,8 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
             rows, mask = slice(s, s + mb), full_mask[s : s + mb]
             with dist.no_sync(policy, last=i == len(starts) - 1):  # gradients all-reduced once, after the last
                 logp, entropy = token_logprobs(policy, roll.input_ids[rows], roll.attention_mask[rows], T,
-                                               temperature=cfg.sampler.temperature, with_entropy=with_entropy)
+                                               temperature=cfg.sampler.temperature, with_entropy=with_entropy,
+                                               entropy_grad=algo.entropy_coef != 0)
                 with precision.outside_autocast():
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
                     old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
@@ -138,6 +139,8 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
                         kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
                         max_completion_length=cfg.sampler.max_new_tokens,
                         num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
+                        loss=algo.loss, loss_args=algo.loss_args, clip_ratio_c=algo.clip_ratio_c,
+                        entropy=entropy, entropy_coef=algo.entropy_coef,
                     )
                     # DDP averages gradients over ranks: times the world size, that average is the global sum.
                     (loss * dist.world_size).backward()
@@ -147,8 +150,9 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
             if record is not None:
                 record.sum("loss", loss.detach())
                 record.mean("kl_behaviour", (token_kl(old, logp.detach(), "k3") * mask).sum(), tokens)
-                for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean"):
-                    record.mean(k, m[k] * tokens, tokens)
+                for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", *POLICY_LOSSES[algo.loss].metrics):
+                    if k in m:
+                        record.mean(k, m[k] * tokens, tokens)
                 record.min("ratio_min", m["ratio_min"])
                 record.max("ratio_max", m["ratio_max"])
                 if sampler is not None:  # the engine against the trainer (docs/math.md, "Sampler mismatch")
