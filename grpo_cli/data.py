@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -20,6 +21,7 @@ from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bar
 
 from grpo_cli.choices import ANSWER_EXTRACTS, DATA_SOURCES as SOURCES
 from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.generation import group_seed
 from grpo_cli.rewards.exact_match import extract_answer
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -273,20 +275,54 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> 
     return DatasetDict({name: prepare(split, name, cfg, tokenizer, log) for name, split in data.items()})
 
 
-class PromptOrder:
-    """Which prompts each step draws: a fresh seeded permutation per epoch, so step k's batch is a
-    pure function of (seed, k) and a resumed run needs only the step to continue the same order."""
+@dataclass
+class PromptBatch:
+    """The prompts of one sampling round, with what rewards need and each group's sampling seed."""
 
-    def __init__(self, num_rows: int, batch_size: int, seed: int):
+    prompts: list[str]
+    answers: list[str]
+    seeds: list[int]
+    columns: dict[str, list] = field(default_factory=dict)  # dataset columns, one entry per prompt
+
+
+class PromptOrder:
+    """Which prompts each step draws, and this rank's share of them. The order is a fresh seeded
+    permutation per epoch, so step k's batch is a pure function of (seed, k) and a resumed run needs
+    only the step to continue it. Every group's sampling noise is seeded by (run seed, step, its
+    position in the whole batch, round), so the groups are the same on 1 or N processes."""
+
+    def __init__(self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
         if batch_size > num_rows:
             raise GrpoError(
                 f"trainer.prompts_per_step={batch_size} exceeds the {num_rows} training prompts; lower it."
             )
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
         self.per_epoch = num_rows // batch_size  # the remainder of each epoch is skipped
+        self.per_rank, self.first = batch_size // world_size, rank * (batch_size // world_size)
+
+    def _generator(self, *parts: int) -> torch.Generator:
+        """The one seeding rule of the prompt draws: run seed, then epoch (or step and round)."""
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + sum(parts))
 
     def indices(self, step: int) -> list[int]:
+        """The rows of step `step + 1`'s prompts (steps count from 0 here), the whole batch."""
         epoch, k = divmod(step, self.per_epoch)
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        perm = torch.randperm(self.num_rows, generator=g)
+        perm = torch.randperm(self.num_rows, generator=self._generator(epoch))
         return perm[k * self.batch_size : (k + 1) * self.batch_size].tolist()
+
+    def share(self, rows, prompt_field: str, answer_field: str, step: int, indices: list[int] | None = None,
+              round_: int = 0) -> PromptBatch:
+        """This rank's slice of step `step`'s prompts (positions rank * n_local ...), as a PromptBatch."""
+        indices = self.indices(step - 1) if indices is None else indices
+        first, n = self.first, self.per_rank
+        picked = rows[indices[first : first + n]]
+        seeds = [group_seed(self.seed, step, first + i, round_) for i in range(n)]
+        return PromptBatch(picked[prompt_field], picked[answer_field], seeds, picked)
+
+    def refill(self, rows, prompt_field: str, answer_field: str, step: int):
+        """More prompts for dynamic sampling: round r draws a batch with replacement, seeded by (step, r)."""
+        def draw(round_: int) -> PromptBatch:
+            g = self._generator(step * 1_009, round_)
+            drawn = torch.randint(self.num_rows, (self.batch_size,), generator=g).tolist()
+            return self.share(rows, prompt_field, answer_field, step, drawn, round_)
+        return draw

@@ -28,7 +28,8 @@ class Rollout:
     ref_logp: Optional[Tensor] = None  # [n*G, T] pi_ref, only when beta != 0
     weight: Optional[Tensor] = None  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
     sampler_logp: Optional[Tensor] = None  # [n*G, T] the sampler's own log-probs of its tokens (vLLM), 0 off the mask
-    extra: dict = field(default_factory=dict)
+    answers: Optional[list] = None  # [n] each group's reference answer, once scored
+    extra: dict = field(default_factory=dict)  # per-term rewards ("reward_terms": {name: [n, G]}) for logging
 
     @property
     def completion_len(self) -> int:

@@ -10,10 +10,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.checkpoint import list_checkpoints
-from grpo_cli.choices import INFERENCE_PRECISIONS
+from grpo_cli.checks import check_sample
 from grpo_cli.errors import GrpoError
 from grpo_cli.data import render_user_prompts
-from grpo_cli.evaluate import check_model_files, with_training_settings, writable_dir
+from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
 from grpo_cli.generation import Sampling, check_available, group_seed, make_generator
 from grpo_cli.lora import is_adapter_dir
@@ -63,13 +63,9 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     inputs = [{"prompt": p} for p in ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)]
     if cfg.prompts_file:
         inputs += read_prompts(cfg.prompts_file)
-    if not inputs:
-        raise GrpoError('No prompt given; pass prompt="...", prompts=[...] or prompts_file=FILE.')
-    s = cfg.sampler
-    if s.group_size < 1 or s.temperature <= 0 or s.max_new_tokens < 1 or cfg.batch_size < 1:
-        raise GrpoError("sampler.group_size, sampler.max_new_tokens and batch_size must be >= 1 and sampler.temperature > 0.")
-    if cfg.precision not in INFERENCE_PRECISIONS:
-        raise GrpoError(f"precision={cfg.precision!r} must be one of {', '.join(INFERENCE_PRECISIONS)}.")
+    if not inputs:  # checks.check_sample saw a prompts_file named, but it holds no prompt
+        raise GrpoError(f"prompts_file={cfg.prompts_file} holds no prompt; write one per line (in a .jsonl file, "
+                        'objects with a "prompt" field).')
     for row in inputs:  # an answer in the file wins over answer= on the command line
         if row.get("answer") is None and cfg.answer is not None:
             row["answer"] = cfg.answer
@@ -77,6 +73,7 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     key = "checkpoint" if cfg.checkpoint is not None else "model.path"
     check_model_files(path, key)  # every input checked before the model loads
     cfg = with_training_settings(cfg, [path], list(overrides), console)
+    check_sample(cfg)  # again: the saved settings may have replaced groups
     s = cfg.sampler
     reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
     if cfg.output:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Callable, ContextManager
+from dataclasses import dataclass, field, fields, make_dataclass
+from types import MappingProxyType
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch.profiler import record_function
 
+from grpo_cli.data import PromptBatch
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.generation import Sampling
 from grpo_cli.logprobs import token_logprobs
@@ -50,16 +52,6 @@ class Policies:
         return cls(policy, scope(reference), scope(behaviour))
 
 
-@dataclass
-class PromptBatch:
-    """The prompts of one sampling round, with what rewards need and each group's sampling seed."""
-
-    prompts: list[str]
-    answers: list[str]
-    seeds: list[int]
-    columns: dict[str, list] = field(default_factory=dict)  # dataset columns, one entry per prompt
-
-
 def clock(device: torch.device) -> float:
     """Wall time after the device's queued work: without the sync, CUDA phases bill each other."""
     if device.type == "cuda":
@@ -67,9 +59,37 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def sampling_of(cfg) -> Sampling:
-    s = cfg.sampler
-    return Sampling(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+def frozen(config):
+    """A frozen copy of a config dataclass (same fields and values; a dict field becomes read-only)."""
+    cls = type(config)
+    if cls not in _FROZEN:
+        _FROZEN[cls] = make_dataclass(f"Frozen{cls.__name__}", [(f.name, f.type) for f in fields(cls)], frozen=True)
+    return _FROZEN[cls](**{f.name: MappingProxyType(dict(v)) if isinstance(v := getattr(config, f.name), dict) else v
+                           for f in fields(cls)})
+
+
+_FROZEN: dict[type, type] = {}
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a step reads of the run's config, built once per run (`StepSettings.of`): the objective's
+    settings, how to sample, how to batch, and the run's one Judge of what "correct" means."""
+
+    algo: Any  # a frozen copy of cfg.algo (docs/math.md)
+    sampling: Sampling
+    group_size: int
+    micro_batch_size: int
+    max_grad_norm: float
+    judge: Judge
+
+    @classmethod
+    def of(cls, cfg, reward_fn=None) -> "StepSettings":
+        s = cfg.sampler
+        return cls(algo=frozen(cfg.algo), group_size=s.group_size, micro_batch_size=cfg.trainer.micro_batch_size,
+                   sampling=Sampling(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                     top_k=s.top_k),
+                   max_grad_norm=cfg.optimizer.max_grad_norm, judge=Judge(cfg.reward, reward_fn))
 
 
 def score(model, roll: Rollout, temperature: float, micro_batch_size: int, precision: Precision):
@@ -100,7 +120,7 @@ def real_rows(roll: Rollout) -> torch.Tensor:
     return roll.weight if roll.weight is not None else torch.ones(roll.input_ids.shape[0], device=roll.input_ids.device)
 
 
-def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, record: StepMetrics | None = None,
+def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
              with_entropy: bool = False, dist: Dist = SINGLE) -> tuple[bool, float]:
     """One optimiser step on the clipped surrogate over the whole (global) rollout batch, accumulated
     over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
@@ -110,7 +130,7 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
     as they were. The gradient norm is global (DDP all-reduces the gradients first), so every rank
     decides alike without a collective.
     """
-    algo, mb = cfg.algo, cfg.trainer.micro_batch_size
+    algo, mb, temperature = settings.algo, settings.micro_batch_size, settings.sampling.temperature
     full_mask = loss_mask(roll, algo.mask_truncated)
     B, T = full_mask.shape
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
@@ -124,7 +144,7 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
             rows, mask = slice(s, s + mb), full_mask[s : s + mb]
             with dist.no_sync(policy, last=i == len(starts) - 1):  # gradients all-reduced once, after the last
                 logp, entropy = token_logprobs(policy, roll.input_ids[rows], roll.attention_mask[rows], T,
-                                               temperature=cfg.sampler.temperature, with_entropy=with_entropy,
+                                               temperature=temperature, with_entropy=with_entropy,
                                                entropy_grad=algo.entropy_coef != 0)
                 with precision.outside_autocast():
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
@@ -137,7 +157,7 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
                         clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
                         ref_logp=roll.ref_logp[rows] if roll.ref_logp is not None else None,
                         kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
-                        max_completion_length=cfg.sampler.max_new_tokens,
+                        max_completion_length=settings.sampling.max_new_tokens,
                         num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
                         loss=algo.loss, loss_args=algo.loss_args, clip_ratio_c=algo.clip_ratio_c,
                         entropy=entropy, entropy_coef=algo.entropy_coef,
@@ -158,7 +178,7 @@ def optimise(policy, optimizer, roll: Rollout, cfg, precision: Precision, *, rec
                 if sampler is not None:  # the engine against the trainer (docs/math.md, "Sampler mismatch")
                     record_mismatch(record, old, sampler, mask, weight, algo.sampler_correction_cap)
     params = [p for p in policy.parameters() if p.grad is not None]
-    max_norm = cfg.optimizer.max_grad_norm if cfg.optimizer.max_grad_norm > 0 else math.inf
+    max_norm = settings.max_grad_norm if settings.max_grad_norm > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0  # a host sync
     finite = math.isfinite(grad_norm)  # a non-finite loss gives non-finite gradients, hence this norm
     if finite:
@@ -179,8 +199,8 @@ def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float)
         record.mean("sampler/capped_frac", ((diff > math.log(cap)) & keep).sum(), tokens)
 
 
-def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill=None, metrics: StepMetrics | None = None,
-            dist: Dist = SINGLE):
+def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: StepSettings, refill=None,
+            metrics: StepMetrics | None = None, dist: Dist = SINGLE):
     """Sample G completions per prompt and score them: (rollout to train on, its answers, step metrics).
 
     The metrics describe everything sampled this step (all refill rounds), not only the groups kept
@@ -195,10 +215,10 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
     the quota is global: rounds go on until every rank's share is full (a full rank idles), and each
     rank's kept groups are topped up with zero-weight padding groups, so all run the same micro-batches.
     """
-    G, n, sampling = cfg.sampler.group_size, len(batch.prompts), sampling_of(cfg)
+    G, n, sampling, algo = settings.group_size, len(batch.prompts), settings.sampling, settings.algo
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
     metrics = metrics if metrics is not None else StepMetrics()
-    judge = Judge(cfg.reward, reward_fn)  # what "correct" means for accuracy (reward.correct)
+    judge = settings.judge  # what "correct" means for accuracy (reward.correct)
 
     def per_completion(values):
         return [v for v in values for _ in range(G)]
@@ -209,7 +229,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
             roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds,
-                                      with_logprobs=generator.name == "vllm" or cfg.algo.sampler_correction == "tis")
+                                      with_logprobs=generator.name == "vllm" or algo.sampler_correction == "tis")
             total, terms = score_batch(
                 reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
                 completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
@@ -224,7 +244,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
             metrics.mean("zero_var_frac", (rewards.amax(1) == rewards.amin(1)).sum(), rewards.shape[0])
             for k, v in terms.items():
                 metrics.mean(f"reward/{k}", v.double().sum(), v.numel())
-            if not cfg.algo.dynamic_sampling:
+            if not algo.dynamic_sampling:
                 roll.rewards, roll.extra["reward_terms"] = rewards, terms  # float64: logs show the rewards given
                 metrics.mean("dropped_frac", 0.0, rewards.shape[0])
                 return roll, list(batch.answers), metrics
@@ -237,7 +257,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, cfg, refill
                 kept_terms.append({k: v[groups] for k, v in terms.items()})
             last, last_terms, last_answers = roll, terms, list(batch.answers)
         missing = float(dist.all_sum(torch.tensor([float(n - have())]))[0])  # the global quota
-        if missing <= 0 or refill is None or rounds >= cfg.algo.max_refill_rounds:
+        if missing <= 0 or refill is None or rounds >= algo.max_refill_rounds:
             break
         rounds += 1
         batch = refill(rounds)
@@ -266,10 +286,10 @@ def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
     return out.flatten().to(roll.input_ids.device)
 
 
-def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, reward_fn, cfg, *,
+def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, reward_fn, settings: StepSettings, *,
               precision: Precision | None = None, refill=None, dist: Dist = SINGLE):
     """Collect groups, whiten within groups, and run mu updates (docs/math.md, "The algorithm"):
-    (metrics row, rollout); the rollout's extra["answers"] holds its groups' answers.
+    (metrics row, rollout); the rollout's `answers` hold its groups' answers.
 
     The behaviour policy, when there is one, samples, and its log-probabilities, recomputed here in
     the training precision, are the denominator of every ratio. On-policy they come from
@@ -278,14 +298,14 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     precision = precision or Precision("fp32")
     policy = policies.policy
     device = next(policy.parameters()).device
-    algo, mb, temp = cfg.algo, cfg.trainer.micro_batch_size, cfg.sampler.temperature
+    algo, mb, temp = settings.algo, settings.micro_batch_size, settings.sampling.temperature
     # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
     with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
         with record_function(PHASES[0]):
             with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once for the rollout
-                roll, answers, metrics = collect(generator, generating, batch, reward_fn, cfg, refill, StepMetrics(device),
-                                                 dist)
+                roll, answers, metrics = collect(generator, generating, batch, reward_fn, settings, refill,
+                                                 StepMetrics(device), dist)
             generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
         t_gen = clock(device)
         # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
@@ -305,7 +325,7 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     with record_function(PHASES[2]):
         for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
             last = i == algo.num_iterations - 1
-            failed, grad_norm = optimise(policy, optimizer, roll, cfg, precision, record=metrics if last else None,
+            failed, grad_norm = optimise(policy, optimizer, roll, settings, precision, record=metrics if last else None,
                                          with_entropy=i == 0, dist=dist)
             skipped += failed
         if generator.needs_weights and policies.behaviour is None:  # the engine samples the next step: push the update
@@ -326,14 +346,14 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     row["completion_tokens"] = int(row["completion_tokens"])
     row.update(grad_norm=grad_norm, skipped=float(skipped),
                tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
-    roll.extra["answers"] = answers
+    roll.answers = answers
     return row, roll
 
 
 def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | None = None) -> list[dict]:
     """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
     the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
-    G, answers, user_text = roll.group_size, roll.extra["answers"], user_text or {}
+    G, answers, user_text = roll.group_size, roll.answers, user_text or {}
     return [
         {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
          "answer": str(answers[g]),

@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_cli import step as step_fn  # a loop below names its counter `step`
-from grpo_cli import trainer
+from grpo_cli import run as run_setup, trainer
 from grpo_cli.choices import PRECISIONS
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems
@@ -179,8 +179,8 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     cfg.trainer.seed = opts["seed"]
     cfg.algo.beta = opts["beta"]
     cfg.optimizer.lr = shape.lr
-    trainer.check_config(cfg)
-    trainer.set_seed(cfg.trainer.seed)
+    run_setup.check_train(cfg)
+    run_setup.set_seed(cfg.trainer.seed)
 
     log(f"[{name}] building")
     precision = training_precision(cfg.trainer.precision, device)
@@ -199,10 +199,10 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     params = sum(p.numel() for p in policy.parameters())
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     warmup, repeats = opts["warmup"], opts["repeats"]
-    optimizer, scheduler = trainer.build_optimizer(policy, cfg.optimizer, warmup + repeats)
+    optimizer, scheduler = run_setup.build_optimizer(policy, cfg.optimizer, warmup + repeats)
 
     rows = []
-    profiler = None
+    profiler, settings = None, step_fn.StepSettings.of(cfg, reward_fn)
     # grpo_step synchronises CUDA at each phase boundary itself.
     for step in range(warmup + repeats):
         timed = step >= warmup
@@ -218,7 +218,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         seeds = [group_seed(cfg.trainer.seed, step, i) for i in range(len(prompts))]
         policy.train()  # as the trainer's loop does
         row, _ = step_fn.grpo_step(policies, generator, optimizer, step_fn.PromptBatch(prompts, answers, seeds),
-                                   reward_fn, cfg, precision=precision)
+                                   reward_fn, settings, precision=precision)
         scheduler.step()
         log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
         if timed:

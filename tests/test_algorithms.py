@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from grpo_cli import step, trainer
+from grpo_cli import run as run_setup, step, trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.console import Console
 from grpo_cli.models import load_model, load_tokenizer
@@ -40,7 +40,7 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
     cfg = small_config(num_iterations=2, beta=0.0)
     torch.manual_seed(0)
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
-    optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 10)
+    optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 10)
     seen = []
     real = step.policy_loss
 
@@ -51,7 +51,8 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
 
     monkeypatch.setattr(step, "policy_loss", recording)
     batch = PromptBatch(["1+2=", "3+4=", "5+5=", "9+8="], ["3", "7", "10", "17"], seeds=[0, 1, 2, 3])
-    step.grpo_step(Policies.of(policy), HFGenerator(tok), optimizer, batch, build_reward(cfg.reward), cfg)
+    step.grpo_step(Policies.of(policy), HFGenerator(tok), optimizer, batch, build_reward(cfg.reward),
+                   step.StepSettings.of(cfg, build_reward(cfg.reward)))
     steps = {int(s["step"]) for s in optimizer.state.values()}
     assert steps == {2}  # AdamW counted two optimiser steps for every parameter
     micro_batches = len(seen) // 2
@@ -127,7 +128,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
                2: PromptBatch(["good2=", "good3=", "flat4=", "good4="], list("efgh"), [2] * 4)}
     roll, answers, metrics = step.collect(
         HFGenerator(tok), policy, PromptBatch(["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), [0] * 4), reward,
-        cfg, refill=lambda r: batches[r],
+        step.StepSettings.of(cfg, reward), refill=lambda r: batches[r],
     )
     stats = metrics.reduce(SINGLE)
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]

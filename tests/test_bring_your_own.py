@@ -234,7 +234,7 @@ def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kep
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
     refills = {1: PromptBatch(["3+3=", "4+4="], ["6", "8"], [2, 3], {"level": [0, 1]})}  # level 0: flat, dropped
     roll, answers, _ = step.collect(HFGenerator(tok), policy, PromptBatch(["1+1=", "2+2="], ["2", "4"], [0, 1], {"level": [1, 0]}),
-                                    reward, cfg, refill=refills.get)
+                                    reward, step.StepSettings.of(cfg, reward), refill=refills.get)
     assert roll.prompts == ["1+1=", "4+4="] and answers == ["2", "8"]
     assert roll.extra["reward_terms"]["python"].tolist() == [[0.0, 1.0, 0.0, 1.0]] * 2
     assert roll.extra["reward_terms"]["length"].tolist() == [[0.0] * 4] * 2

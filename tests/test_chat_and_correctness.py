@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from grpo_cli.cli import main
 from grpo_cli.config import RewardConfig
-from grpo_cli.evaluate import greedy_scores, pass_at_k, sampled_scores
+from grpo_cli.scoring import greedy_scores, pass_at_k, sampled_scores
 from grpo_cli.generation import HFGenerator
 from grpo_cli.rewards import Judge, build_reward
 
@@ -147,7 +147,7 @@ def test_correct_follows_a_threshold_a_max_reward_attribute_or_the_answer_rule(p
 
 def test_a_real_model_path_on_the_built_in_settings_gets_one_note_and_a_preset_does_not(tiny_dir):
     from grpo_cli.compose import compose_config
-    from grpo_cli.trainer import builtin_settings_note
+    from grpo_cli.run import builtin_settings_note
 
     plain = compose_config("train", [f"model.path={tiny_dir}"])
     note = builtin_settings_note(plain)

