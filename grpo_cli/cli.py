@@ -16,7 +16,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
-from rich.markup import escape
 
 from grpo_cli.compose import check_command_line
 from grpo_cli.config import EvaluateConfig, SampleConfig, TrainConfig, register_configs
@@ -197,8 +196,9 @@ def main(argv: list[str] | None = None) -> None:
         raise
     finally:
         if _dist is not None:
-            if "grpo_cli.vllm_engine" in sys.modules:  # generator=vllm: its engines go before the process group
-                sys.modules["grpo_cli.vllm_engine"].shutdown_engines()
+            from grpo_cli.generators import close_all
+
+            close_all()  # an engine sharing the process group (vLLM) goes before it
             _dist.close()
 
 

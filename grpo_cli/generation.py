@@ -1,7 +1,8 @@
 """Generation behind one small interface that training, held-out evaluation, `grpo evaluate` and
 `grpo sample` share: `generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`,
 `generator.update(model)` after an optimizer step and `generator.sleep()` while the update runs.
-The `generator` config group picks `hf` (here) or `vllm` (vllm_engine.py); `make_generator` builds it.
+The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a registered backend
+(generators.py, which builds it).
 
 `HFGenerator` samples with the model's own forward and KV cache:
 - each distinct prompt is prefilled once and its cache repeated for its G completions;
@@ -95,7 +96,8 @@ class _Noise:
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
 
     def __call__(self, rows: Tensor) -> Tensor:
-        """log E, [len(rows), vocab], for the given original row indices (sorted); one draw per live group."""
+        """log E, [len(rows), vocab], for the given original row indices (sorted, on the host, so reading
+        them costs no device sync); one draw per live group."""
         groups = torch.unique_consecutive(rows // self.G).tolist()
         drawn = torch.empty(len(groups), self.G, self.vocab, device=self.device)
         for k, g in enumerate(groups):
@@ -106,7 +108,7 @@ class _Noise:
             return drawn
         slot = {g: k for k, g in enumerate(groups)}
         index = torch.tensor([slot[g] * self.G + r % self.G for g, r in zip((rows // self.G).tolist(), rows.tolist())],
-                             device=rows.device)
+                             device=self.device)
         return drawn[index]
 
 
@@ -131,6 +133,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((B, T), device=device) if with_logprobs else None
     rows = torch.arange(B, device=device)  # original index of each live row
+    host_rows = rows.cpu()  # the same, on the host: what the noise reads
     for t in range(T):
         scores = logits.float()
         if sampling.greedy:
@@ -138,17 +141,20 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
         else:
             if sampling.temperature != 1.0:
                 scores = scores / sampling.temperature
-            chosen = (_filter(scores, sampling.top_k, sampling.top_p) - noise(rows)).argmax(-1)
+            chosen = (_filter(scores, sampling.top_k, sampling.top_p) - noise(host_rows)).argmax(-1)
         tokens[rows, t] = chosen
         if with_logprobs:
             logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
-        live = ~torch.isin(chosen, eos)
-        if t + 1 == T or not bool(live.any()):  # one sync per token, as any sampler that stops early
+        live = (~torch.isin(chosen, eos)).cpu()  # the one host read per token, as any sampler that stops early
+        n_live = int(live.sum())
+        if t + 1 == T or n_live == 0:
             return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
-        if int(live.sum()) <= 0.75 * live.numel():  # drop finished rows once a quarter of the batch is done
-            keep = live.nonzero().squeeze(-1)
+        if n_live <= 0.75 * live.numel():  # drop finished rows once a quarter of the batch is done
+            host_keep = live.nonzero().squeeze(-1)
+            keep = host_keep.to(device)
             cache.batch_select_indices(keep)
-            rows, chosen, mask, position = rows[keep], chosen[keep], mask[keep], position[keep]
+            host_rows, rows = host_rows[host_keep], rows[keep]
+            chosen, mask, position = chosen[keep], mask[keep], position[keep]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
                     past_key_values=cache, use_cache=True)
@@ -205,10 +211,11 @@ class HFGenerator(PromptIds):
     """Generation with the model's own forward (see the module docstring). The model is passed per
     call (the policy, or a behaviour policy), so there are no weights to push after an update."""
 
-    name = "hf"
+    returns_logprobs = False  # sampling log-probs only when asked (with_logprobs, for algo.sampler_correction)
     needs_weights = False  # generation reads the model passed in; nothing to push after an update
 
-    def __init__(self, tokenizer, *, chat_template: bool = False, precision: Precision | None = None):
+    def __init__(self, tokenizer, settings=None, *, chat_template: bool = False, precision: Precision | None = None,
+                 **_placement):
         super().__init__(tokenizer, chat_template)
         self.precision = precision or Precision("fp32")
 
@@ -238,22 +245,3 @@ class HFGenerator(PromptIds):
 
     def close(self) -> None:
         """Nothing to shut down."""
-
-
-def check_available(settings) -> None:
-    """Fail with one sentence before any model loads when the generator's library is missing."""
-    if settings.name == "vllm":
-        from grpo_cli.vllm_engine import check_vllm_installed
-
-        check_vllm_installed()
-
-
-def make_generator(settings, tokenizer, *, chat_template: bool, precision: Precision, device, world_size: int = 1,
-                   seed: int = 0):
-    """The generator the `generator` config group names: `hf` (the model's own forward) or `vllm`."""
-    if settings.name == "vllm":
-        from grpo_cli.vllm_engine import VLLMGenerator
-
-        return VLLMGenerator(tokenizer, settings, chat_template=chat_template, precision=precision, device=device,
-                             world_size=world_size, seed=seed)
-    return HFGenerator(tokenizer, chat_template=chat_template, precision=precision)

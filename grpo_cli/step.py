@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, fields, make_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, ContextManager
 
@@ -229,7 +229,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
             roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds,
-                                      with_logprobs=generator.name == "vllm" or algo.sampler_correction == "tis")
+                                      with_logprobs=generator.returns_logprobs or algo.sampler_correction == "tis")
             total, terms = score_batch(
                 reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
                 completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),

@@ -41,7 +41,6 @@ import os
 import random
 import tempfile
 import warnings
-import weakref
 
 import numpy as np
 import torch
@@ -130,22 +129,13 @@ def fingerprint(model) -> tuple:
             tuple(layer.disable_adapters for layer in _lora_layers(model).values()))
 
 
-_ENGINES: "weakref.WeakSet[VLLMGenerator]" = weakref.WeakSet()
-
-
-def shutdown_engines() -> None:
-    """Shut every engine of this process down, before the process group is: under torchrun vLLM shares
-    torch.distributed's default group, and its own clean-up at interpreter exit would find it gone."""
-    for generator in list(_ENGINES):
-        generator.close()
-
-
 class VLLMGenerator(PromptIds):
     """`generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`, as HFGenerator, with a
     vLLM engine holding the sampling weights (see the module docstring)."""
 
-    name = "vllm"
+    returns_logprobs = True  # vLLM's own log-probs of every sampled token: the step's sampler_logp
     needs_weights = True  # the step gathers (FSDP) and pushes the policy after each update
+    check_available = staticmethod(check_vllm_installed)
 
     def __init__(self, tokenizer, settings, *, chat_template: bool = False, precision: Precision | None = None,
                  device: torch.device | None = None, world_size: int = 1, seed: int = 0):
@@ -156,7 +146,6 @@ class VLLMGenerator(PromptIds):
         self.world_size, self.seed = world_size, seed
         self.llm, self._pushed, self._asleep = None, None, False
         self.push_seconds = 0.0  # total time spent pushing weights (for benchmarks)
-        _ENGINES.add(self)
 
     # -- the engine -------------------------------------------------------------------------------
     def _build(self, model) -> None:
