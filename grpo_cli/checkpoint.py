@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grpo_cli.distributed import SINGLE, Dist, unwrap
+from grpo_cli.distributed import Dist, SINGLE, is_sharded, unwrap
 from grpo_cli.errors import GrpoError, first_line, write_failure
 
 STATE_FILE = "trainer_state.pt"
@@ -78,7 +78,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-write_error = write_failure
 
 
 def check_finite(model, dist: Dist = SINGLE) -> None:
@@ -96,7 +95,7 @@ def _local(p):
 def full_state_dict(model, dist: Dist) -> dict | None:
     """The model's full state dict on rank 0 (gathered from FSDP shards), None on other ranks; None for
     an unsharded model (it saves itself)."""
-    if not hasattr(model, "unshard"):
+    if not is_sharded(model):
         return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -170,7 +169,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     final, tmp = root / f"step-{step}", root / f".tmp-step-{step}"
     check_finite(model, dist)
     rngs = dist.gather_objects(rng_state())
-    sharded = hasattr(model, "unshard")
+    sharded = is_sharded(model)
     ok = True
     if dist.is_main:
         try:
@@ -180,7 +179,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
         except OSError as e:
             ok, error = False, e
     if not dist.all_max(0.0 if ok else 1.0) == 0.0:
-        raise write_error(tmp, error) if dist.is_main else GrpoError("Rank 0 could not write a checkpoint; see its message.")
+        raise write_failure(tmp, error) if dist.is_main else GrpoError("Rank 0 could not write a checkpoint; see its message.")
     try:
         if sharded:  # every rank writes its shard of the model and optimizer
             import torch.distributed.checkpoint as dcp
@@ -207,7 +206,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
             shutil.rmtree(tmp, ignore_errors=True)
         ok, error = False, e
     if dist.all_max(0.0 if ok else 1.0):
-        raise write_error(tmp, error) if not ok else GrpoError("Another rank could not write its part of a checkpoint; see its message.")
+        raise write_failure(tmp, error) if not ok else GrpoError("Another rank could not write its part of a checkpoint; see its message.")
     if dist.is_main and keep_last > 0:
         for old in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -215,10 +214,9 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
     return final
 
 
-def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: str | None = None,
-               config: dict | None = None) -> Path:
-    """`final/`: the trained model in HF format (under LoRA the merged model, and the adapter alone in
-    final/adapter), staged in `.tmp-final` and renamed into place, so a kill leaves the old final/ or
+def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, merge=None, config: dict | None = None) -> Path:
+    """`final/`: the trained model in HF format (under LoRA the merged model, `merge(trained, adapter
+    tensors or None)`, and the adapter alone in final/adapter), staged in `.tmp-final` and renamed into place, so a kill leaves the old final/ or
     none, never half of one."""
     run_dir = Path(run_dir)
     final, tmp, old = run_dir / "final", run_dir / ".tmp-final", run_dir / ".old-final"
@@ -227,13 +225,11 @@ def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: 
     if dist.is_main:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
-            if lora_base is not None:
-                from grpo_cli.lora import merged_copy
-
+            if merge is not None:
                 # Under FSDP the adapter's tensors are shards: save them from the gathered state dict.
                 adapter = None if full is None else {k: v for k, v in full.items() if ".lora_" in k}
                 _save_model(model, tokenizer, tmp / "adapter", full)
-                _save_model(merged_copy(lora_base, unwrap(model), adapter=adapter), tokenizer, tmp, config=config)
+                _save_model(merge(unwrap(model), adapter), tokenizer, tmp, config=config)
             else:
                 _save_model(model, tokenizer, tmp, full, config)
             _fsync_tree(tmp)
@@ -246,7 +242,7 @@ def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, lora_base: 
             shutil.rmtree(tmp, ignore_errors=True)
             if old.exists() and not final.exists():
                 os.replace(old, final)
-            raise write_error(final, e) from None
+            raise write_failure(final, e) from None
     dist.barrier()
     return final
 

@@ -12,9 +12,11 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, GENERATORS, OBJECTIVES, SAMPLER_CORRECTIONS, TRACKERS, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
+from grpo_cli.generators import GENERATORS
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
+from grpo_cli.trackers import TRACKERS
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
 
@@ -51,7 +53,7 @@ class Problems(list):
 
 
 def check_generator(p: Problems, g, model) -> None:
-    p.choice("generator.name", g.name, GENERATORS)
+    p.choice("generator.name", g.name, tuple(GENERATORS))
     if g.name != "vllm":
         return
     p.finite("generator.gpu_memory_utilization", g.gpu_memory_utilization, 0, 1, low_open=True)
@@ -97,8 +99,10 @@ def check_reward(p: Problems, r) -> None:
     if r.extract == "regex":
         try:
             groups = re.compile(r.pattern or "").groups
-            p.need(bool(r.pattern) and groups >= 1,
-                   "reward.extract=regex needs reward.pattern, a regex with one capture group such as 'answer: (\\d+)'")
+            p.need(bool(r.pattern), "reward.extract=regex needs reward.pattern, a regex with one capture group such as "
+                                    "'answer: (\\d+)'")
+            p.need(not r.pattern or groups >= 1, f"reward.pattern={r.pattern} has no capture group; put the answer part "
+                                                 "in parentheses, e.g. 'answer: (\\d+)'")
         except re.error as e:
             p.append(f"reward.pattern {r.pattern!r} does not compile ({e}); fix the regex")
     if r.name == "combo":
@@ -118,14 +122,17 @@ def check_reward(p: Problems, r) -> None:
         p.at_least("reward.max_length", r.max_length, 1)
         p.need(0 <= r.overlong_buffer < r.max_length,
                f"reward.overlong_buffer={r.overlong_buffer} must be >= 0 and below reward.max_length={r.max_length}")
+    if "format" in terms:
+        try:
+            re.compile(r.format_pattern, re.DOTALL)
+        except re.error as e:
+            p.append(f"reward.format_pattern {r.format_pattern!r} does not compile ({e}); fix the regex")
     if "model" in terms:
         p.need(bool(r.model_path), "reward=model needs reward.model_path, a one-label sequence classifier")
         p.at_least("reward.model_batch_size", r.model_batch_size, 1)
         p.need(bool(DEVICE.match(str(r.model_device))), f"reward.model_device={r.model_device!r} must be auto, cpu, cuda or cuda:N")
     if "python" in terms:
         p.need(bool(r.fn), "reward=python needs reward.fn, a dotted path to your function such as mypkg.rewards:score")
-    if r.correct_threshold is not None:
-        p.finite("reward.correct_threshold", r.correct_threshold)
 
 
 def check_data(p: Problems, d) -> None:
@@ -139,6 +146,9 @@ def check_data(p: Problems, d) -> None:
         p.at_least("data.digits", d.digits, 1)
         p.at_least("data.num_train", d.num_train, 1)
         p.at_least("data.num_test", d.num_test, 1)
+        distinct = 10 ** (2 * max(d.digits, 0)) // 2
+        p.need(d.num_train + d.num_test <= distinct, f"data.num_train + data.num_test = {d.num_train + d.num_test} must be "
+                                                     f"at most {distinct}, half the distinct problems of data.digits={d.digits}")
     if d.name == "files":
         p.need(bool(d.train_file), "data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file)")
     if d.name == "hub":

@@ -20,8 +20,6 @@ CORRECT_RULES = ("reward", "answer")  # what accuracy counts as right (rewards.J
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",
               "inverse_sqrt")
 STRATEGIES = ("auto", "single", "ddp", "fsdp")  # trainer.strategy
-GENERATORS = ("hf", "vllm")  # the generator group: the model's own forward, or a vLLM engine
 SAMPLER_CORRECTIONS = ("none", "tis")  # algo.sampler_correction: truncated importance sampling
 # What `objective=` may name: numbers of the run summary a sweeper (Optuna) can optimise
 OBJECTIVES = ("reward_last20", "greedy_accuracy_after", "sampled_accuracy_after", "seconds")
-TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # trainer.trackers; metrics.jsonl is always written

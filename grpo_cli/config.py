@@ -157,7 +157,6 @@ class TrainerConfig:
     log_completions_groups: int = 2
     trackers: List[str] = field(default_factory=list)
     tracker_project: str = "grpo-cli"
-    tensorboard: bool = False
     precision: str = "fp32"
     threads: int = 0
     nonfinite_patience: int = 3

@@ -15,7 +15,7 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from grpo_cli.errors import GrpoError, write_failure
+from grpo_cli.errors import write_failure
 
 
 class Console:

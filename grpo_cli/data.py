@@ -19,7 +19,6 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-from grpo_cli.choices import ANSWER_EXTRACTS, DATA_SOURCES as SOURCES
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.generation import group_seed
 from grpo_cli.rewards.exact_match import extract_answer
@@ -40,10 +39,8 @@ def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 
     The test problems are never trained on, so held-out accuracy measures addition, not recall.
     """
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    if not 0 < num_test < len(pairs):
-        raise GrpoError(
-            f"data.num_test={num_test} must be between 1 and {len(pairs) - 1} for max_operand={max_operand}."
-        )
+    if not 0 < num_test < len(pairs):  # checks.check_data refuses it
+        raise ValueError(f"num_test={num_test} must be between 1 and {len(pairs) - 1}.")
     random.Random(seed).shuffle(pairs)
     return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
 
@@ -52,11 +49,8 @@ def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: in
     """`a+b=` with operands of up to `digits` digits: distinct problems drawn by a seeded generator,
     the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over many steps."""
     limit = 10**digits
-    if digits < 1 or num_train < 1 or num_test < 1 or num_train + num_test > limit * limit // 2:
-        raise GrpoError(
-            f"data.digits={digits}, data.num_train={num_train}, data.num_test={num_test}: need digits >= 1, both "
-            f"counts >= 1 and together at most {limit * limit // 2} (half the distinct problems)."
-        )
+    if digits < 1 or num_train < 1 or num_test < 1 or num_train + num_test > limit * limit // 2:  # checks.check_data
+        raise ValueError(f"digits={digits}, num_train={num_train}, num_test={num_test} are out of range.")
     rng, seen, pairs = random.Random(seed), set(), []
     while len(pairs) < num_train + num_test:
         pair = (rng.randrange(limit), rng.randrange(limit))
@@ -100,8 +94,6 @@ def _parquet_rows(path: Path) -> int | None:
 
 
 def read_files(cfg) -> DatasetDict:
-    if not cfg.train_file:
-        raise GrpoError("data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file).")
     train = read_file(cfg.train_file, "train_file")
     if cfg.test_file:
         return DatasetDict(train=train, test=read_file(cfg.test_file, "test_file"))
@@ -110,8 +102,6 @@ def read_files(cfg) -> DatasetDict:
 
 def read_hub(cfg) -> DatasetDict:
     """A hub dataset's train and test splits (or the train split cut in two when test_split=null)."""
-    if not cfg.hub_name:
-        raise GrpoError("data=hub needs data.hub_name, a Hugging Face dataset name such as openai/gsm8k.")
     what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
     from grpo_cli.models import go_offline, hub_unreachable
 
@@ -171,8 +161,6 @@ def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
                 f"data.template {cfg.template!r} is not a format string ({e}); write columns as {{name}} "
                 "and literal braces as {{ }}."
             ) from None
-    if cfg.system_prompt is not None and not cfg.chat_template:
-        raise GrpoError("data.system_prompt is only used with data.chat_template=true; set it, or put the text in data.template.")
     if not cfg.chat_template:
         return texts
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -226,8 +214,6 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
                             "(quote numbers in JSON if they are text).")
     answers = [str(row[cfg.answer_field]) for row in rows]
     if cfg.answer_extract is not None:
-        if cfg.answer_extract not in ANSWER_EXTRACTS:
-            raise GrpoError(f"data.answer_extract={cfg.answer_extract!r} must be one of {', '.join(ANSWER_EXTRACTS)} (or null).")
         extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
         for i, a in enumerate(extracted):
             if a is None:
@@ -271,7 +257,7 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> 
     elif cfg.name == "hub":
         data = read_hub(cfg)
     else:
-        raise GrpoError(f"Unknown data.name={cfg.name!r}; choose one of {', '.join(SOURCES)}.")
+        raise ValueError(f"unknown data source {cfg.name!r} (checks.check_data lists them).")
     return DatasetDict({name: prepare(split, name, cfg, tokenizer, log) for name, split in data.items()})
 
 

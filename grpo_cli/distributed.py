@@ -27,7 +27,6 @@ class Dist:
     local_rank = 0
     world_size = 1
     local_world_size = 1
-    strategy = "single"
 
     @property
     def is_main(self) -> bool:
@@ -100,7 +99,6 @@ class TorchDist(Dist):
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         self.device = torch.device("cuda", self.local_rank) if dist.get_backend() == "nccl" else torch.device("cpu")
-        self.strategy = "ddp"
 
     def all_sum(self, t):
         t = t.detach().clone().to(self.device)
@@ -117,7 +115,7 @@ class TorchDist(Dist):
             return nullcontext()
         if hasattr(model, "no_sync"):  # DDP
             return model.no_sync()
-        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: no reduce-scatter until the last micro-batch
+        if is_sharded(model):  # FSDP2: no reduce-scatter until the last micro-batch
             return _fsdp_no_sync(model)
         return nullcontext()
 
@@ -144,7 +142,6 @@ class TorchDist(Dist):
         self._dist.barrier()
 
     def wrap(self, model, strategy: str):
-        self.strategy = strategy
         if strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
@@ -157,7 +154,7 @@ class TorchDist(Dist):
 
     @contextmanager
     def full_model(self, model):
-        if not hasattr(model, "unshard"):  # DDP or plain: every rank holds every parameter
+        if not is_sharded(model):  # DDP or plain: every rank holds every parameter
             yield unwrap(model)
             return
         # FSDP2: gather the parameters once and keep them until the rollout ends, so no forward issues a
@@ -176,6 +173,12 @@ class TorchDist(Dist):
     def close(self) -> None:
         if self._dist.is_initialized():
             self._dist.destroy_process_group()
+
+
+def is_sharded(model) -> bool:
+    """Whether FSDP2's `fully_shard` sharded this module: the one test of "is this FSDP?" (its parameters
+    are then DTensor shards, and a full view needs a gather)."""
+    return hasattr(model, "unshard") and hasattr(model, "reshard") and hasattr(model, "set_requires_gradient_sync")
 
 
 @contextmanager

@@ -68,7 +68,7 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.generation import check_available, make_generator
+    from grpo_cli.generators import check_available, make_generator
     from grpo_cli.models import load_model, load_tokenizer, resolve_device
     from grpo_cli.precision import DTYPES, Precision
     from grpo_cli.rewards import build_reward

@@ -115,13 +115,10 @@ class AdapterCopy:
                     params[n].copy_(t)
 
 
-def merged_copy(base_path: str, trained, dtype: torch.dtype = torch.float32, adapter: dict | None = None):
-    """A plain causal LM: a fresh `dtype` copy of the base with the trained adapter merged in (the base
-    the run held may be bf16; merging into it would round the adapter's small updates away). `adapter`:
-    the adapter's tensors by name when `trained` holds shards of them (FSDP)."""
-    from grpo_cli.models import load_model
-
-    base = load_model(base_path, dtype, "cpu")
+def merged_copy(base, trained, adapter: dict | None = None):
+    """A plain causal LM: `base`, a fresh copy of the base model (float32: the base the run held may be
+    bf16, and merging into it would round the adapter's small updates away), with the trained adapter
+    merged in. `adapter`: the adapter's tensors by name when `trained` holds shards of them (FSDP)."""
     fresh = add_adapter(base, _lora_of(trained))
     result = fresh.load_state_dict(adapter_state(peft_model(trained)) if adapter is None else adapter, strict=False)
     if result.unexpected_keys:  # every adapter tensor must land, or the merge would be silently wrong

@@ -124,6 +124,52 @@ def sampler_correction_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float
     return torch.exp(log_w)
 
 
+def _ratios(logp: Tensor, old_logp: Tensor, seq_tokens: Tensor, ratio_level: str) -> Tensor:
+    """pi_theta / pi_old per token, or the sequence's (docs/math.md, "Sequence-level ratios") on each of its
+    tokens, the log clamped to +-LOG_RATIO_BOUND before exp: [B, T]."""
+    log_ratio = logp - old_logp  # [B, T]
+    if ratio_level != "token":
+        seq_log_ratio = log_ratio.sum(dim=1)  # [B], log of the sequence ratio
+        if ratio_level == "sequence_mean":
+            seq_log_ratio = seq_log_ratio / seq_tokens
+        log_ratio = seq_log_ratio[:, None].expand(-1, logp.shape[1])
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+
+
+def _check_inputs(logp, old_logp, advantages, mask, *, ref_logp, sampler_weight, entropy, beta, entropy_coef,
+                  aggregation, loss, ratio_level, kl_estimator, max_completion_length, num_sequences) -> None:
+    """policy_loss's arguments: shapes that match and settings it knows (programmer errors: the config's
+    values were checked in checks.py)."""
+    _check_choice("aggregation", aggregation, tuple(AGGREGATIONS))
+    _check_choice("policy loss", loss, tuple(POLICY_LOSSES))
+    _check_choice("ratio level", ratio_level, RATIO_LEVELS)
+    _check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
+    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp, "sampler_weight": sampler_weight,
+             "entropy": entropy}
+    for name, t in named.items():
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but logp has {tuple(logp.shape)}; "
+                "they must match."
+            )
+    batch = logp.shape[0]
+    if advantages.shape != (batch,):
+        raise ValueError(
+            f"advantages must have shape ({batch},), one per sequence, "
+            f"got {tuple(advantages.shape)}."
+        )
+    if beta != 0 and ref_logp is None:
+        raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
+    if entropy_coef and entropy is None:
+        raise ValueError("entropy_coef != 0 needs entropy, the policy's token entropies (with gradient).")
+    if max_completion_length is not None and max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}.")
+    if num_sequences is not None and num_sequences < 1:
+        raise ValueError(f"num_sequences must be >= 1, got {num_sequences}.")
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -185,34 +231,10 @@ def policy_loss(
     Returns (loss, metrics); metrics are 0-d tensors (read them once per step): kl, clip_frac_low,
     clip_frac_high, ratio_mean, ratio_min, ratio_max, all over completion tokens.
     """
-    _check_choice("aggregation", aggregation, tuple(AGGREGATIONS))
-    _check_choice("policy loss", loss, tuple(POLICY_LOSSES))
-    _check_choice("ratio level", ratio_level, RATIO_LEVELS)
-    _check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
-    if logp.dim() != 2:
-        raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
-    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp, "sampler_weight": sampler_weight,
-             "entropy": entropy}
-    for name, t in named.items():
-        if t is not None and t.shape != logp.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)} but logp has {tuple(logp.shape)}; "
-                "they must match."
-            )
+    _check_inputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, sampler_weight=sampler_weight, entropy=entropy,
+                  beta=beta, entropy_coef=entropy_coef, aggregation=aggregation, loss=loss, ratio_level=ratio_level,
+                  kl_estimator=kl_estimator, max_completion_length=max_completion_length, num_sequences=num_sequences)
     batch, tokens = logp.shape
-    if advantages.shape != (batch,):
-        raise ValueError(
-            f"advantages must have shape ({batch},), one per sequence, "
-            f"got {tuple(advantages.shape)}."
-        )
-    if beta != 0 and ref_logp is None:
-        raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
-    if entropy_coef and entropy is None:
-        raise ValueError("entropy_coef != 0 needs entropy, the policy's token entropies (with gradient).")
-    if max_completion_length is not None and max_completion_length < 1:
-        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}.")
-    if num_sequences is not None and num_sequences < 1:
-        raise ValueError(f"num_sequences must be >= 1, got {num_sequences}.")
     clip_low = clip_eps
     clip_high = clip_eps if clip_eps_high is None else clip_eps_high
 
@@ -227,13 +249,7 @@ def policy_loss(
     # An empty completion then divides its zero sum by one and contributes nothing.
     seq_tokens = weight.sum(dim=1).clamp(min=1)  # [B]
 
-    log_ratio = logp - old_logp  # [B, T]
-    if ratio_level != "token":
-        seq_log_ratio = log_ratio.sum(dim=1)  # [B], log of the sequence ratio (docs/math.md, "Sequence-level ratios")
-        if ratio_level == "sequence_mean":
-            seq_log_ratio = seq_log_ratio / seq_tokens
-        log_ratio = seq_log_ratio[:, None].expand(-1, tokens)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # [B, T]
+    ratio = _ratios(logp, old_logp, seq_tokens, ratio_level)  # [B, T]
 
     terms = TokenTerms(logp=logp, ratio=ratio, advantages=adv, clip_low=clip_low, clip_high=clip_high,
                        clip_ratio_c=clip_ratio_c, args=loss_settings(loss, loss_args))
@@ -255,25 +271,33 @@ def policy_loss(
         token_count = weight.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0)
         total = total - entropy_coef * (entropy.to(dtype) * weight).sum() / token_count
 
-    with torch.no_grad():  # device tensors: the caller reads them once per step (one host sync)
-        n_tokens = weight.sum().clamp(min=1)
+    return total, _loss_metrics(ratio, keep, adv, kl, clip_low, clip_high, loss_metrics)
 
-        def masked_mean(x: Tensor) -> Tensor:
-            return (x.to(dtype) * weight).sum() / n_tokens
 
-        # Min and max over completion tokens without boolean indexing (a data-dependent shape syncs).
-        empty = ~keep.any()  # no completion tokens: report unchanged policies
-        ratio_min = torch.where(keep, ratio, torch.inf).amin()
-        ratio_max = torch.where(keep, ratio, -torch.inf).amax()
-        one = ratio.new_ones(())
-        metrics = {
-            "kl": masked_mean(kl) if kl is not None else ratio.new_zeros(()),
-            "clip_frac_low": masked_mean((ratio < 1 - clip_low) & (adv < 0)),
-            "clip_frac_high": masked_mean((ratio > 1 + clip_high) & (adv > 0)),
-            "ratio_mean": torch.where(empty, one, masked_mean(ratio)),
-            "ratio_min": torch.where(empty, one, ratio_min),
-            "ratio_max": torch.where(empty, one, ratio_max),
-            **{k: masked_mean(v) for k, v in loss_metrics.items()},
-        }
-    return total, metrics
+@torch.no_grad()
+def _loss_metrics(ratio: Tensor, keep: Tensor, adv: Tensor, kl: Tensor | None, clip_low: float, clip_high: float,
+                  loss_metrics: dict) -> dict:
+    """policy_loss's metrics over completion tokens, as device tensors: the caller reads them once per
+    step (one host sync)."""
+    dtype = ratio.dtype
+    weight = keep.to(dtype)
+    n_tokens = weight.sum().clamp(min=1)
 
+    def masked_mean(x: Tensor) -> Tensor:
+        return (x.to(dtype) * weight).sum() / n_tokens
+
+    # Min and max over completion tokens without boolean indexing (a data-dependent shape syncs).
+    empty = ~keep.any()  # no completion tokens: report unchanged policies
+    ratio_min = torch.where(keep, ratio, torch.inf).amin()
+    ratio_max = torch.where(keep, ratio, -torch.inf).amax()
+    one = ratio.new_ones(())
+    metrics = {
+        "kl": masked_mean(kl) if kl is not None else ratio.new_zeros(()),
+        "clip_frac_low": masked_mean((ratio < 1 - clip_low) & (adv < 0)),
+        "clip_frac_high": masked_mean((ratio > 1 + clip_high) & (adv > 0)),
+        "ratio_mean": torch.where(empty, one, masked_mean(ratio)),
+        "ratio_min": torch.where(empty, one, ratio_min),
+        "ratio_max": torch.where(empty, one, ratio_max),
+        **{k: masked_mean(v) for k, v in loss_metrics.items()},
+    }
+    return metrics

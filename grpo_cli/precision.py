@@ -59,8 +59,8 @@ class Precision:
 
 
 def training_precision(name: str, device: torch.device) -> Precision:
-    if name not in PRECISIONS:
-        raise GrpoError(f"trainer.precision={name!r} must be one of {', '.join(PRECISIONS)}.")
+    if name not in PRECISIONS:  # checks.py refused it already: a caller's bug
+        raise ValueError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}.")
     return Precision(name, device.type)
 
 

@@ -4,7 +4,7 @@ fields; the step adds rewards, advantages and whichever log-probabilities the co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -12,22 +12,31 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+# What each per-row field spans, so selecting and joining rollouts is written once, field by field:
+# "sequence" [rows, P+T] (prompt left-padded, completion right-padded), "completion" [rows, T], "row" [rows].
+SEQUENCE, COMPLETION, ROW = "sequence", "completion", "row"
+
+
+def _rows(kind: str, default=None):
+    return field(default=default, metadata={"rows": kind})
+
+
 @dataclass
 class Rollout:
     prompts: list[str]  # [n] distinct prompts
     group_size: int  # G
-    input_ids: Tensor  # [n*G, P+T] left-padded prompt followed by the completion
-    attention_mask: Tensor  # [n*G, P+T] 1 on real prompt tokens and on completion tokens up to EOS
-    completion_mask: Tensor  # [n*G, T] 1 on completion tokens up to and including EOS
-    truncated: Tensor  # [n*G] bool: hit max_new_tokens without EOS
-    completions: list[str]  # [n*G] decoded, special tokens dropped
+    input_ids: Tensor = _rows(SEQUENCE)  # [n*G, P+T] left-padded prompt followed by the completion
+    attention_mask: Tensor = _rows(SEQUENCE)  # [n*G, P+T] 1 on real prompt tokens and on completion tokens up to EOS
+    completion_mask: Tensor = _rows(COMPLETION)  # [n*G, T] 1 on completion tokens up to and including EOS
+    truncated: Tensor = _rows(ROW)  # [n*G] bool: hit max_new_tokens without EOS
+    completions: list[str] = field(default_factory=list)  # [n*G] decoded, special tokens dropped
     pad_token_id: int = 0
     rewards: Optional[Tensor] = None  # [n, G]
     advantages: Optional[Tensor] = None  # [n*G]
     old_logp: Optional[Tensor] = None  # [n*G, T] pi_theta_old, only when mu > 1
     ref_logp: Optional[Tensor] = None  # [n*G, T] pi_ref, only when beta != 0
-    weight: Optional[Tensor] = None  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
-    sampler_logp: Optional[Tensor] = None  # [n*G, T] the sampler's own log-probs of its tokens (vLLM), 0 off the mask
+    weight: Optional[Tensor] = _rows(ROW)  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
+    sampler_logp: Optional[Tensor] = _rows(COMPLETION)  # [n*G, T] the sampler's own log-probs of its tokens (vLLM), 0 off the mask
     answers: Optional[list] = None  # [n] each group's reference answer, once scored
     extra: dict = field(default_factory=dict)  # per-term rewards ("reward_terms": {name: [n, G]}) for logging
 
@@ -44,14 +53,12 @@ class Rollout:
         """The rollout restricted to whole groups (token fields only; scores are added later)."""
         G = self.group_size
         rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
-        return Rollout(
-            prompts=[self.prompts[g] for g in groups], group_size=G,
-            input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
-            completion_mask=self.completion_mask[rows], truncated=self.truncated[rows],
-            completions=[self.completions[i] for i in rows.tolist()], pad_token_id=self.pad_token_id,
-            weight=None if self.weight is None else self.weight[rows],
-            sampler_logp=None if self.sampler_logp is None else self.sampler_logp[rows],
-        )
+        tensors = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows] for f in ROW_FIELDS}
+        return Rollout(prompts=[self.prompts[g] for g in groups], group_size=G, pad_token_id=self.pad_token_id,
+                       completions=[self.completions[i] for i in rows.tolist()], **tensors)
+
+
+ROW_FIELDS = [f for f in fields(Rollout) if "rows" in f.metadata]
 
 
 def concat_rollouts(rolls: list[Rollout]) -> Rollout:
@@ -61,22 +68,21 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
     T = max(r.completion_len for r in rolls)
     P = max(r.input_ids.shape[1] - r.completion_len for r in rolls)
 
-    def pad(r: Rollout, t: Tensor, fill: int) -> Tensor:
-        return F.pad(t, (P - (r.input_ids.shape[1] - r.completion_len), T - r.completion_len), value=fill)
+    def padded(r: Rollout, f) -> Tensor:
+        t, kind = getattr(r, f.name), f.metadata["rows"]
+        if t is None:  # a weight only some parts have: theirs are real rows
+            return torch.ones(r.input_ids.shape[0], device=r.input_ids.device)
+        fill = r.pad_token_id if f.name == "input_ids" else 0
+        if kind == SEQUENCE:
+            return F.pad(t, (P - (r.input_ids.shape[1] - r.completion_len), T - r.completion_len), value=fill)
+        return F.pad(t, (0, T - r.completion_len), value=fill) if kind == COMPLETION else t
 
-    return Rollout(
-        prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size,
-        input_ids=torch.cat([pad(r, r.input_ids, r.pad_token_id) for r in rolls]),
-        attention_mask=torch.cat([pad(r, r.attention_mask, 0) for r in rolls]),
-        completion_mask=torch.cat([F.pad(r.completion_mask, (0, T - r.completion_len)) for r in rolls]),
-        truncated=torch.cat([r.truncated for r in rolls]),
-        completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id,
-        weight=None if all(r.weight is None for r in rolls) else torch.cat([
-            r.weight if r.weight is not None else torch.ones(r.input_ids.shape[0], device=r.input_ids.device)
-            for r in rolls]),
-        sampler_logp=None if any(r.sampler_logp is None for r in rolls) else torch.cat(
-            [F.pad(r.sampler_logp, (0, T - r.completion_len)) for r in rolls]),
-    )
+    # A field is joined when every part has it; a weight when any part has one.
+    joined = {f.name: torch.cat([padded(r, f) for r in rolls])
+              if (any if f.name == "weight" else all)(getattr(r, f.name) is not None for r in rolls) else None
+              for f in ROW_FIELDS}
+    return Rollout(prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size,
+                   completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id, **joined)
 
 
 def completion_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:

@@ -24,16 +24,17 @@ from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import check_available, make_generator
+from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
-from grpo_cli.models import load_tokenizer, resolve_device
+from grpo_cli.lora import merged_copy
+from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.publish import check_push, push, write_model_card
-from grpo_cli.rewards import Judge, build_reward
+from grpo_cli.rewards import build_reward
 from grpo_cli.runtime import prepare_process
 from grpo_cli.step import StepSettings
-from grpo_cli.trackers import check_trackers, open_trackers, tracker_names
+from grpo_cli.trackers import check_trackers, open_trackers
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
 
@@ -179,7 +180,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                         f"rank samples whole groups; use a multiple of {world}.")
     device = resolve_device(cfg.model.device)
     prepare_process(t.threads, device, dist.local_world_size)
-    trackers = tracker_names(t)
+    trackers = list(dict.fromkeys(t.trackers))
     check_trackers(trackers)  # a missing extra is reported before anything is loaded
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     open_run_dir(run_dir, dist)
@@ -271,8 +272,10 @@ def finish_run(run: Run, seconds: float) -> dict:
     card and the hub push. Returns the summary `grpo train` prints."""
     cfg, t = run.cfg, run.cfg.trainer
     run.policy.eval()
-    save_final(run.run_dir, run.policy, run.tokenizer, run.dist, lora_base=cfg.model.path if cfg.model.lora.r else None,
-               config=asdict(cfg))
+    merge = None
+    if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
+        merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
+    save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
     run.metrics.close()
     rows = [r for r in run.metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
     last = rows[-20:]
@@ -290,21 +293,3 @@ def finish_run(run: Run, seconds: float) -> dict:
         if cfg.hub.push:
             summary["pushed"] = push(card.parent, cfg, run.console)
     return summary
-
-
-# The built-in model's settings (conf/train.yaml, sampler/default.yaml, optimizer/adamw.yaml): tuned for a
-# 3 MB model that answers in a few characters. A real model left on them truncates and diverges.
-BUILTIN_MODEL_SETTINGS = {"sampler.max_new_tokens": 6, "optimizer.lr": 3e-4, "trainer.micro_batch_size": 64}
-
-
-def builtin_settings_note(cfg) -> str | None:
-    """A start-up note when model.path leaves the built-in model but the run keeps its settings."""
-    if cfg.model.path.startswith("builtin:"):
-        return None
-    settings = OmegaConf.structured(cfg)
-    kept = {k: v for k, v in BUILTIN_MODEL_SETTINGS.items() if OmegaConf.select(settings, k) == v}
-    if not kept:
-        return None
-    return (f"model.path={cfg.model.path} runs with the built-in tiny model's settings "
-            f"({', '.join(f'{k}={v:g}' for k, v in kept.items())}), which suit a 3 MB model, not a real one; "
-            "start from a preset (experiment=instruct, experiment=qwen_gsm8k) or set those keys.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from rich.markup import escape
 from rich.table import Table
 
@@ -15,7 +14,8 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.data import render_user_prompts
 from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
-from grpo_cli.generation import Sampling, check_available, group_seed, make_generator
+from grpo_cli.generation import Sampling, group_seed
+from grpo_cli.generators import check_available, make_generator
 from grpo_cli.lora import is_adapter_dir
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.precision import DTYPES, Precision

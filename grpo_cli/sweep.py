@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from hydra.types import RunMode
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table

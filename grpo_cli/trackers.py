@@ -20,27 +20,17 @@ from pathlib import Path
 
 from grpo_cli.errors import GrpoError
 
-MODULES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
-
-
 def numbers(row: dict) -> dict[str, float]:
     """The row's numeric values (bools and the step itself left out)."""
     return {k: float(v) for k, v in row.items()
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def tracker_names(trainer) -> list[str]:
-    """`trainer.trackers`, with `trainer.tensorboard=true` (the older switch) adding tensorboard."""
-    return list(dict.fromkeys([*trainer.trackers, *(["tensorboard"] if trainer.tensorboard else [])]))
-
-
 def check_trackers(names: list[str]) -> None:
-    """Every named tracker is known and installed, or one sentence naming the extra to install."""
-    for name in names:
-        if name not in MODULES:
-            raise GrpoError(f"trainer.trackers names {name!r}; choose from {', '.join(MODULES)} (metrics.jsonl is always written).")
+    """Every named tracker (names checked in checks.py) is installed, or one sentence naming the extra."""
+    for name in dict.fromkeys(names):
         try:
-            importlib.import_module(MODULES[name])
+            importlib.import_module(CLASSES[name].module)
         except ImportError:
             raise GrpoError(f"trainer.trackers includes {name}, which is not installed; install it with "
                             f"pip install 'grpo-cli[{name}]', or drop it from trainer.trackers.") from None
@@ -49,6 +39,8 @@ def check_trackers(names: list[str]) -> None:
 class TensorBoard:
     """Every number of each row as a scalar at the row's step. `purge_step` (a resumed run's first step)
     hides what an earlier process logged from there on."""
+
+    module = "torch.utils.tensorboard"  # its client, imported when the run starts
 
     def __init__(self, run_dir: Path, config: dict, project: str, resumed_at: int | None):
         from torch.utils.tensorboard import SummaryWriter  # noqa: the extra is checked in check_trackers
@@ -65,6 +57,8 @@ class TensorBoard:
 
 
 class WandB:
+    module = "wandb"  # its client, imported when the run starts
+
     def __init__(self, run_dir: Path, config: dict, project: str, resumed_at: int | None):
         import wandb
 
@@ -79,6 +73,8 @@ class WandB:
 
 
 class MLflow:
+    module = "mlflow"  # its client, imported when the run starts
+
     def __init__(self, run_dir: Path, config: dict, project: str, resumed_at: int | None):
         import mlflow
 
@@ -97,6 +93,8 @@ class MLflow:
 
 
 class Trackio:
+    module = "trackio"  # its client, imported when the run starts
+
     def __init__(self, run_dir: Path, config: dict, project: str, resumed_at: int | None):
         import trackio
 
@@ -111,6 +109,7 @@ class Trackio:
 
 
 CLASSES = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
+TRACKERS = tuple(CLASSES)  # trainer.trackers: checks.py, the docs and completion read this one list
 
 
 def open_trackers(names: list[str], run_dir: Path, config: dict, project: str, resumed_at: int | None = None) -> list:

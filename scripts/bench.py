@@ -46,12 +46,13 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_cli import step as step_fn  # a loop below names its counter `step`
-from grpo_cli import run as run_setup, trainer
+from grpo_cli import run as run_setup
 from grpo_cli.choices import PRECISIONS
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import group_seed, make_generator
+from grpo_cli.generation import group_seed
+from grpo_cli.generators import make_generator
 from grpo_cli.logprobs import enable_logprob_forward
 from grpo_cli.models import disable_dropout, load_model, load_tokenizer, resolve_device
 from grpo_cli.lora import adapter_disabled, add_adapter

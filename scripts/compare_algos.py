@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "seq_ratio"]
+PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "seq_ratio", "cispo", "sapo"]
 TARGET = 0.9
 
 

@@ -1,6 +1,60 @@
-"""Small conveniences shared by the tests."""
+"""What the tests share: one way to run the CLI (in this process, or in a fresh one as a user would),
+the short-run overrides, and readers of a run's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from grpo_cli.generation import HFGenerator, Sampling
+
+# A run small enough for a test: 4 prompts x G = 4 per step, no held-out scoring, plain log lines.
+SMALL = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
+         "trainer.progress=false"]
+SMALL_DATA = ["data.max_operand=9", "data.num_test=20"]  # the arithmetic task at 100 problems
+FAST = ["trainer.steps=2", *SMALL, *SMALL_DATA]
+TIMING = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}  # metrics that differ between identical runs
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def grpo(*args, hydra_dir: Path | None = None) -> int:
+    """`grpo ARGS` in this process (Hydra and all); its exit code. `hydra_dir`: where Hydra's run
+    directory goes when no output_dir is given."""
+    from grpo_cli.cli import main
+
+    extra = [f"hydra.run.dir={hydra_dir}"] if hydra_dir else []
+    with pytest.raises(SystemExit) as e:
+        main([*map(str, args), *extra])
+        raise SystemExit(0)
+    return e.value.code or 0
+
+
+def grpo_process(*args, cwd=None, env: dict | None = None, timeout: int = 600,
+                 check_rc: int | None = None) -> subprocess.CompletedProcess:
+    """`grpo ARGS` in a fresh process, one torch thread, as a user would run it; `check_rc` asserts the
+    exit code (showing the output when it differs)."""
+    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", *map(str, args)], capture_output=True, text=True,
+                         timeout=timeout, cwd=cwd, env={**os.environ, **ONE_THREAD, **(env or {})})
+    if check_rc is not None:
+        assert out.returncode == check_rc, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def metric_rows(run: Path, *, training: bool = False, timing: bool = True) -> list[dict]:
+    """metrics.jsonl of a run: every row, or the training rows only (held-out rows have no reward_mean);
+    without `timing`, the keys that differ between identical runs left out."""
+    rows = read_jsonl(Path(run) / "metrics.jsonl")
+    rows = [r for r in rows if "reward_mean" in r] if training else rows
+    return rows if timing else [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
 def generate(model, tokenizer, prompts, group_size=1, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,

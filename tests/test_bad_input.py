@@ -15,9 +15,9 @@ import torch
 
 from grpo_cli.cli import main
 from grpo_cli.models import resolve_path
+from helpers import FAST
 
-FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.log_completions_every=0"]
+FAST = [*FAST, "trainer.log_completions_every=0"]
 TINY = resolve_path("builtin:tiny")
 
 

@@ -2,9 +2,7 @@
 in temp dirs (local files, a reward model, a reward module); every bad input is one sentence, exit 2."""
 
 import json
-import os
 import re
-import subprocess
 import sys
 
 import pandas as pd
@@ -13,38 +11,29 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from grpo_cli import step, tiny
-from grpo_cli.cli import main
+from helpers import SMALL, grpo, grpo_process, read_jsonl
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.errors import GrpoError
 from grpo_cli.generation import HFGenerator
 from grpo_cli.step import PromptBatch
 from grpo_cli.rewards import build_reward
 
-FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "trainer.save_every=1000"]
+OWN_DATA = ["trainer.steps=2", *SMALL, "trainer.save_every=1000"]  # the data is the test's own files
 # Lowercase only: the built-in tiny tokenizer has no capitals.
 ROWS = [{"question": f"what is {a} plus {b}?", "answer": a + b, "level": a % 3} for a in range(6) for b in range(4)]
 
 
-def grpo(tmp_path, *args):
-    """`grpo` in this process; returns its exit code and everything it printed, wrapping undone."""
-    with pytest.raises(SystemExit) as e:
-        main([*args, f"hydra.run.dir={tmp_path / 'hydra'}"])
-        raise SystemExit(0)
-    return e.value.code or 0
-
-
 def train(tmp_path, capsys, *overrides):
     out = tmp_path / "run"
-    code = grpo(tmp_path, "train", f"output_dir={out}", *FAST, *overrides)
+    code = grpo("train", f"output_dir={out}", *OWN_DATA, *overrides, hydra_dir=tmp_path / "hydra")
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_jsonl(out / "metrics.jsonl")
 
 
 def fails(tmp_path, capsys, *args):
     """Runs `grpo`, expects exit 2 without a trace and without a metrics row or checkpoint; returns the message."""
-    code = grpo(tmp_path, *args)
+    code = grpo(*args, hydra_dir=tmp_path / "hydra")
     printed = capsys.readouterr()
     text = " ".join((printed.out + printed.err).split())
     assert code == 2, text
@@ -207,7 +196,7 @@ def test_evaluate_passes_every_dataset_column_to_a_python_reward(tmp_path, capsy
         "    return [float(x) for x in level]\n"
     )
     data = files(write(tmp_path / "rows.jsonl"), f"data.test_file={write(tmp_path / 'test.jsonl', ROWS[:6])}")
-    code = grpo(tmp_path, "evaluate", *data, "reward=python", fn, f"output_dir={tmp_path / 'eval'}")
+    code = grpo("evaluate", *data, "reward=python", fn, f"output_dir={tmp_path / 'eval'}", hydra_dir=tmp_path / "hydra")
     assert code == 0, capsys.readouterr()
     result = json.loads((tmp_path / "eval" / "eval.json").read_text())["rows"][0]
     assert result["reward_mean"] == pytest.approx(sum(r["level"] for r in ROWS[:6]) / 6)
@@ -244,14 +233,14 @@ def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kep
 # --- bad input: one sentence, exit 2, nothing half-written ---------------------------------------
 
 def test_a_missing_column_names_the_columns_that_exist(tmp_path, capsys):
-    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *FAST,
+    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *OWN_DATA,
                  *files(write(tmp_path / "rows.jsonl"), "data.answer_field=solution"))
     assert "Column 'solution' is missing from the 'train' split of data=files; it has ['question', 'answer', 'level']" in text
 
 
 def test_an_empty_split_is_named(tmp_path, capsys):
     (tmp_path / "test.csv").write_text("question,answer\n")
-    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *FAST,
+    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *OWN_DATA,
                  *files(write(tmp_path / "rows.jsonl"), f"data.test_file={tmp_path / 'test.csv'}"))
     assert "error: data.test_file=" in text and "has no rows; give it some." in text
 
@@ -266,7 +255,7 @@ def test_an_empty_split_is_named(tmp_path, capsys):
       r"Reward 'python' returned 1 values for 16 completions; it must return one float per completion")],
 )
 def test_a_python_reward_that_misbehaves_stops_the_run_with_one_sentence(tmp_path, capsys, reward_module, body, message):
-    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *FAST,
+    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *OWN_DATA,
                  "data.max_operand=9", "data.num_test=20", "reward=python", reward_module(body))
     assert re.search(message, text), text
 
@@ -283,17 +272,14 @@ def test_a_python_reward_that_misbehaves_stops_the_run_with_one_sentence(tmp_pat
       "reward.weights has 1 values for the 2 reward.terms")],
 )
 def test_a_bad_reward_option_is_one_sentence_before_any_work(tmp_path, capsys, overrides, message):
-    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *FAST, *overrides)
+    text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *OWN_DATA, *overrides)
     assert message in text
 
 
 def test_an_unreachable_hub_dataset_is_one_sentence(tmp_path):
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    out = subprocess.run(
-        [sys.executable, "-m", "grpo_cli.cli", "train", f"output_dir={tmp_path / 'run'}", *FAST,
-         "data=hub", "data.hub_name=grpo-cli-tests/no-such-dataset", f"hydra.run.dir={tmp_path / 'hydra'}"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = grpo_process("train", f"output_dir={tmp_path / 'run'}", *OWN_DATA, "data=hub",
+                       "data.hub_name=grpo-cli-tests/no-such-dataset", f"hydra.run.dir={tmp_path / 'hydra'}", env=env)
     text = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 2, text
     assert "Could not load the dataset grpo-cli-tests/no-such-dataset" in text and "hub" in text

@@ -9,24 +9,18 @@ import pytest
 import torch
 from types import SimpleNamespace
 
-from grpo_cli.cli import main
+from helpers import grpo
 from grpo_cli.config import RewardConfig
 from grpo_cli.scoring import greedy_scores, pass_at_k, sampled_scores
 from grpo_cli.generation import HFGenerator
 from grpo_cli.rewards import Judge, build_reward
 
-FAST = ["trainer.steps=1", "trainer.prompts_per_step=4", "sampler.group_size=2", "trainer.progress=false",
-        "data.max_operand=9", "data.num_test=6", "trainer.eval_prompts=6"]
+# One step with held-out scoring on: what a chat run prints and writes.
+ONE_STEP = ["trainer.steps=1", "trainer.prompts_per_step=4", "sampler.group_size=2", "trainer.progress=false",
+            "data.max_operand=9", "data.num_test=6", "trainer.eval_prompts=6"]
 # The tokenizer of the tiny model knows digits, + and =: the template and system prompt are made of them.
 TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
             "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}")
-
-
-def grpo(*args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-        raise SystemExit(0)
-    return e.value.code or 0
 
 
 @pytest.fixture
@@ -60,7 +54,7 @@ def test_sample_and_evaluate_prompt_a_chat_model_with_the_ids_training_used(chat
     from grpo_cli.models import load_tokenizer
 
     run = tmp_path / "run"
-    assert grpo("train", f"model.path={chat_dir}", f"output_dir={run}", *FAST, "data.chat_template=true",
+    assert grpo("train", f"model.path={chat_dir}", f"output_dir={run}", *ONE_STEP, "data.chat_template=true",
                 "data.system_prompt=1", "trainer.log_completions_every=0") == 0
     training = {ids for call in prompt_ids for ids in call}
     held_out = set(prompt_ids[0])  # the first call: the held-out evaluation before training (greedy)
@@ -180,7 +174,7 @@ def test_completion_logs_show_the_user_s_prompt_and_the_exact_reward(chat_dir, t
     (tmp_path / "tenth.py").write_text("def score(completions, **kw):\n    return [0.1 if '1' in c else 0.7 for c in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     run = tmp_path / "run"
-    assert grpo("train", f"model.path={chat_dir}", f"output_dir={run}", *FAST, "data.chat_template=true",
+    assert grpo("train", f"model.path={chat_dir}", f"output_dir={run}", *ONE_STEP, "data.chat_template=true",
                 "data.system_prompt=9", "reward=python", "reward.fn=tenth:score", "trainer.log_completions_every=1",
                 "trainer.eval_before_after=false") == 0
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
@@ -216,7 +210,7 @@ def test_a_reward_function_written_for_trl_runs_unchanged_and_none_means_no_scor
     monkeypatch.syspath_prepend(str(tmp_path))
     for fn in ("trl_style:reward_len", "trl_style:uses_answer"):
         run = tmp_path / fn.split(":")[1]
-        assert grpo("train", f"output_dir={run}", *FAST, "trainer.eval_before_after=false", "reward=python",
+        assert grpo("train", f"output_dir={run}", *ONE_STEP, "trainer.eval_before_after=false", "reward=python",
                     f"reward.fn={fn}", "trainer.log_completions_every=1") == 0
         rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
         if fn.endswith("reward_len"):  # None scored 0; the others as returned (0.5 + their token count)

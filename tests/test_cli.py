@@ -8,30 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_cli.cli import main
+from helpers import FAST, grpo as grpo_in_process, grpo_process as grpo, read_jsonl as read_rows
 from grpo_cli.models import resolve_path
 
-FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "data.max_operand=9", "data.num_test=20"]
-
-
-def grpo(*args, check_rc=None):
-    """Run `grpo` as a user would, in a fresh process."""
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", *args], capture_output=True, text=True, timeout=300)
-    if check_rc is not None:
-        assert out.returncode == check_rc, out.stdout + out.stderr
-    return out
-
-
 def run_in_process(*args):
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-        raise SystemExit(0)
-    assert e.value.code in (0, None), f"grpo {' '.join(args)} exited {e.value.code}"
-
-
-def read_rows(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    code = grpo_in_process(*args)
+    assert code == 0, f"grpo {' '.join(args)} exited {code}"
 
 
 def test_a_few_real_steps_change_the_weights_and_write_metrics_and_a_loadable_checkpoint(tmp_path):
@@ -105,7 +87,7 @@ def test_a_model_directory_of_an_unknown_architecture_is_one_sentence(tmp_path):
 
 def test_help_lists_the_config_groups_and_their_options():
     out = grpo("train", "--help", check_rc=0)
-    for line in ("algo: dapo, dr_grpo, grpo, gspo, seq_ratio", "model: instruct, qwen, tiny",
+    for line in ("algo: cispo, dapo, dr_grpo, grpo, gspo, sapo, seq_ratio", "model: instruct, qwen, tiny",
                  "reward: combo, exact_match, format, length, math, model, python", "sampler: default",
                  "optimizer: adamw", "data: arithmetic, files, gsm8k, hub, long_addition"):
         assert line in out.stdout

@@ -2,7 +2,6 @@
 process gives; signals and deaths stop every rank; checkpoints resume exactly. Every launch has a
 timeout, so no test can hang the suite."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,28 +12,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli.cli import main
+from helpers import SMALL, SMALL_DATA, grpo, metric_rows
 from ranks import start_ranks, torchrun
 
 # optimizer.eps=1e-6: AdamW's first steps move a weight by ~lr * g / |g|, so a gradient at rounding level
 # (1e-12) whose sign differs between two correct summation orders would move its weight by +-lr; an eps
 # well above rounding noise makes such a gradient move it by ~0, and the runs comparable to 1e-5.
-SHORT = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-         "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8",
-         "trainer.log_completions_every=0", "algo.beta=0.04", "optimizer.eps=1e-6"]
-TIMING = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}
+SHORT = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "trainer.log_completions_every=0", "algo.beta=0.04",
+         "optimizer.eps=1e-6"]
 
 
 def one_process(out, *args):
-    with pytest.raises(SystemExit) as e:
-        main(["train", f"output_dir={out}", *SHORT, *args])
-        raise SystemExit(0)
-    assert e.value.code in (0, None)
+    assert grpo("train", f"output_dir={out}", *SHORT, *args) == 0
 
 
 def rows(run) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return metric_rows(run, timing=False)
 
 
 def weights(path):

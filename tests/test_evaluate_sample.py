@@ -10,30 +10,16 @@ import sys
 
 import pytest
 
-from grpo_cli.cli import main
 from grpo_cli.config import EvaluateConfig
 from grpo_cli.checks import check_evaluate as check_evaluate_config
 from grpo_cli.evaluate import checkpoints_to_evaluate
 from grpo_cli.scoring import maj_at_k, majority, pass_at_k
+from helpers import FAST, TIMING, grpo, read_jsonl
 
-FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "data.max_operand=9", "data.num_test=20"]
 SHOWN = ["trainer.save_every=1", "trainer.eval_every=1", "trainer.log_completions_every=1"]
-TIMING = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
 
-def grpo(*args, hydra_dir=None):
-    """`grpo` in this process; its exit code."""
-    extra = [f"hydra.run.dir={hydra_dir}"] if hydra_dir else []
-    with pytest.raises(SystemExit) as e:
-        main([*args, *extra])
-        raise SystemExit(0)
-    return e.value.code or 0
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +29,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     printed = io.StringIO()
     with contextlib.redirect_stderr(printed):
-        code = grpo("train", f"output_dir={out}", *FAST, *SHOWN, f"trainer.tensorboard={HAS_TENSORBOARD}",
+        code = grpo("train", f"output_dir={out}", *FAST, *SHOWN, "trainer.trackers=[tensorboard]" if HAS_TENSORBOARD else "trainer.trackers=[]",
                     hydra_dir=out / "hydra")
     assert code == 0, printed.getvalue()
     return out, printed.getvalue()
@@ -242,7 +228,7 @@ def test_tensorboard_gets_every_numeric_metric_as_a_scalar_at_its_step(run):
 
 def test_tensorboard_without_its_extra_is_one_sentence_naming_the_extra(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what a missing package looks like
-    assert grpo("train", f"output_dir={tmp_path}", *FAST, "trainer.tensorboard=true", hydra_dir=tmp_path / "h") == 2
+    assert grpo("train", f"output_dir={tmp_path}", *FAST, "trainer.trackers=[tensorboard]", hydra_dir=tmp_path / "h") == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "pip install 'grpo-cli[tensorboard]'" in err and "Traceback" not in err
     assert not (tmp_path / "metrics.jsonl").exists()

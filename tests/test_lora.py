@@ -21,18 +21,13 @@ from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import Precision
 from grpo_cli.trainer import train
-from helpers import generate
+from helpers import SMALL, SMALL_DATA, generate, grpo, metric_rows
 
-TINY = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8",
-        "model.lora.r=8", "optimizer.lr=2e-3"]
+TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "model.lora.r=8", "optimizer.lr=2e-3"]
 
 
 def run(*args) -> int:
-    with pytest.raises(SystemExit) as e:
-        main(["train", *TINY, *args])
-        raise SystemExit(0)
-    return e.value.code or 0
+    return grpo("train", *TINY, *args)
 
 
 def lora_cfg(**algo) -> TrainConfig:
@@ -118,8 +113,7 @@ def test_lora_resume_is_bitwise_exact(tmp_path):
     for name in ("final/adapter/adapter_model.safetensors", "final/model.safetensors"):
         a, b = load_file(straight / name), load_file(resumed / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
-    rows = lambda d: [{k: v for k, v in json.loads(line).items() if not k.endswith("_s") and k not in ("seconds", "tokens_per_s")}  # noqa: E731
-                      for line in (d / "metrics.jsonl").read_text().splitlines()]
+    rows = lambda d: metric_rows(d, timing=False)  # noqa: E731
     assert rows(straight) == rows(resumed)
 
 

@@ -5,15 +5,13 @@ import csv
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from grpo_cli.cli import main
+from helpers import FAST, grpo_process as grpo_cli
 
-FAST = ["trainer.steps=2", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.log_completions_every=0"]
+FAST = [*FAST, "trainer.log_completions_every=0"]
 
 
 def has(plugin: str) -> bool:
@@ -21,12 +19,6 @@ def has(plugin: str) -> bool:
         return importlib.util.find_spec(plugin) is not None
     except ModuleNotFoundError:
         return False
-
-
-def grpo_cli(*args, cwd=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "grpo_cli", *args], capture_output=True, text=True, timeout=600,
-                          cwd=cwd, env=env)
 
 
 def sweep_rows(sweep_dir):

@@ -3,13 +3,13 @@ by `make smollm2`, trained, evaluated and sampled through the real CLI."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from helpers import grpo_process
 
 pytestmark = pytest.mark.real
 MODEL = Path(os.environ.get("GRPO_SMOLLM2", "models/SmolLM2-135M-Instruct"))
@@ -25,10 +25,7 @@ def needs_model():
 
 
 def grpo(*args):
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", *args], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out
+    return grpo_process(*args, timeout=900, check_rc=0)
 
 
 def test_a_real_instruct_model_trains_in_bf16_mixed_and_its_completions_end_at_im_end(tmp_path):

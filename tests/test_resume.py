@@ -17,28 +17,24 @@ from grpo_cli.checkpoint import experiment_diff, list_checkpoints, load_state
 from grpo_cli.cli import main
 from grpo_cli.console import MetricsLog
 from grpo_cli.stopping import GracefulStop
+from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows
 
-TINY = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-        "trainer.progress=false", "data.max_operand=9", "data.num_test=20", "trainer.micro_batch_size=8"]
-TIMING = {"seconds", "gen_s", "score_s", "update_s", "tokens_per_s"}
+TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8"]
 
 
 def train(*args):
-    with pytest.raises(SystemExit) as e:
-        main(["train", *TINY, *args])
-        raise SystemExit(0)
-    return e.value.code or 0
+    return grpo("train", *TINY, *args)
 
 
 def grpo_process(*args, **kwargs):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    """A training run left running in a process of its own (to be signalled): its output as it comes."""
+    env = {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
 def rows(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return metric_rows(run, timing=False)
 
 
 def assert_same_tensors(a, b):

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from grpo_cli import tiny
+from grpo_cli.checks import Problems, check_data, check_reward
 from grpo_cli.config import DataConfig, RewardConfig
 from grpo_cli.data import PromptOrder, arithmetic_problems, load_data, long_addition_problems
 from grpo_cli.errors import GrpoError
@@ -65,15 +66,23 @@ def test_exact_match_reward_is_one_for_right_and_zero_for_wrong():
     assert fn(["1+1=", "1+1="], ["2", "3"], ["2", "2"]) == [1.0, 0.0]
 
 
+def problems(check, cfg) -> str:
+    """What checks.py says of one config group: the one place each rule is checked."""
+    p = Problems()
+    check(p, cfg)
+    return "; ".join(p)
+
+
 def test_regex_extraction_and_a_regex_that_does_not_compile():
     fn = build_reward(RewardConfig(extract="regex", pattern=r"<a>(\d+)</a>"))
     assert fn(["p"] * 2, ["<a>7</a>", "7"], ["7", "7"]) == [1.0, 0.0]
-    with pytest.raises(GrpoError, match="does not compile"):
-        build_reward(RewardConfig(extract="regex", pattern="(unclosed"))
+    assert "reward.pattern '(unclosed' does not compile" in problems(check_reward, RewardConfig(extract="regex", pattern="(unclosed"))
 
 
-def test_a_regex_without_a_capture_group_is_refused_when_the_reward_is_built():
-    with pytest.raises(GrpoError, match="has no capture group; put the answer part in parentheses"):
+def test_a_regex_without_a_capture_group_is_refused_before_the_reward_is_built():
+    assert "has no capture group; put the answer part in parentheses" in problems(
+        check_reward, RewardConfig(extract="regex", pattern=r"\d+"))
+    with pytest.raises(ValueError, match="no capture group"):  # a caller that skipped the checks: a bug
         build_reward(RewardConfig(extract="regex", pattern=r"\d+"))
 
 
@@ -148,8 +157,8 @@ def test_length_reward_reads_the_token_counts_the_trainer_passes():
 
 
 def test_length_options_are_checked_before_any_work():
-    with pytest.raises(GrpoError, match="overlong_buffer=20 between 0 and it"):
-        build_reward(RewardConfig(name="length", max_length=10, overlong_buffer=20))
+    assert problems(check_reward, RewardConfig(name="length", max_length=10, overlong_buffer=20)) == (
+        "reward.overlong_buffer=20 must be >= 0 and below reward.max_length=10")
 
 
 @pytest.mark.parametrize(
@@ -166,8 +175,8 @@ def test_format_reward_matches_the_whole_completion(completion, want):
 
 
 def test_a_format_regex_that_does_not_compile_is_a_clear_error():
-    with pytest.raises(GrpoError, match=r"reward.format_pattern '\(unclosed' does not compile"):
-        build_reward(RewardConfig(name="format", format_pattern="(unclosed"))
+    assert "reward.format_pattern '(unclosed' does not compile" in problems(
+        check_reward, RewardConfig(name="format", format_pattern="(unclosed"))
 
 
 def test_combo_adds_weighted_terms_and_reports_each_one():
@@ -189,14 +198,13 @@ def test_combo_without_weights_weighs_every_term_one():
     [(RewardConfig(name="combo"), "reward=combo needs reward.terms"),
      (RewardConfig(name="combo", terms=["exact_match", "format"], weights=[1.0]), "1 values for the 2 reward.terms"),
      (RewardConfig(name="combo", terms=["format", "format"]), "names a reward twice"),
-     (RewardConfig(name="combo", terms=["exact_match", "typo"]), "Unknown reward 'typo'"),
+     (RewardConfig(name="combo", terms=["exact_match", "typo"]), "reward.terms='typo' must be one of exact_match"),
      (RewardConfig(name="exact_match", terms=["format"]), "only read by reward=combo"),
      (RewardConfig(name="model"), "reward=model needs reward.model_path"),
      (RewardConfig(name="python"), "reward=python needs reward.fn")],
 )
 def test_reward_config_mistakes_are_one_sentence(cfg, message):
-    with pytest.raises(GrpoError, match=message):
-        build_reward(cfg)
+    assert message in problems(check_reward, cfg)
 
 
 def test_a_plain_function_is_scored_without_terms():
@@ -353,8 +361,7 @@ def test_the_chat_template_wraps_the_prompt_with_the_system_prompt():
     assert data["train"][0]["prompt"] == "<system>add<user>15+34=<a>"
     with pytest.raises(GrpoError, match="has no chat template"):
         load_data(DataConfig(chat_template=True), tiny.build_tokenizer())
-    with pytest.raises(GrpoError, match="system_prompt is only used with data.chat_template=true"):
-        load_data(DataConfig(system_prompt="add"), tok)
+    assert "data.system_prompt is only used with data.chat_template=true" in problems(check_data, DataConfig(system_prompt="add"))
 
 
 def test_prompts_over_the_token_limit_are_dropped_and_counted():

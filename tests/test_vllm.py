@@ -28,6 +28,7 @@ from grpo_cli.rewards import build_reward  # noqa: E402
 from grpo_cli.rollout import concat_rollouts  # noqa: E402
 from grpo_cli.step import Policies, PromptBatch  # noqa: E402
 from grpo_cli.vllm_engine import VLLMGenerator  # noqa: E402
+from helpers import grpo_process  # noqa: E402
 
 TOL = 1e-4  # nats per token, fp32 engine against the fp32 trainer
 PROMPTS = ["1+2=", "3+4=", "5+5=", "9+8=", "12+7=", "6+6="]
@@ -140,10 +141,7 @@ def test_a_bf16_engine_under_bf16_mixed_is_close_to_the_trainer(tok):
 
 
 def grpo(*args, cwd):
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", *args], cwd=cwd, env=ENV, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out
+    return grpo_process(*args, cwd=cwd, env=ENV, check_rc=0)
 
 
 def test_a_short_vllm_run_learns_and_its_greedy_answers_match_hf(tmp_path):

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import re
 
-from grpo_cli.errors import GrpoError
 
 
 def build(cfg):
     """`reward.format_pattern` must match the completion from start to end (surrounding whitespace
     aside); `.` also matches newlines, so `<think>.*?</think>` spans lines."""
-    try:
-        pattern = re.compile(cfg.format_pattern, re.DOTALL)
-    except re.error as e:
-        raise GrpoError(f"reward.format_pattern {cfg.format_pattern!r} does not compile ({e}); fix the regex.") from None
+    pattern = re.compile(cfg.format_pattern, re.DOTALL)  # checks.check_reward has compiled it once
     return lambda batch: [float(pattern.fullmatch(c.strip()) is not None) for c in batch.completions]

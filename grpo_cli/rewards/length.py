@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from grpo_cli.errors import GrpoError
 
 
 def overlong_penalty(length: int, max_length: int, buffer: int) -> float:
@@ -17,10 +16,8 @@ def overlong_penalty(length: int, max_length: int, buffer: int) -> float:
 
 def build(cfg):
     max_length, buffer = cfg.max_length, cfg.overlong_buffer
-    if max_length < 1 or not 0 <= buffer <= max_length:
-        raise GrpoError(
-            f"reward.max_length={max_length} must be >= 1 and reward.overlong_buffer={buffer} between 0 and it."
-        )
+    if max_length < 1 or not 0 <= buffer < max_length:  # checks.check_reward refuses these
+        raise ValueError(f"max_length={max_length}, overlong_buffer={buffer}: need 0 <= buffer < max_length.")
 
     def reward(batch):
         assert batch.completion_tokens is not None, "reward=length needs the completions' token counts"

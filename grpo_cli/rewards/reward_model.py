@@ -14,10 +14,8 @@ from grpo_cli.models import resolve_device, resolve_path
 
 
 def build(cfg):
-    if not cfg.model_path:
-        raise GrpoError("reward=model needs reward.model_path, a hub id or a local sequence-classification model directory.")
-    if cfg.model_batch_size < 1:
-        raise GrpoError(f"reward.model_batch_size={cfg.model_batch_size} must be at least 1.")
+    if not cfg.model_path or cfg.model_batch_size < 1:  # checks.check_reward refuses these
+        raise ValueError(f"reward.model_path={cfg.model_path!r}, model_batch_size={cfg.model_batch_size}: run the checks.")
     location, device = resolve_path(cfg.model_path, key="reward.model_path"), resolve_device(cfg.model_device, key="reward.model_device")
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)

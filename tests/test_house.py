@@ -1,0 +1,102 @@
+"""The shape of the package: no import cycle (lazy imports inside functions included), and no
+function longer than a screen, so `train` and the step stay readable."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "grpo_cli"
+MAX_FUNCTION_LINES = 80
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The package modules `path` imports anywhere in it (top level or inside a function)."""
+    name, found = _module_name(path), set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != name}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {_module_name(f) for f in files}
+    return {_module_name(f): _imports(f, modules) for f in files}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+            if nxt not in state:
+                cycle = visit(nxt, path + [nxt])
+                if cycle:
+                    return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path):
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "x.py").write_text("def f():\n    from pkg import y\n")
+    (pkg / "y.py").write_text("from pkg.x import f\n")
+    modules = {"pkg.x", "pkg.y"}
+    global PACKAGE
+    saved, PACKAGE = PACKAGE, pkg
+    try:
+        assert _imports(pkg / "x.py", modules) == {"pkg.y"} and _imports(pkg / "y.py", modules) == {"pkg.x"}
+    finally:
+        PACKAGE = saved
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert len(graph) > 30 and graph["grpo_cli.trainer"]  # the walk saw the package
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+def _body_lines(fn: ast.FunctionDef) -> int:
+    """Lines of a function, its docstring left out."""
+    lines = fn.end_lineno - fn.lineno + 1
+    first = fn.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES:
+                long.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({_body_lines(node)} lines)")
+    assert not long, "functions over 80 lines: " + "; ".join(long)
