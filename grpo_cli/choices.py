@@ -13,7 +13,6 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LORA_QUANTIZE = ("4bit",)  # QLoRA
 DATA_SOURCES = ("arithmetic", "long_addition", "files", "hub")
 ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
-REWARDS = ("exact_match", "math", "format", "length", "model", "python")  # reward=combo adds them up
 REWARD_EXTRACTS = ("last_number", "hash", "boxed", "regex", "full")
 CORRECT_RULES = ("reward", "answer")  # what accuracy counts as right (rewards.Judge)
 # transformers' schedules that need nothing beyond warm-up and length (get_scheduler)

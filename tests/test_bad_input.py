@@ -123,6 +123,13 @@ CASES = [
     (TRAIN + " algo.behaviour_path=/x", "algo.behaviour_path is only used with algo.behaviour=frozen"),
     (TRAIN + " algo.ref_refresh=-1", "algo.ref_refresh=-1 must be >= 0"),
     (TRAIN + " algo.max_refill_rounds=-1", "algo.max_refill_rounds=-1 must be >= 0"),
+    (TRAIN + " algo.loss=ppo", "algo.loss='ppo' must be one of clip, cispo, sapo"),
+    (TRAIN + " algo=cispo algo.loss_args.ratio_max=0", "algo.loss_args.ratio_max=0 must be > 0"),
+    (TRAIN + " algo=sapo +algo.loss_args.tau=2", "algo.loss_args.tau is not a setting of algo.loss=sapo (its settings: tau_pos, tau_neg)"),
+    (TRAIN + " algo.clip_ratio_c=0.5", "algo.clip_ratio_c=0.5 must be > 1"),
+    (TRAIN + " algo=cispo algo.clip_ratio_c=3", "algo.clip_ratio_c (dual-clip) bounds the clipped surrogate; it is not used by algo.loss=cispo"),
+    (TRAIN + " algo.entropy_coef=-0.1", "algo.entropy_coef=-0.1 must be >= 0"),
+    (TRAIN + " data=long_addition data.digits=1 data.num_train=60", "data.num_train + data.num_test = 80 must be at most 50"),
     (TRAIN + " trainer.seed=-1", "trainer.seed=-1 must be >= 0"),
     (TRAIN + " trainer.save_every=0", "trainer.save_every=0 must be >= 1"),
     (TRAIN + " trainer.log_every=0", "trainer.log_every=0 must be >= 1"),
@@ -258,16 +265,27 @@ def test_the_catalogue_covers_at_least_80_mistakes_across_the_three_commands():
     assert len(CASES) >= 80 and commands == {"train", "evaluate", "sample"}
 
 
-def test_a_config_mistake_fails_in_well_under_two_seconds_before_torch_loads():
-    """Composition and value checks run before torch or transformers is imported."""
+def _a_config_mistake(arg: str = "sampler.temperature=-1") -> tuple[str, str, float]:
+    """(exit code, whether torch was imported, seconds) of `grpo train ARG` in a fresh process."""
     code = ("import sys, time; t = time.perf_counter()\n"
             "from grpo_cli.cli import main\n"
-            "try:\n    main(['train', 'sampler.temperature=-1'])\n"
+            f"try:\n    main(['train', {arg!r}])\n"
             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, round(time.perf_counter() - t, 2))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     code_, torch_loaded, seconds = out.stdout.split()
-    assert code_ == "2" and torch_loaded == "False", out.stdout + out.stderr
-    assert float(seconds) < 1.5, seconds
+    return code_, torch_loaded, float(seconds)
+
+
+@pytest.mark.parametrize("arg", ["sampler.temperature=-1", "algo.loss=nope", "generator.name=nope", "trainer.trackers=[nope]"])
+def test_a_config_mistake_fails_before_torch_loads(arg):
+    """Composition and value checks, the registries' names included, run before torch is imported."""
+    code_, torch_loaded, _ = _a_config_mistake(arg)
+    assert code_ == "2" and torch_loaded == "False"
+
+
+@pytest.mark.timing
+def test_a_config_mistake_fails_in_well_under_two_seconds():
+    assert _a_config_mistake()[2] < 1.5
 
 
 def test_a_pickled_object_in_a_trainer_state_is_refused_and_never_runs(w, tmp_path, capsys):

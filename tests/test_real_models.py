@@ -350,6 +350,7 @@ print(json.dumps({"applied": applied, "faults": faults}))
 """
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
                     reason="reuse_freed_memory tunes glibc's malloc; this is not Linux with glibc")
 def test_freed_memory_is_reused_so_a_repeated_step_touches_no_new_pages():

@@ -401,20 +401,26 @@ def test_long_addition_is_deterministic_distinct_and_correct():
     assert list(long_addition_problems(3, 500, 50, seed=3)["train"]["prompt"]) != prompts[:500]
 
 
+@pytest.mark.parametrize("cfg, message", [
+    (DataConfig(name="files"), "data=files needs data.train_file"),
+    (DataConfig(name="nope"), "data.name='nope' must be one of arithmetic"),
+    (DataConfig(answer_extract="regex"), "data.answer_extract='regex' must be one of hash, boxed, last_number"),
+    (DataConfig(name="hub"), "data=hub needs data.hub_name"),
+])
+def test_data_settings_are_checked_once_before_any_work(cfg, message):
+    assert message in problems(check_data, cfg)
+
+
 @pytest.mark.parametrize(
     "make, message",
-    [(lambda d: files_config(), "data=files needs data.train_file"),
-     (lambda d: files_config(train_file=str(d / "nope.jsonl")), "nope.jsonl does not exist"),
+    [(lambda d: files_config(train_file=str(d / "nope.jsonl")), "nope.jsonl does not exist"),
      (lambda d: files_config(train_file=str(write_rows(d / "x.jsonl"))[:-6] + ".txt"), "is not a .jsonl, .json, .csv or .parquet file"),
      (lambda d: files_config(train_file=str(write_rows(d / "x.jsonl")), answer_field="solution"),
       r"Column 'solution' is missing from the 'train' split of data=files; it has \['question', 'answer', 'level'\]"),
      (lambda d: files_config(train_file=str(write_rows(d / "x.jsonl")), template="{prompt}"),
       "data.template names the column 'prompt'"),
      (lambda d: files_config(train_file=str(write_rows(d / "x.jsonl")), template="{question"), "is not a format string"),
-     (lambda d: files_config(train_file=str(write_rows(d / "x.jsonl")), test_size=24), "test_size=24 holds out 24 of the 24 rows"),
-     (lambda d: DataConfig(name="nope"), "Unknown data.name='nope'"),
-     (lambda d: DataConfig(answer_extract="regex"), "data.answer_extract='regex' must be one of hash, boxed, last_number"),
-     (lambda d: DataConfig(name="hub"), "data=hub needs data.hub_name")],
+     (lambda d: files_config(train_file=str(write_rows(d / "x.jsonl")), test_size=24), "test_size=24 holds out 24 of the 24 rows")],
 )
 def test_bad_data_is_one_clear_sentence(tmp_path, make, message):
     with pytest.raises(GrpoError, match=message):

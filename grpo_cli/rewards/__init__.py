@@ -11,21 +11,23 @@ each term's mean as `reward/<term>` and whitens the weighted sum into advantages
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards import exact_match, format_match, length, math_equiv, python_fn, reward_model
-
-BUILDERS = {
-    "exact_match": exact_match.build,
-    "math": math_equiv.build,
-    "format": format_match.build,
-    "length": length.build,
-    "model": reward_model.build,
-    "python": python_fn.build,
+# Each reward's builder, `build(cfg) -> term`, named by import path and imported when first used, so the
+# names (checks.py reads them) cost no torch. A new reward is its module, a line here and its YAML.
+BUILDERS: dict[str, Callable | str] = {
+    "exact_match": "grpo_cli.rewards.exact_match:build",
+    "math": "grpo_cli.rewards.math_equiv:build",
+    "format": "grpo_cli.rewards.format_match:build",
+    "length": "grpo_cli.rewards.length:build",
+    "model": "grpo_cli.rewards.reward_model:build",
+    "python": "grpo_cli.rewards.python_fn:build",
 }
+REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
 USER_CODE = ("python",)  # terms that run the user's own function: what they raise is theirs to fix
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
@@ -96,7 +98,15 @@ def build_reward(cfg) -> Reward:
     weights = (list(cfg.weights) or [1.0] * len(names)) if cfg.name == "combo" else [1.0]
     if len(weights) != len(names) or not set(names) <= set(BUILDERS):  # a caller that skipped the checks
         raise ValueError(f"reward terms {names} with weights {weights}: run checks.check_reward first.")
-    return Reward({name: BUILDERS[name](cfg) for name in names}, dict(zip(names, map(float, weights))))
+    return Reward({name: _builder(name)(cfg) for name in names}, dict(zip(names, map(float, weights))))
+
+
+def _builder(name: str) -> Callable:
+    entry = BUILDERS[name]
+    if isinstance(entry, str):
+        module, attribute = entry.split(":")
+        entry = getattr(importlib.import_module(module), attribute)
+    return entry
 
 
 class Judge:
