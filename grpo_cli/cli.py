@@ -18,7 +18,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from grpo_cli.compose import check_command_line
-from grpo_cli.config import EvaluateConfig, SampleConfig, TrainConfig, register_configs
+from grpo_cli.config import COMMAND_SCHEMAS, register_configs
 from grpo_cli.console import Console
 from grpo_cli.errors import GrpoError
 from grpo_cli.stopping import Stopped
@@ -50,7 +50,6 @@ COMP_WORDBREAKS=${COMP_WORDBREAKS//=}
 complete -o nospace -o default -F _grpo_complete grpo"""
 ZSH_PREAMBLE = "autoload -U +X bashcompinit && bashcompinit\n"
 
-SCHEMAS = {"train": TrainConfig, "evaluate": EvaluateConfig, "sample": SampleConfig}
 _job_started = False  # a Hydra exit before any job started is a composition (user) error
 _dist = None  # the process group under torchrun (distributed.TorchDist), else None
 
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     register_configs()
     try:  # composition errors and bad values: one sentence, before torch is imported
-        check_command_line(command, rest, SCHEMAS[command])
+        check_command_line(command, rest, COMMAND_SCHEMAS[command])
     except GrpoError as e:
         Console(progress=False).error(str(e))
         sys.exit(2)

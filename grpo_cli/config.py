@@ -236,14 +236,16 @@ GROUP_SCHEMAS: dict[str, Any] = {
 }
 
 
+COMMAND_SCHEMAS: dict[str, Any] = {"train": TrainConfig, "evaluate": EvaluateConfig, "sample": SampleConfig}
+
+
 def register_configs() -> None:
-    """Register the primary schemas; each primary YAML names its schema first in its defaults."""
+    """Register the primary schemas (`<command>_schema`); each primary YAML names its schema first in its defaults."""
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="evaluate_schema", node=EvaluateConfig)
-    cs.store(name="sample_schema", node=SampleConfig)
+    for command, schema in COMMAND_SCHEMAS.items():
+        cs.store(name=f"{command}_schema", node=schema)
 
 
 def schema_of(command: str):
     """The dataclass schema of a command's config."""
-    return {"train": TrainConfig, "evaluate": EvaluateConfig, "sample": SampleConfig}[command]
+    return COMMAND_SCHEMAS[command]

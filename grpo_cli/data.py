@@ -103,7 +103,7 @@ def read_files(cfg) -> DatasetDict:
 def read_hub(cfg) -> DatasetDict:
     """A hub dataset's train and test splits (or the train split cut in two when test_split=null)."""
     what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
-    from grpo_cli.models import go_offline, hub_unreachable
+    from grpo_cli.hub import go_offline, hub_unreachable
 
     unreachable = hub_unreachable()
     if unreachable:  # read the local datasets cache only, instead of a minute of retries

@@ -89,7 +89,7 @@ def check_push(cfg) -> None:
         raise GrpoError("hub.push=true needs hub.repo_id, the repository to upload final/ to (e.g. me/my-grpo-model).")
     from huggingface_hub import constants
 
-    from grpo_cli.models import hub_unreachable
+    from grpo_cli.hub import hub_unreachable
 
     why = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else hub_unreachable()
     if why:

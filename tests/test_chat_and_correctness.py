@@ -151,14 +151,14 @@ def test_a_real_model_path_on_the_built_in_settings_gets_one_note_and_a_preset_d
 
 
 def test_a_hub_id_that_cannot_be_reached_fails_in_seconds_with_one_sentence(monkeypatch, capsys):
-    import grpo_cli.models as models
+    import grpo_cli.hub as hub
 
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(models, "_HUB_STATE", None)
+    monkeypatch.setattr(hub, "_HUB_STATE", None)
     start = time.monotonic()
     code = grpo("train", "model.path=nobody/not-cached-model", "trainer.progress=false")
     err = capsys.readouterr().err

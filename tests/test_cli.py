@@ -103,6 +103,7 @@ def test_unknown_subcommand_exits_2_with_usage():
     assert "unknown command 'trian'" in out.stderr and "train" in out.stderr
 
 
+@pytest.mark.slow
 def test_multirun_runs_one_job_per_combination(tiny_dir, tmp_path):
     grpo("train", "-m", f"model.path={tiny_dir}", "trainer.seed=0,1", "trainer.steps=1",
          *[a for a in FAST if not a.startswith("trainer.steps")], f"hydra.sweep.dir={tmp_path}", check_rc=0)

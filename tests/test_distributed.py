@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 from helpers import SMALL, SMALL_DATA, grpo, metric_rows
 from ranks import start_ranks, torchrun
 
+pytestmark = pytest.mark.slow  # torchrun ranks in processes of their own: make test-slow
+
 # optimizer.eps=1e-6: AdamW's first steps move a weight by ~lr * g / |g|, so a gradient at rounding level
 # (1e-12) whose sign differs between two correct summation orders would move its weight by +-lr; an eps
 # well above rounding noise makes such a gradient move it by ~0, and the runs comparable to 1e-5.

@@ -26,6 +26,7 @@ def sweep_rows(sweep_dir):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not has("hydra_plugins.hydra_joblib_launcher"),
                     reason="hydra-joblib-launcher is not installed (pip install 'grpo-cli[sweeps]')")
 def test_a_joblib_sweep_keeps_its_table_csv_and_the_failed_job_s_exit_code(tmp_path):
@@ -39,6 +40,7 @@ def test_a_joblib_sweep_keeps_its_table_csv_and_the_failed_job_s_exit_code(tmp_p
     assert "sweep jobs 1 failed" in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not has("hydra_plugins.hydra_submitit_launcher"),
                     reason="hydra-submitit-launcher is not installed (pip install 'grpo-cli[sweeps]')")
 def test_a_submitit_sweep_lists_every_job(tmp_path):
@@ -49,6 +51,7 @@ def test_a_submitit_sweep_lists_every_job(tmp_path):
     assert [r["status"] for r in rows] == ["done", "done"] and rows[0]["overrides"] != rows[1]["overrides"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not has("hydra_plugins.hydra_optuna_sweeper"),
                     reason="hydra-optuna-sweeper is not installed (pip install 'grpo-cli[sweeps]')")
 def test_optuna_optimises_the_objective_the_config_names(tmp_path):
@@ -89,9 +92,9 @@ def test_final_has_a_model_card_with_the_base_model_settings_metrics_and_command
 
 
 def test_hub_push_is_refused_up_front_when_the_hub_cannot_be_reached(tmp_path, monkeypatch, capsys):
-    import grpo_cli.models as models
+    import grpo_cli.hub as hub
 
-    monkeypatch.setattr(models, "_HUB_STATE", "hub.invalid: Name or service not known")
+    monkeypatch.setattr(hub, "_HUB_STATE", "hub.invalid: Name or service not known")
     with pytest.raises(SystemExit) as e:
         main(["train", f"output_dir={tmp_path}", *FAST, "hub.push=true", "hub.repo_id=me/model"])
     err = capsys.readouterr().err
@@ -105,7 +108,7 @@ def test_hub_push_is_refused_up_front_when_the_hub_cannot_be_reached(tmp_path, m
 def test_hub_push_uploads_final_with_its_card(tmp_path, monkeypatch):
     import huggingface_hub
 
-    import grpo_cli.models as models
+    import grpo_cli.hub as hub
 
     calls = []
 
@@ -118,7 +121,7 @@ def test_hub_push_uploads_final_with_its_card(tmp_path, monkeypatch):
             calls.append(("upload", repo_id, folder_path, files))
             return type("Info", (), {"commit_url": f"https://hub/{repo_id}/commit/1"})()
 
-    monkeypatch.setattr(models, "_HUB_STATE", "")  # reachable
+    monkeypatch.setattr(hub, "_HUB_STATE", "")  # reachable
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     with pytest.raises(SystemExit) as e:
         main(["train", f"output_dir={tmp_path}", *FAST, "hub.push=true", "hub.repo_id=me/model"])

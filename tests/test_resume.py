@@ -132,6 +132,7 @@ def wait_for(predicate, timeout=120.0, poll=0.0005):
     return False
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_point_even_mid_save_leaves_only_complete_checkpoints_and_resume_finishes(tmp_path):
     run, steps = tmp_path / "run", 8
     args = [f"output_dir={run}", f"trainer.steps={steps}", "trainer.save_every=1", "resume=auto"]
@@ -196,6 +197,7 @@ def test_the_first_signal_is_announced_off_the_thread_it_interrupted():
     assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
 
 
+@pytest.mark.slow
 def test_a_2x2_multirun_writes_four_jobs_and_a_summary(tmp_path):
     out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "-m", *TINY, "trainer.steps=1",
                           "algo.beta=0,0.04", "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={tmp_path}"],
@@ -213,6 +215,7 @@ def test_a_2x2_multirun_writes_four_jobs_and_a_summary(tmp_path):
     assert "sweep: 4 jobs" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_failed_sweep_job_is_reported_and_does_not_stop_the_others(tmp_path):
     """A job that fails while it runs (here: its model is missing) is a row of the table; the rest run."""
     out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", "-m", *TINY, "trainer.steps=1",
