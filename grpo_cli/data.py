@@ -277,7 +277,8 @@ class PromptOrder:
     only the step to continue it. Every group's sampling noise is seeded by (run seed, step, its
     position in the whole batch, round), so the groups are the same on 1 or N processes."""
 
-    def __init__(self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, rows=None,
+                 fields: tuple[str, str] = ("prompt", "answer")):
         if batch_size > num_rows:
             raise GrpoError(
                 f"trainer.prompts_per_step={batch_size} exceeds the {num_rows} training prompts; lower it."
@@ -285,6 +286,7 @@ class PromptOrder:
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
         self.per_epoch = num_rows // batch_size  # the remainder of each epoch is skipped
         self.per_rank, self.first = batch_size // world_size, rank * (batch_size // world_size)
+        self.rows, self.fields = rows, fields  # the training split, and its prompt and answer columns
 
     def _generator(self, *parts: int) -> torch.Generator:
         """The one seeding rule of the prompt draws: run seed, then epoch (or step and round)."""
@@ -296,19 +298,18 @@ class PromptOrder:
         perm = torch.randperm(self.num_rows, generator=self._generator(epoch))
         return perm[k * self.batch_size : (k + 1) * self.batch_size].tolist()
 
-    def share(self, rows, prompt_field: str, answer_field: str, step: int, indices: list[int] | None = None,
-              round_: int = 0) -> PromptBatch:
+    def share(self, step: int, indices: list[int] | None = None, round_: int = 0) -> PromptBatch:
         """This rank's slice of step `step`'s prompts (positions rank * n_local ...), as a PromptBatch."""
         indices = self.indices(step - 1) if indices is None else indices
         first, n = self.first, self.per_rank
-        picked = rows[indices[first : first + n]]
+        picked = self.rows[indices[first : first + n]]
         seeds = [group_seed(self.seed, step, first + i, round_) for i in range(n)]
-        return PromptBatch(picked[prompt_field], picked[answer_field], seeds, picked)
+        return PromptBatch(picked[self.fields[0]], picked[self.fields[1]], seeds, picked)
 
-    def refill(self, rows, prompt_field: str, answer_field: str, step: int):
+    def refill(self, step: int):
         """More prompts for dynamic sampling: round r draws a batch with replacement, seeded by (step, r)."""
         def draw(round_: int) -> PromptBatch:
             g = self._generator(step * 1_009, round_)
             drawn = torch.randint(self.num_rows, (self.batch_size,), generator=g).tolist()
-            return self.share(rows, prompt_field, answer_field, step, drawn, round_)
+            return self.share(step, drawn, round_)
         return draw

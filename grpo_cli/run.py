@@ -147,8 +147,7 @@ class Run:
     settings: StepSettings
     optimizer: torch.optim.Optimizer
     scheduler: object
-    prompts: PromptOrder
-    train_rows: object
+    prompts: PromptOrder  # this rank's prompts of each step, from the training split
     user_text: dict  # chat-rendered prompt -> what the user wrote, for completions.jsonl
     metrics: MetricsLog
     samples_log: MetricsLog
@@ -216,8 +215,9 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                  if USER_PROMPT in train_rows.column_names else {})
     return Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
                tokenizer=tokenizer, policy=policy, policies=policies, generator=generator, reward_fn=reward_fn,
-               settings=settings, optimizer=optimizer, scheduler=scheduler, train_rows=train_rows, user_text=user_text,
-               prompts=PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world),
+               settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text,
+               prompts=PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
+                                   (cfg.data.prompt_field, cfg.data.answer_field)),
                metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
                first_step=resumed_at + 1, sharded=sharded)
 

@@ -28,7 +28,7 @@ from grpo_cli.stopping import GracefulStop, Stopped
 def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: str | None = None) -> dict:
     """The whole run, on this rank. Returns the summary printed at the end."""
     run = start_run(cfg, Path(run_dir), console, dist, command)
-    t, data = cfg.trainer, cfg.data
+    t = cfg.trainer
     watch, start = Watch(t, console), time.perf_counter()
 
     def announce(signum: int) -> None:
@@ -38,10 +38,9 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop:
         for step in range(run.first_step, t.steps + 1):
             run.policy.train()
-            batch = run.prompts.share(run.train_rows, data.prompt_field, data.answer_field, step)  # 1.
-            refill = run.prompts.refill(run.train_rows, data.prompt_field, data.answer_field, step)
+            batch = run.prompts.share(step)  # 1.
             row, roll = grpo_step(run.policies.roles(), run.generator, run.optimizer, batch, run.reward_fn,  # 2.
-                                  run.settings, precision=run.precision, refill=refill, dist=dist)
+                                  run.settings, precision=run.precision, refill=run.prompts.refill(step), dist=dist)
             watch.updates(step, row)
             lr = run.scheduler.get_last_lr()[0]  # 3.
             run.scheduler.step()

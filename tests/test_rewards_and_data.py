@@ -438,3 +438,13 @@ def test_an_empty_split_is_named(tmp_path):
 
     with pytest.raises(GrpoError, match="The 'test' split of data=files is empty"):
         prepare(Dataset.from_dict({"question": [], "answer": []}), "test", files_config(), None, print)
+
+
+def test_the_ranks_shares_of_a_step_are_the_one_process_batch_with_the_same_group_seeds():
+    rows = arithmetic_problems(9, 20)["train"]
+    whole = PromptOrder(len(rows), 8, seed=3, rows=rows).share(5)
+    parts = [PromptOrder(len(rows), 8, seed=3, rank=r, world_size=2, rows=rows).share(5) for r in range(2)]
+    assert parts[0].prompts + parts[1].prompts == whole.prompts and parts[0].seeds + parts[1].seeds == whole.seeds
+    assert len(set(whole.seeds)) == 8  # every group its own noise
+    refill = PromptOrder(len(rows), 8, seed=3, rows=rows).refill(5)
+    assert refill(1).prompts == refill(1).prompts and refill(1).seeds != refill(2).seeds  # a round is a function of (step, round)
