@@ -10,9 +10,10 @@ and `checks.py` reads the names before anything heavy loads.
 
 from __future__ import annotations
 
-import importlib
 import weakref
 from typing import Any, Callable, Protocol, runtime_checkable
+
+from grpo_cli.registry import load
 
 
 @runtime_checkable
@@ -52,11 +53,7 @@ def register_generator(name: str, factory: Callable) -> None:
 
 
 def generator_factory(name: str) -> Callable:
-    entry = GENERATORS[name]
-    if isinstance(entry, str):
-        module, attribute = entry.split(":")
-        entry = getattr(importlib.import_module(module), attribute)
-    return entry
+    return load(GENERATORS[name])
 
 
 def check_available(settings) -> None:

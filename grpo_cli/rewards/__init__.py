@@ -11,12 +11,12 @@ each term's mean as `reward/<term>` and whitens the weighted sum into advantages
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.registry import load
 # Each reward's builder, `build(cfg) -> term`, named by import path and imported when first used, so the
 # names (checks.py reads them) cost no torch. A new reward is its module, a line here and its YAML.
 BUILDERS: dict[str, Callable | str] = {
@@ -98,15 +98,7 @@ def build_reward(cfg) -> Reward:
     weights = (list(cfg.weights) or [1.0] * len(names)) if cfg.name == "combo" else [1.0]
     if len(weights) != len(names) or not set(names) <= set(BUILDERS):  # a caller that skipped the checks
         raise ValueError(f"reward terms {names} with weights {weights}: run checks.check_reward first.")
-    return Reward({name: _builder(name)(cfg) for name in names}, dict(zip(names, map(float, weights))))
-
-
-def _builder(name: str) -> Callable:
-    entry = BUILDERS[name]
-    if isinstance(entry, str):
-        module, attribute = entry.split(":")
-        entry = getattr(importlib.import_module(module), attribute)
-    return entry
+    return Reward({name: load(BUILDERS[name])(cfg) for name in names}, dict(zip(names, map(float, weights))))
 
 
 class Judge:
