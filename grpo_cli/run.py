@@ -195,6 +195,8 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                                device=device, world_size=world, seed=t.seed)
     data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows = data["train"]
+    prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
+                          (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
     reward_fn = build_reward(cfg.reward)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     restore_optimizer(state, resume_from, policy, optimizer, scheduler, world, console)
@@ -216,8 +218,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     return Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
                tokenizer=tokenizer, policy=policy, policies=policies, generator=generator, reward_fn=reward_fn,
                settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text,
-               prompts=PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
-                                   (cfg.data.prompt_field, cfg.data.answer_field)),
+               prompts=prompts,
                metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
                first_step=resumed_at + 1, sharded=sharded)
 

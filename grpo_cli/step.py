@@ -122,7 +122,8 @@ def real_rows(roll: Rollout) -> torch.Tensor:
 
 def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
              with_entropy: bool = False, dist: Dist = SINGLE) -> tuple[bool, float]:
-    """One optimiser step on the clipped surrogate over the whole (global) rollout batch, accumulated
+    """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with
+    its KL term and entropy bonus, over the whole (global) rollout batch, accumulated
     over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
     go to `record` when given, the entropy when `with_entropy`. Returns (skipped, gradient norm).
 
