@@ -22,7 +22,7 @@ from grpo_cli.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff
 from grpo_cli.checks import check_train
 from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
-from grpo_cli.distributed import SINGLE, Dist
+from grpo_cli.distributed import SINGLE, Dist, is_sharded
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
@@ -154,13 +154,12 @@ class Run:
     held_out: HeldOut
     held_out_before: dict | None
     first_step: int
-    sharded: bool
 
     def save(self, step: int) -> None:
         """A checkpoint of this step. No data position: PromptOrder makes every step's prompts a function
         of (seed, step)."""
         save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
-            "optimizer": {} if self.sharded else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "optimizer": {} if is_sharded(self.policy) else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "config": asdict(self.cfg), "held_out_before": self.held_out_before, **self.policies.state_dict(),
         }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
 
@@ -189,7 +188,6 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     precision = training_precision(t.precision, device)
     tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
-    sharded = strategy == "fsdp"
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
     generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
                                device=device, world_size=world, seed=t.seed)
@@ -220,7 +218,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text,
                prompts=prompts,
                metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
-               first_step=resumed_at + 1, sharded=sharded)
+               first_step=resumed_at + 1)
 
 
 def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist, command: str | None) -> None:
