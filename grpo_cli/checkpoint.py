@@ -216,8 +216,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
 
 def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, merge=None, config: dict | None = None) -> Path:
     """`final/`: the trained model in HF format (under LoRA the merged model, `merge(trained, adapter
-    tensors or None)`, and the adapter alone in final/adapter), staged in `.tmp-final` and renamed into place, so a kill leaves the old final/ or
-    none, never half of one."""
+    tensors or None)`, and the adapter alone in final/adapter), staged in `.tmp-final` and renamed into
+    place, so a kill leaves the old final/ or none, never half of one."""
     run_dir = Path(run_dir)
     final, tmp, old = run_dir / "final", run_dir / ".tmp-final", run_dir / ".old-final"
     check_finite(model, dist)

@@ -68,10 +68,8 @@ def make_generator(settings, tokenizer, *, chat_template: bool, precision, devic
     """The generator the `generator` config group names."""
     generator = generator_factory(settings.name)(tokenizer, settings, chat_template=chat_template, precision=precision,
                                                   device=device, world_size=world_size, seed=seed)
-    missing = [k for k in ("returns_logprobs", "needs_weights", "generate", "update", "sleep", "close")
-               if not hasattr(generator, k)]
-    if missing:
-        raise TypeError(f"generator {settings.name!r} lacks {', '.join(missing)} (grpo_cli.generators.Generator).")
+    if not isinstance(generator, Generator):  # the protocol's members, data ones included, are the one list
+        raise TypeError(f"generator {settings.name!r} does not have every member of grpo_cli.generators.Generator.")
     _LIVE.add(generator)
     return generator
 

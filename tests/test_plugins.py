@@ -81,6 +81,27 @@ def test_a_generator_and_a_loss_registered_outside_the_package_train_end_to_end(
     assert (tmp_path / "final" / "config.json").exists()
 
 
+def test_a_generator_missing_a_member_of_the_protocol_is_refused_when_built(plugins):
+    from grpo_cli.generators import make_generator
+
+    class NoCapabilities:  # generates, but declares none of the capabilities the step asks
+        def __init__(self, tokenizer, settings, **placement):
+            pass
+
+        def generate(self, *args, **kwargs):
+            raise AssertionError("never reached")
+
+        update = sleep = close = generate
+
+    register_generator("incomplete", NoCapabilities)
+    try:
+        with pytest.raises(TypeError, match="does not have every member of grpo_cli.generators.Generator"):
+            make_generator(type("S", (), {"name": "incomplete"})(), None, chat_template=False, precision=None,
+                           device="cpu")
+    finally:
+        GENERATORS.pop("incomplete")
+
+
 def test_a_registered_loss_setting_it_does_not_declare_is_refused_in_one_sentence(tmp_path, plugins):
     cfg = small_run(tmp_path)
     cfg.algo.loss, cfg.algo.loss_args = "scaled_reinforce", {"scael": 2.0}
