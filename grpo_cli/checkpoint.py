@@ -349,7 +349,7 @@ def load_sharded(checkpoint: Path, model, optimizer) -> None:
 EXPERIMENT_GROUPS = ("model", "reward", "sampler", "optimizer", "data", "algo")
 EXPERIMENT_KEYS = ("trainer.seed", "trainer.prompts_per_step", "trainer.precision")
 # Where it runs, how the reward model is batched and what it is called may change.
-FREE_KEYS = ("model.device", "model.name", "reward.model_device", "reward.model_batch_size")
+FREE_KEYS = ("model.device", "model.name", "reward.model_device", "reward.model_batch_size", "reward.fn_dir")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

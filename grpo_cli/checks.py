@@ -16,7 +16,7 @@ from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DAT
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
-from grpo_cli.rewards import REWARDS
+from grpo_cli.rewards import REWARDS, term_specs
 from grpo_cli.trackers import TRACKERS
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -110,12 +110,21 @@ def check_reward(p: Problems, r) -> None:
         p.need(bool(r.terms), "reward=combo needs reward.terms, the rewards to add up (e.g. [exact_match,format])")
         for term in r.terms:
             p.choice("reward.terms", term, REWARDS)
-        p.need(len(set(r.terms)) == len(r.terms), f"reward.terms={list(r.terms)} names a reward twice")
-        p.need(not r.weights or len(r.weights) == len(r.terms),
-               f"reward.weights has {len(r.weights)} values for the {len(r.terms)} reward.terms {list(r.terms)}; give one "
-               "weight per term")
+        p.need(len(set(r.terms)) == len(r.terms), f"reward.terms={list(r.terms)} names a reward twice (several python "
+               "rewards are one python term with a list: reward.fn=[a.py:f,b.py:g])")
     else:
-        p.need(not r.terms and not r.weights, "reward.terms and reward.weights are only read by reward=combo")
+        p.need(not r.terms, "reward.terms is only read by reward=combo")
+    fns = r.fn if isinstance(r.fn, (list, tuple)) else None
+    if fns is not None:
+        p.need(bool(fns) and all(isinstance(f, str) and f for f in fns),
+               f"reward.fn={list(fns)} must list functions such as [my_rewards.py:fmt,mypkg.rewards:acc]")
+    if fns is not None or r.name == "combo":
+        labels = [label for label, _, _ in term_specs(r)]
+        p.need(not r.weights or not labels or len(r.weights) == len(labels),
+               f"reward.weights has {len(r.weights)} values for the {len(labels)} reward terms {labels}; give one weight "
+               "per term")
+    else:
+        p.need(not r.weights, "reward.weights is only read by reward=combo or a list of functions in reward.fn")
     for i, w in enumerate(r.weights):
         p.finite(f"reward.weights[{i}]", w)
     terms = set(r.terms) | {r.name}
@@ -133,7 +142,7 @@ def check_reward(p: Problems, r) -> None:
         p.at_least("reward.model_batch_size", r.model_batch_size, 1)
         p.need(bool(DEVICE.match(str(r.model_device))), f"reward.model_device={r.model_device!r} must be auto, cpu, cuda or cuda:N")
     if "python" in terms:
-        p.need(bool(r.fn), "reward=python needs reward.fn, a dotted path to your function such as mypkg.rewards:score")
+        p.need(bool(r.fn), "reward=python needs reward.fn, your function such as my_rewards.py:score or mypkg.rewards:score")
 
 
 def check_data(p: Problems, d) -> None:

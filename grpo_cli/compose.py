@@ -13,9 +13,88 @@ from dataclasses import fields, is_dataclass
 
 from grpo_cli.errors import GrpoError, first_line
 
+# TRL GRPOConfig's names (and a few of transformers' TrainingArguments) -> grpo-cli's key, with what differs.
+# README "Coming from TRL" prints this table; the did-you-mean of an unknown key reads it first.
+TRL_NAMES: dict[str, tuple[str, str]] = {
+    "num_generations": ("sampler.group_size", "G completions per prompt"),
+    "epsilon": ("algo.clip_eps", "the clip range; algo.eps is the epsilon inside the reward std"),
+    "epsilon_high": ("algo.clip_eps_high", "DAPO's clip-higher"),
+    "delta": ("algo.clip_ratio_c", "dual-clip bound for negative advantages"),
+    "beta": ("algo.beta", "KL weight; TRL's default is 0.0, grpo-cli's 0.04"),
+    "loss_type": ("algo.aggregation", "or a preset: algo=grpo | dapo | dr_grpo"),
+    "scale_rewards": ("algo.scale", "group | batch | none"),
+    "importance_sampling_level": ("algo.ratio_level", "token | sequence_mean (GSPO)"),
+    "num_iterations": ("algo.num_iterations", "mu"),
+    "mask_truncated_completions": ("algo.mask_truncated", ""),
+    "sync_ref_model": ("algo.ref_refresh", "steps between copies of the policy into the reference"),
+    "vllm_importance_sampling_correction": ("algo.sampler_correction", "tis"),
+    "max_completion_length": ("sampler.max_new_tokens", ""),
+    "max_prompt_length": ("data.max_prompt_length", ""),
+    "temperature": ("sampler.temperature", ""),
+    "learning_rate": ("optimizer.lr", ""),
+    "lr": ("optimizer.lr", ""),
+    "lr_scheduler_type": ("optimizer.scheduler", ""),
+    "warmup_steps": ("optimizer.warmup_steps", ""),
+    "weight_decay": ("optimizer.weight_decay", ""),
+    "max_grad_norm": ("optimizer.max_grad_norm", ""),
+    "gradient_accumulation_steps": ("trainer.micro_batch_size", "completions per micro-batch; a step "
+                                    "accumulates its whole batch, prompts_per_step x G, over them"),
+    "per_device_train_batch_size": ("trainer.micro_batch_size", "completions per forward/backward"),
+    "generation_batch_size": ("trainer.prompts_per_step", "prompts per step; the batch is that times G"),
+    "max_steps": ("trainer.steps", ""),
+    "steps": ("trainer.steps", ""),
+    "num_train_epochs": ("trainer.steps", "grpo-cli counts steps"),
+    "bf16": ("trainer.precision", "trainer.precision=bf16-mixed, or auto"),
+    "fp16": ("trainer.precision", "fp16 training is not offered; bf16-mixed or auto"),
+    "seed": ("trainer.seed", ""),
+    "logging_steps": ("trainer.log_every", ""),
+    "save_steps": ("trainer.save_every", ""),
+    "save_total_limit": ("trainer.keep_last", ""),
+    "report_to": ("trainer.trackers", "[tensorboard,wandb,mlflow,trackio]"),
+    "gradient_checkpointing": ("model.gradient_checkpointing", ""),
+    "use_vllm": ("generator", "generator=vllm"),
+    "reward_funcs": ("reward.fn", "reward=python reward.fn=[my.py:f,my.py:g]"),
+    "reward_weights": ("reward.weights", ""),
+    "model_name_or_path": ("model.path", ""),
+    "dataset_name": ("data.hub_name", "data=hub"),
+}
+
+
+def suggest(key: str, schema) -> str:
+    """' (did you mean X?)' for an unknown dotted key: TRL's name for it first, then the nearest key in the
+    same place, else the keys that are there."""
+    last = key.rpartition(".")[2]
+    if last in TRL_NAMES:
+        target, note = TRL_NAMES[last]
+        if target != key:
+            return f"; {last} is TRL's name: here it is {target}{f' ({note})' if note else ''}."
+    parent = key.rpartition(".")[0]
+    siblings = [x for x in schema_keys(schema) if x.rpartition(".")[0] == parent]
+    near = difflib.get_close_matches(key, siblings, n=1, cutoff=0.75)
+    if near:
+        return f"; did you mean {near[0]}?"
+    elsewhere = [x for x in schema_keys(schema) if x.rpartition(".")[2] == last]
+    if elsewhere:
+        return f"; did you mean {elsewhere[0]}?"
+    shown = [x.rpartition(".")[2] for x in siblings]
+    return f"; the keys {'under ' + parent if parent else 'at the top'} are {', '.join(shown)}."
+
+
 # Flags after which Hydra prints and exits without running a job: left to Hydra.
 HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 MAX_COMBINATIONS = 256
+WITH_ARGUMENT = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+HYDRA_FLAGS = (*HYDRA_ONLY, *WITH_ARGUMENT, "-m", "--multirun", "--run", "-r", "--resolve", "--experimental-rerun")
+
+
+def flag_sentence(flag: str, value: str | None) -> str:
+    """`--steps 10` (argparse habits, TRL's scripts): the key=value that was meant."""
+    name = flag.lstrip("-").split("=", 1)[0].replace("-", "_")
+    value = flag.split("=", 1)[1] if "=" in flag else value if value is not None and "=" not in value else "..."
+    target = TRL_NAMES.get(name, (None,))[0]
+    fix = (f"here it is {target}={value}" if target and "." in target else
+           "`grpo <command> --help` lists the keys")
+    return f"{flag.split('=', 1)[0]} is not an option: grpo takes key=value overrides; {fix}."
 
 
 def check_command_line(command: str, args: list[str], schema) -> None:
@@ -23,11 +102,13 @@ def check_command_line(command: str, args: list[str], schema) -> None:
     if any(a in HYDRA_ONLY or a.startswith("--info") for a in args):
         return
     overrides, skip = [], False
-    for a in args:  # drop flags (and --cfg's / --package's argument) and Hydra's own settings
+    for i, a in enumerate(args):  # drop flags (and --cfg's / --package's argument) and Hydra's own settings
         if skip:
             skip = False
-        elif a in ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"):
+        elif a in WITH_ARGUMENT:
             skip = True
+        elif a.startswith("-") and a.split("=", 1)[0] not in HYDRA_FLAGS:
+            raise GrpoError(flag_sentence(a, args[i + 1] if i + 1 < len(args) else None))
         elif not a.startswith("-") and not a.lstrip("+~").startswith(("hydra.", "hydra/")):
             overrides.append(a)
     multirun = "-m" in args or "--multirun" in args
@@ -72,8 +153,7 @@ def compose_config(command: str, overrides: list[str], schema=None):
     unknown = unknown_keys(OmegaConf.to_container(cfg, resolve=False), schema)
     if unknown:
         key, near = unknown[0]
-        raise GrpoError(f"{key} is not a setting{near}; remove it (a `+` adds a key, but nothing reads one the schema "
-                        f"does not know).")
+        raise GrpoError(f"{key} is not a setting{near}")
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
@@ -103,16 +183,15 @@ def schema_keys(schema, prefix: str = "") -> list[str]:
     return out
 
 
-def unknown_keys(node: dict, schema, prefix: str = "") -> list[tuple[str, str]]:
-    """(key, ' (did you mean K?)') for each key of the composed config that the schema lacks."""
+def unknown_keys(node: dict, schema, prefix: str = "", root=None) -> list[tuple[str, str]]:
+    """(key, '; did you mean K?') for each key of the composed config that the schema lacks."""
     known = {f.name: f for f in fields(schema)}
     found = []
     for k, v in node.items():
         if k not in known:
-            near = difflib.get_close_matches(k, list(known), n=1)
-            found.append((prefix + k, f" (did you mean {prefix}{near[0]}?)" if near else ""))
+            found.append((prefix + k, suggest(prefix + k, root or schema)))
         elif _nested(known[k]) is not None and isinstance(v, dict):
-            found += unknown_keys(v, _nested(known[k]), f"{prefix}{k}.")
+            found += unknown_keys(v, _nested(known[k]), f"{prefix}{k}.", root or schema)
     return found
 
 
@@ -131,14 +210,15 @@ def composition_sentence(e: Exception, schema) -> str:
     key = getattr(cause, "full_key", None)
     text = first_line(cause)
     if key and ("not in" in str(cause) or "Key '" in str(cause)):
-        siblings = [x for x in schema_keys(schema) if x.rsplit(".", 1)[0] == key.rsplit(".", 1)[0]]
-        near = difflib.get_close_matches(key, siblings, n=1)
-        hint = f"did you mean {near[0]}?" if near else f"the keys there are {', '.join(s.rsplit('.', 1)[-1] for s in siblings)}."
-        return f"{key} is not a setting; {hint}"
+        return f"{key} is not a setting{suggest(key, schema)}"
     if key and "could not be converted" in str(cause):
         value = str(cause).split("'")[1] if "'" in str(cause) else "?"
         kind = str(cause).split("converted to ")[-1].split()[0].rstrip(".").lower()
         return f"{key}={value} is not {'an' if kind[:1] in 'aeiou' else 'a'} {kind}; give {key} a value of that type."
+    if "Ambiguous value for argument" in text:
+        arg = text.split("'")[1] if "'" in text else "the value"
+        return (f"{arg} is a comma-separated list, and a comma-separated list is a sweep: add -m to run one job per "
+                "value (or quote it, key=\"'a,b'\", if it is one string).")
     if key:
         return f"{key}: {text.rstrip('.')}."
     return f"{text.rstrip('.')}; check the override's spelling and value (`grpo <command> --help` lists the groups)."

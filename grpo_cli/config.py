@@ -49,7 +49,8 @@ class RewardConfig:
     model_path: Optional[str] = None
     model_batch_size: int = 16
     model_device: str = "auto"
-    fn: Optional[str] = None
+    fn: Any = None  # a function spec, or a list of them (one term each)
+    fn_dir: Optional[str] = None
     correct: str = "reward"
     correct_threshold: Optional[float] = None
 

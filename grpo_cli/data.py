@@ -21,6 +21,7 @@ from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bar
 
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.generation import group_seed
+from grpo_cli.rewards import PROMPT_MESSAGES  # the column rewards read conversational prompts from
 from grpo_cli.rewards.exact_match import extract_answer
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -144,10 +145,17 @@ def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
 USER_PROMPT = "_user_prompt"  # the prompt before the chat template, kept beside the rendered one
 
 
+def is_conversation(value) -> bool:
+    """A prompt given as chat messages (TRL's conversational format): [{"role": ..., "content": ...}, ...]."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
 def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
-    """The prompt text of each row: the template filled from its columns, then the chat template."""
+    """The prompt text of each row: the template filled from its columns, then the chat template. A prompt
+    of chat messages goes through the chat template as it is (its system message included)."""
     if cfg.template is None:
-        texts = [str(row[cfg.prompt_field]) for row in rows]
+        values = [row[cfg.prompt_field] for row in rows]
+        texts = [v if is_conversation(v) else str(v) for v in values]
     else:  # prompt_field need not exist yet: the rendered prompt is stored under it
         try:
             texts = [cfg.template.format(**row) for row in rows]
@@ -166,10 +174,22 @@ def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt is not None else []
-    return [
-        tokenizer.apply_chat_template(system + [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
-        for t in texts
-    ]
+
+    def messages(t) -> list[dict]:
+        if not is_conversation(t):
+            return system + [{"role": "user", "content": t}]
+        given = [{k: v for k, v in m.items() if v is not None} for m in t]  # Arrow fills absent keys with None
+        return given if given[0]["role"] == "system" else system + given
+
+    return [tokenizer.apply_chat_template(messages(t), tokenize=False, add_generation_prompt=True) for t in texts]
+
+
+def user_text(value) -> str:
+    """What a person wrote: the text, or a conversation's last user message (for tables and logs)."""
+    if not is_conversation(value):
+        return str(value)
+    users = [m.get("content") for m in value if m.get("role") == "user"]
+    return str(users[-1] if users else value[-1].get("content"))
 
 
 def render_user_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
@@ -221,11 +241,16 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
                     f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
                 )
         answers = [a.strip() for a in extracted]
+    conversational = cfg.template is None and any(is_conversation(row[cfg.prompt_field]) for row in rows)
+    if conversational:
+        check_conversations(rows, cfg, where)
+        columns[PROMPT_MESSAGES] = [row[cfg.prompt_field] for row in rows]  # what a TRL reward reads as `prompts`
     rendered = render_prompts(rows, cfg, tokenizer)
     if cfg.chat_template:  # what the user wrote, for tables and logs (columns starting with _ never reach a reward)
         plain = SimpleNamespace(template=cfg.template, prompt_field=cfg.prompt_field, chat_template=False,
                                 system_prompt=None)
-        columns[USER_PROMPT] = render_prompts(rows, plain, None)
+        columns[USER_PROMPT] = ([user_text(row[cfg.prompt_field]) for row in rows] if conversational
+                                else render_prompts(rows, plain, None))
     columns[cfg.prompt_field], columns[cfg.answer_field] = rendered, answers
 
     if cfg.max_prompt_length is not None:
@@ -242,6 +267,19 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
                 raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
             columns = {k: [v[i] for i in keep] for k, v in columns.items()}
     return Dataset.from_dict(columns)
+
+
+def check_conversations(rows: list[dict], cfg, where: str) -> None:
+    """Chat-message prompts need the chat template, and every row must be one."""
+    if not cfg.chat_template:
+        raise GrpoError(f"Column {cfg.prompt_field!r} of {where} holds chat messages (TRL's conversational format); set "
+                        "data.chat_template=true to render them with the model's chat template.")
+    for i, row in enumerate(rows):
+        value = row[cfg.prompt_field]
+        if not is_conversation(value) or not all(isinstance(m.get("content"), str) for m in value):
+            raise GrpoError(f"Row {i} of {where} is not a list of chat messages with text content like the others "
+                            f"({str(value)[:60]!r}); give every row's {cfg.prompt_field!r} as [{{\"role\": ..., "
+                            "\"content\": ...}, ...].")
 
 
 def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> DatasetDict:

@@ -7,6 +7,7 @@ hub push. Rank 0 writes every file; every rank builds the same objects.
 from __future__ import annotations
 
 import random
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -167,6 +168,8 @@ class Run:
 def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | None) -> Run:
     """Check the config, claim the run directory, load the policies and restore a checkpoint's state."""
     check_train(cfg)
+    if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
+        cfg.reward.fn_dir = os.getcwd()
     check_push(cfg)  # before any work: a push that cannot happen is refused now, not after training
     note = builtin_settings_note(cfg)
     if note:

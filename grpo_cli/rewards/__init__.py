@@ -28,7 +28,7 @@ BUILDERS: dict[str, Callable | str] = {
     "python": "grpo_cli.rewards.python_fn:build",
 }
 REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
-USER_CODE = ("python",)  # terms that run the user's own function: what they raise is theirs to fix
+PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)  # terms that run the user's own function: what they raise is theirs to fix
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
 MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0}
@@ -44,6 +44,7 @@ class Batch:
     completion_tokens: Optional[list[int]] = None  # tokens generated, EOS included when one was emitted
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns by name, when the caller has them
     completion_ids: Optional[list[list[int]]] = None  # each completion's token ids, when the caller has them
+    prompt_messages: Optional[list] = None  # conversational data: each prompt as its chat messages (TRL's format)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -55,6 +56,7 @@ class Batch:
             None if self.completion_tokens is None else [self.completion_tokens[i]],
             {k: [v[i]] for k, v in self.columns.items()},
             None if self.completion_ids is None else [self.completion_ids[i]],
+            None if self.prompt_messages is None else [self.prompt_messages[i]],
         )
 
 
@@ -78,11 +80,13 @@ class Reward:
 
     def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None):
         """(weighted sum per completion, {term: its values}) for one batch."""
+        messages = (columns or {}).get(PROMPT_MESSAGES)
         batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
                       None if completion_tokens is None else [int(n) for n in completion_tokens],
-                      {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")}, completion_ids)
-        values = {name: run_term(name, fn, batch, user_code=name in USER_CODE, none_is_no_score=name in USER_CODE)
-                  for name, fn in self.terms.items()}
+                      {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")}, completion_ids,
+                      None if messages is None else list(messages))
+        values = {name: run_term(name, fn, batch, user_code=getattr(fn, "user_code", False),
+                                 none_is_no_score=getattr(fn, "user_code", False)) for name, fn in self.terms.items()}
         total = [sum(self.weights[name] * values[name][i] for name in values) for i in range(len(batch))]
         return total, values
 
@@ -92,13 +96,40 @@ class Reward:
                           completion_ids=completion_ids)[0]
 
 
+def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
+    """(logged name, reward, reward.fn) of every term: `reward.terms` under combo, else `reward.name`; a
+    list in `reward.fn` makes one term per function, named after it (TRL's `reward_funcs`)."""
+    from grpo_cli.rewards.python_fn import function_name
+
+    out: list[tuple[str, str, Optional[str]]] = []
+    for name in (list(cfg.terms) if cfg.name == "combo" else [cfg.name]):
+        if name == "python" and isinstance(cfg.fn, (list, tuple)):
+            for spec in cfg.fn:
+                label, taken = function_name(str(spec)), {n for n, _, _ in out}
+                label = next(f"{label}_{i}" for i in range(2, len(out) + 3) if f"{label}_{i}" not in taken) \
+                    if label in taken else label
+                out.append((label, "python", str(spec)))
+        else:
+            out.append((name, name, cfg.fn if name == "python" else None))
+    return out
+
+
 def build_reward(cfg) -> Reward:
     """The reward group's `Reward`, every term built (and its options checked) before any work starts."""
-    names = list(cfg.terms) if cfg.name == "combo" else [cfg.name]  # the terms, checked in checks.check_reward
-    weights = (list(cfg.weights) or [1.0] * len(names)) if cfg.name == "combo" else [1.0]
-    if len(weights) != len(names) or not set(names) <= set(BUILDERS):  # a caller that skipped the checks
-        raise ValueError(f"reward terms {names} with weights {weights}: run checks.check_reward first.")
-    return Reward({name: load(BUILDERS[name])(cfg) for name in names}, dict(zip(names, map(float, weights))))
+    import copy
+
+    specs = term_specs(cfg)  # the terms, checked in checks.check_reward
+    weights = list(cfg.weights) or [1.0] * len(specs)
+    if len(weights) != len(specs) or not {kind for _, kind, _ in specs} <= set(BUILDERS):  # the checks were skipped
+        raise ValueError(f"reward terms {specs} with weights {weights}: run checks.check_reward first.")
+    terms = {}
+    for label, kind, spec in specs:
+        term_cfg = cfg
+        if spec is not None and spec != cfg.fn:
+            term_cfg = copy.copy(cfg)
+            term_cfg.fn = spec
+        terms[label] = load(BUILDERS[kind])(term_cfg)
+    return Reward(terms, dict(zip([label for label, _, _ in specs], map(float, weights))))
 
 
 class Judge:

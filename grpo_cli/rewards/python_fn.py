@@ -20,39 +20,91 @@ A completion counts as correct (accuracy, pass@k, maj@k) when its reward reaches
 `max_reward` attribute (set `score.max_reward = 5.0` beside it), 1.0 when it has none, or
 `reward.correct_threshold` when given.
 
-The module is imported from sys.path (PYTHONPATH) or the current directory; `mypkg.rewards.score`
-works as well as `mypkg.rewards:score`.
+`reward.fn` names a module on sys.path (PYTHONPATH) or in the current directory (`mypkg.rewards:score`,
+or `mypkg.rewards.score`), or a file (`my_rewards.py:score`, `path/to/rewards.py:score`). Relative paths
+and modules are looked up in `reward.fn_dir`, which `grpo train` sets to the directory it was started
+in and saves with the run, so `grpo evaluate` and `grpo sample` find the function from any directory.
+
+Several functions, each its own term logged as `reward/<function name>` and added up with
+`reward.weights` (TRL's `reward_funcs` and `reward_weights`): `reward.fn=[my.py:fmt,my.py:acc]
+reward.weights=[0.2,1]`.
+
+Conversational data (a prompt column of chat messages, TRL's format): the function gets `prompts` as
+those message lists and each completion as `[{"role": "assistant", "content": text}]`, as TRL passes
+them, so TRL's `accuracy_reward` and `think_format_reward` run unchanged; plain-text data gets strings.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 from grpo_cli.errors import GrpoError
 
 
-def load_function(spec: str):
-    """The callable `spec` names, or a GrpoError saying why it cannot be had."""
+def is_file_spec(spec: str) -> bool:
+    """`my_rewards.py:score` or `dir/rewards.py:score`: a file, not a module name."""
+    return spec.partition(":")[0].endswith(".py") or "/" in spec.partition(":")[0]
+
+
+def function_name(spec: str) -> str:
+    """The function's own name, which its term is logged under when reward.fn lists several."""
+    module, sep, attr = spec.partition(":")
+    return attr if sep else spec.rpartition(".")[2]
+
+
+def load_function(spec: str, base: str | None = None):
+    """The callable `spec` names, or a GrpoError saying why it cannot be had. `base` (reward.fn_dir, else
+    the current directory) is where a relative file path and a module beside the user's files are found."""
+    base = os.path.abspath(base or os.getcwd())
     module_name, sep, attr = spec.partition(":")
-    if not sep:
+    if not sep and not is_file_spec(spec):
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
-        raise GrpoError(f"reward.fn={spec!r} is not a dotted path; write it as mypkg.rewards:score.")
-    if os.getcwd() not in sys.path and "" not in sys.path:  # `grpo` run beside my_rewards.py finds it
-        sys.path.append(os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # a missing module or one that fails on import: both are the user's to fix
-        raise GrpoError(
-            f"reward.fn={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH "
-            "or in the current directory."
-        ) from None
+        raise GrpoError(f"reward.fn={spec!r} names no function; write it as mypkg.rewards:score or my_rewards.py:score.")
+    if is_file_spec(spec):
+        module = _import_file(spec, os.path.join(base, os.path.expanduser(module_name)))
+    else:
+        if base not in sys.path:  # `grpo` run beside my_rewards.py finds it, and so do evaluate and sample later
+            sys.path.append(base)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # a missing module or one that fails on import: both are the user's to fix
+            raise GrpoError(
+                f"reward.fn={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH or in "
+                f"{base}, or name the file (reward.fn=path/to/{module_name.rpartition('.')[2]}.py:{attr})."
+            ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise GrpoError(f"reward.fn={spec!r}: module {module_name!r} has no function {attr!r}.")
+        raise GrpoError(f"reward.fn={spec!r}: {module_name!r} has no function {attr!r}.")
     return fn
+
+
+def _import_file(spec: str, path: str):
+    """The module in the file `path`, imported once under its own name (its directory on sys.path, so it can
+    import the files beside it)."""
+    import importlib.util
+
+    path = os.path.normpath(path)
+    if not os.path.isfile(path):
+        raise GrpoError(f"reward.fn={spec!r}: there is no file {path}; give the path to your rewards file "
+                        "(relative to the directory grpo runs in).")
+    name = "grpo_reward_" + re.sub(r"\W", "_", path)
+    if name in sys.modules:
+        return sys.modules[name]
+    if os.path.dirname(path) not in sys.path:
+        sys.path.append(os.path.dirname(path))
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise GrpoError(f"reward.fn={spec!r}: {path} fails on import ({type(e).__name__}: {e}); fix the file.") from None
+    return module
 
 
 def parameters(fn) -> tuple[set[str], bool]:
@@ -69,16 +121,19 @@ def parameters(fn) -> tuple[set[str], bool]:
 
 
 def build(cfg):
-    if not cfg.fn:  # checks.check_reward refuses it
-        raise ValueError("reward=python without reward.fn: run the checks.")
-    fn = load_function(cfg.fn)
+    """The term of one function: `cfg.fn` a single spec (rewards.term_specs gives each of a list its own cfg)."""
+    if not cfg.fn or not isinstance(cfg.fn, str):  # checks.check_reward refuses it
+        raise ValueError(f"reward=python with reward.fn={cfg.fn!r}: run the checks.")
+    fn = load_function(cfg.fn, getattr(cfg, "fn_dir", None))
     accepted, takes_all = parameters(fn)
 
     def reward(batch):
+        conversational = batch.prompt_messages is not None
         kwargs = {
             **batch.columns,
-            "prompts": batch.prompts,
-            "completions": batch.completions,
+            "prompts": batch.prompt_messages if conversational else batch.prompts,
+            "completions": ([[{"role": "assistant", "content": c}] for c in batch.completions] if conversational
+                            else batch.completions),
             "answers": batch.answers,
             "completion_tokens": batch.completion_tokens,
             "completion_ids": batch.completion_ids,
@@ -86,4 +141,5 @@ def build(cfg):
         return fn(**(kwargs if takes_all else {k: v for k, v in kwargs.items() if k in accepted}))
 
     reward.max_value = float(getattr(fn, "max_reward", 1.0))  # what counts as "correct" (rewards.Judge)
+    reward.user_code = True  # what it raises is the user's to fix: one sentence naming the completion
     return reward

@@ -1,0 +1,132 @@
+"""What a TRL GRPOTrainer user brings in their first hour, through the real CLI: conversational data and
+TRL's own reward functions, several python rewards with weights, a reward named by its file (found again
+by evaluate from another directory)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import grpo, grpo_process, read_jsonl
+
+INPUTS = Path(__file__).parent / "inputs"
+# The tiny model's tokenizer knows digits, + and =: the chat template is made of them (a system message
+# becomes "<content>+", the generation prompt "=").
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
+            "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}")
+ONE_STEP = ["trainer.steps=1", "trainer.prompts_per_step=4", "sampler.group_size=2", "trainer.progress=false",
+            "trainer.eval_before_after=false", "trainer.eval_every=0", "trainer.log_completions_every=1"]
+
+
+@pytest.fixture
+def chat_dir(tiny_dir, tmp_path):
+    from grpo_cli.models import load_tokenizer
+
+    out = tmp_path / "chat"
+    shutil.copytree(tiny_dir, out)
+    tok = load_tokenizer(str(out))
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(out)
+    return out
+
+
+def conversational_jsonl(path: Path, rows: int = 8) -> Path:
+    """TRL's conversational format: `prompt` a list of messages (a system message on every other row), and
+    the answer in a `solution` column, as in TRL's math examples."""
+    with open(path, "w") as f:
+        for i in range(rows):
+            a, b = i % 5, (3 * i) % 5
+            system = [{"role": "system", "content": "1"}] if i % 2 else []
+            f.write(json.dumps({"prompt": system + [{"role": "user", "content": f"{a}+{b}"}],
+                                "solution": str(a + b)}) + "\n")
+    return path
+
+
+def test_conversational_prompts_are_rendered_by_the_chat_template_system_message_included(chat_dir, tmp_path):
+    from grpo_cli.config import DataConfig
+    from grpo_cli.data import load_data
+    from grpo_cli.models import load_tokenizer
+
+    file = conversational_jsonl(tmp_path / "chat.jsonl")
+    cfg = DataConfig(name="files", train_file=str(file), test_size=0.25, answer_field="solution", chat_template=True)
+    tok = load_tokenizer(str(chat_dir))
+    data = load_data(cfg, tok)
+    rows = [json.loads(line) for line in file.read_text().splitlines()]
+    by_user = {r["prompt"][-1]["content"] + ("s" if len(r["prompt"]) > 1 else ""): r for r in rows}
+    for split in ("train", "test"):
+        for rendered, messages in zip(data[split]["prompt"], data[split]["_prompt_messages"]):
+            key = messages[-1]["content"] + ("s" if len(messages) > 1 else "")
+            # the message list as written, and its rendering worked by hand from TEMPLATE
+            assert [{k: v for k, v in m.items() if v is not None} for m in messages] == by_user[key]["prompt"]
+            assert rendered == ("1+" if len(messages) > 1 else "") + messages[-1]["content"] + "="
+    # Without the chat template the messages would be str()-ed into the prompt: refused, with the fix.
+    with pytest.raises(Exception, match="holds chat messages .* set data.chat_template=true"):
+        load_data(DataConfig(name="files", train_file=str(file), answer_field="solution"), tok)
+
+
+def test_trl_s_own_format_and_accuracy_rewards_train_unchanged_on_conversational_data(chat_dir, tmp_path):
+    pytest.importorskip("math_verify", reason="TRL's accuracy_reward needs math_verify (the math extra)")
+    file = conversational_jsonl(tmp_path / "chat.jsonl")
+    shutil.copy(INPUTS / "trl_rewards.py", tmp_path / "trl_rewards.py")
+    run = tmp_path / "run"
+    out = grpo_process("train", f"model.path={chat_dir}", "data=files", f"data.train_file={file}", "data.test_size=0.25",
+                       "data.answer_field=solution", "data.chat_template=true", "reward=python",
+                       "reward.fn=[trl_rewards.py:think_format_reward,trl_rewards.py:accuracy_reward]",
+                       "reward.weights=[0.5,2]", f"output_dir={run}", *ONE_STEP, cwd=tmp_path, check_rc=0)
+    row = [r for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r][0]
+    # Each function logged under its own name; the total is their weighted sum.
+    assert row["reward/think_format_reward"] == 0.0  # digits never open with <think>
+    assert 0.0 <= row["reward/accuracy_reward"] <= 1.0
+    assert row["reward_mean"] == pytest.approx(0.5 * row["reward/think_format_reward"] + 2 * row["reward/accuracy_reward"])
+    samples = read_jsonl(run / "completions.jsonl")
+    for s in samples:  # accuracy_reward by hand: math_verify's verdict on the bare number is 1 when it equals the sum
+        digits = s["completion"].strip()
+        assert s["reward"] in (0.0, 2.0)
+        if s["reward"] == 2.0:
+            assert digits == s["answer"], s
+    assert "string indices" not in out.stderr
+
+
+def test_two_python_rewards_in_one_file_with_weights_and_a_file_path_found_again_from_elsewhere(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_rewards.py").write_text(
+        "def is_number(completions, **kwargs):\n"
+        "    return [float(c.strip().isdigit()) for c in completions]\n"
+        "def correct(completions, answers, **kwargs):\n"
+        "    return [float(c.strip() == a) for c, a in zip(completions, answers)]\n")
+    run = tmp_path / "run"
+    grpo_process("train", "reward=python", "reward.fn=[my_rewards.py:is_number,my_rewards.py:correct]",
+                 "reward.weights=[0.25,1]", "data.max_operand=9", "data.num_test=8", f"output_dir={run}", *ONE_STEP,
+                 cwd=work, check_rc=0)
+    for s in read_jsonl(run / "completions.jsonl"):  # the weighted sum, worked from the completion itself
+        want = 0.25 * s["completion"].strip().isdigit() + (s["completion"].strip() == s["answer"])
+        assert s["reward"] == pytest.approx(want), s
+    row = [r for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r][0]
+    assert {"reward/is_number", "reward/correct"} <= set(row)
+    # From another directory, evaluate finds the file through the directory the run saved (reward.fn_dir).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = grpo_process("evaluate", f"checkpoint={run}/final", f"output_dir={tmp_path / 'ev'}", "limit=4", "samples=0",
+                       cwd=elsewhere, check_rc=0)
+    assert "reward >= 1.25" in out.stdout + out.stderr  # the two functions' maxima, weighted: the reward was loaded
+
+
+def test_reward_fn_mistakes_are_one_sentence(tmp_path):
+    (tmp_path / "r.py").write_text("def f(completions, **kw):\n    return [0.0] * len(completions)\n")
+    cases = {
+        "reward.fn=missing.py:f": "there is no file",
+        "reward.fn=r.py:nope": "has no function 'nope'",
+        "reward.fn=[r.py:f,r.py:f]": None,  # the same function twice is two terms, f and f_2
+        "reward.weights=[1,2,3]": "reward.weights has 3 values for the 1 reward terms",
+    }
+    for override, message in cases.items():
+        extra = ["reward.fn=[r.py:f]"] if override.startswith("reward.weights") else []
+        out = grpo_process("train", "reward=python", override, *extra, "trainer.steps=1", "trainer.prompts_per_step=2",
+                           "sampler.group_size=2", "trainer.eval_before_after=false", "trainer.eval_every=0",
+                           f"output_dir={tmp_path / override.split('=')[0]}_{len(override)}", cwd=tmp_path)
+        if message is None:
+            assert out.returncode == 0, out.stderr[-2000:]
+            continue
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (override, out.stderr)
