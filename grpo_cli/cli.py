@@ -61,7 +61,9 @@ def _run(command: str, cfg) -> object:
     console = Console(progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)), quiet=rank > 0)
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        out_dir = Path(cfg.output_dir) if cfg.get("output_dir") else Path(HydraConfig.get().runtime.output_dir)
+        # A sweep's job always writes its own directory (output_dir became the sweep's directory: _run_directory).
+        out_dir = (Path(cfg.output_dir) if cfg.get("output_dir") and not in_sweep
+                   else Path(HydraConfig.get().runtime.output_dir))
         plain = OmegaConf.to_object(cfg)
         if command == "train":
             from grpo_cli.distributed import SINGLE
@@ -232,18 +234,30 @@ DEFAULT_RUN_ROOTS = {"train": "runs", "evaluate": "runs/evaluate"}
 
 
 def _run_directory(command: str, overrides: list[str]) -> list[str]:
-    """`output_dir=X` is also Hydra's run directory, so nothing goes to runs/<time>/ beside it; and the
-    run directory must be one that can be made and written, which is checked before Hydra makes it."""
-    if command not in DEFAULT_RUN_ROOTS or any(o in ("-m", "--multirun") for o in overrides):
+    """`output_dir=X` is also Hydra's run directory, so nothing goes to runs/<time>/ beside it; in a sweep
+    (-m) it is the sweep's directory, each job writing X/<job number>/ with its summary, so no job refuses
+    or overwrites another's run. The run directory must be one that can be made and written, which is
+    checked before Hydra makes it."""
+    if command not in DEFAULT_RUN_ROOTS:
         return overrides
     given = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith("-"))
-    target = given.get("hydra.run.dir") or given.get("output_dir")
-    if given.get("output_dir") and "hydra.run.dir" not in given:
-        overrides = [*overrides, f"hydra.run.dir='{given['output_dir']}'"]
+    sweep = any(o in ("-m", "--multirun") for o in overrides)
+    run_key = "hydra.sweep.dir" if sweep else "hydra.run.dir"  # in a sweep output_dir holds one directory per job
+    target = given.get(run_key) or given.get("output_dir")
+    if given.get("output_dir") and run_key not in given:
+        overrides = [*overrides, f"{run_key}='{given['output_dir']}'"]
+    if sweep and not target:
+        return overrides
     path = Path(str(target).strip("'\"") if target else DEFAULT_RUN_ROOTS[command]).expanduser()
     existing = next(p for p in [path, *path.parents] if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        why = f"{existing} is not a directory" if not existing.is_dir() else f"{existing} is not writable"
+    why = (f"{existing} is not a directory" if not existing.is_dir() else
+           f"{existing} is not writable" if not os.access(existing, os.W_OK) else None)
+    if why is None:
+        try:  # access() says yes to root everywhere; /sys and read-only mounts only refuse the attempt
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = f"{e.strerror.lower()} there"
+    if why:
         raise GrpoError(f"Cannot write to the run directory {path} ({why}); choose another with output_dir=DIR.")
     return overrides
 

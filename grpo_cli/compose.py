@@ -87,6 +87,18 @@ WITH_ARGUMENT = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--co
 HYDRA_FLAGS = (*HYDRA_ONLY, *WITH_ARGUMENT, "-m", "--multirun", "--run", "-r", "--resolve", "--experimental-rerun")
 
 
+def search_path_override(config_dir: str) -> str:
+    """`--config-dir DIR` as the override that adds DIR to Hydra's search path (what Hydra does with the flag);
+    a directory that is not there is refused."""
+    import os
+
+    path = os.path.abspath(os.path.expanduser(config_dir))
+    if not os.path.isdir(path):
+        raise GrpoError(f"--config-dir {config_dir}: there is no directory {path}; give the folder holding your "
+                        "presets (e.g. myconf/experiment/mine.yaml for experiment=mine).")
+    return f"hydra.searchpath=[file://{path}]"
+
+
 def flag_sentence(flag: str, value: str | None) -> str:
     """`--steps 10` (argparse habits, TRL's scripts): the key=value that was meant."""
     name = flag.lstrip("-").split("=", 1)[0].replace("-", "_")
@@ -107,6 +119,8 @@ def check_command_line(command: str, args: list[str], schema) -> None:
             skip = False
         elif a in WITH_ARGUMENT:
             skip = True
+            if a in ("--config-dir", "-cd") and i + 1 < len(args):  # the user's own presets: searched as Hydra will
+                overrides.append(search_path_override(args[i + 1]))
         elif a.startswith("-") and a.split("=", 1)[0] not in HYDRA_FLAGS:
             raise GrpoError(flag_sentence(a, args[i + 1] if i + 1 < len(args) else None))
         elif not a.startswith("-") and not a.lstrip("+~").startswith(("hydra.", "hydra/")):
@@ -200,6 +214,11 @@ def composition_sentence(e: Exception, schema) -> str:
     from hydra.errors import MissingConfigException, OverrideParseException
 
     cause = e.__cause__ or e
+    mark = getattr(e, "problem_mark", None)
+    if mark is not None:  # a YAML file (a user's preset under --config-dir) that does not parse
+        problem = str(getattr(e, "problem", None) or first_line(e)).rstrip(".")
+        return (f"{mark.name} does not parse as YAML at line {mark.line + 1}, column {mark.column + 1} ({problem}); fix "
+                "that file.")
     if isinstance(e, OverrideParseException):
         return parse_sentence(e)
     if isinstance(e, MissingConfigException):

@@ -55,6 +55,9 @@ class SweepSummary(Callback):
         table = Table(title=f"sweep: {len(self.rows)} jobs ({sweep_dir}/sweep.csv)")
         headers = {"job": "job", "overrides": "swept", "status": "status", "reward_last20": "reward (last 20)",
                    "sampled_accuracy_after": "sampled acc.", "greedy_accuracy_after": "greedy acc.", "seconds": "s"}
+        # a column no job has a value in (held-out accuracy with evaluation off) is left out: the table stays narrow
+        headers = {c: h for c, h in headers.items() if c in ("job", "overrides", "status") or
+                   any(r.get(c) is not None for r in self.rows)}
         for col, header in headers.items():
             table.add_column(header, justify="left" if col in ("overrides", "status") else "right", overflow="fold")
         for r, overrides in zip(self.rows, swept):
@@ -75,4 +78,7 @@ def varying_overrides(per_job: list[list[str]]) -> list[str]:
     """Each job's overrides restricted to the keys whose values differ between jobs."""
     parsed = [dict(o.split("=", 1) for o in job if "=" in o) for job in per_job]
     keys = [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
-    return [" ".join(f"{k}={p.get(k)}" for k in keys) for p in parsed]
+    # the key's last part when that names it alone (lr=0.001, not optimizer.lr=0.001): the table stays narrow
+    short = {k: k.rpartition(".")[2] if sum(x.rpartition(".")[2] == k.rpartition(".")[2] for x in keys) == 1 else k
+             for k in keys}
+    return [" ".join(f"{short[k]}={p.get(k)}".replace("\\:", ":") for k in keys) for p in parsed]  # Hydra escapes ':' 

@@ -130,3 +130,37 @@ def test_reward_fn_mistakes_are_one_sentence(tmp_path):
             assert out.returncode == 0, out.stderr[-2000:]
             continue
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (override, out.stderr)
+
+
+def test_a_sweep_with_output_dir_keeps_every_job_s_run_prints_the_table_and_exits_2_when_one_fails(tmp_path):
+    (tmp_path / "good.py").write_text("def score(completions, **kw):\n    return [float(len(c) % 2) for c in completions]\n")
+    out = grpo_process("train", "-m", "reward=python", "reward.fn=good.py:score,missing.py:score", "output_dir=runs/x",
+                       *ONE_STEP, "trainer.log_completions_every=0", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    sweep = tmp_path / "runs" / "x"
+    summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    assert [s["status"] for s in summaries] == ["done", "failed"]  # each job its own directory: nothing overwritten
+    assert (sweep / "0" / "final" / "model.safetensors").exists() and "there is no file" in summaries[1]["error"]
+    assert "sweep: 2 jobs" in out.stdout and "fn=good.py:score" in out.stdout  # the table
+    assert "sweep jobs 1 failed" in out.stderr
+
+
+def test_a_preset_of_one_s_own_under_config_dir_passes_the_pre_check_and_trains(tmp_path):
+    presets = tmp_path / "myconf" / "experiment"
+    presets.mkdir(parents=True)
+    (presets / "mine.yaml").write_text("# @package _global_\ntrainer:\n  steps: 1\n  prompts_per_step: 2\n"
+                                       "sampler:\n  group_size: 3\n")
+    run = tmp_path / "run"
+    grpo_process("train", "--config-dir", "myconf", "experiment=mine", f"output_dir={run}", "trainer.progress=false",
+                 "trainer.eval_before_after=false", "trainer.eval_every=0", cwd=tmp_path, check_rc=0)
+    row = [r for r in read_jsonl(run / "metrics.jsonl") if "reward_mean" in r][0]
+    assert row["step"] == 1 and row["completion_tokens"] <= 2 * 3 * 6  # the preset's 2 prompts x 3 completions ran
+    assert "group_size: 3" in (run / "config.yaml").read_text()
+    # a preset that does not parse, a preset dir that is not there, a run directory that cannot be made
+    (presets / "broken.yaml").write_text("trainer: [\n")
+    for args, message in ((["-cd", "myconf", "experiment=broken"], "broken.yaml does not parse as YAML at line 2"),
+                          (["--config-dir", "nope", "experiment=mine"], "there is no directory"),
+                          (["output_dir=/sys/x"], "Cannot write to the run directory /sys/x")):
+        out = grpo_process("train", *args, cwd=tmp_path)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
