@@ -268,7 +268,7 @@ def check_train(cfg) -> None:
         p.at_least("trainer.eval_prompts", t.eval_prompts, 1)
     p.need(t.precision in PRECISIONS,
            f"trainer.precision={t.precision!r} must be one of {', '.join(PRECISIONS)} (fp16 training is not offered: "
-           "bf16-mixed keeps float32 master weights without a loss scaler)")
+           "bf16-mixed keeps float32 master weights without a loss scaler; auto picks it where bf16 is fast)")
     p.raise_if_any()
 
 

@@ -8,12 +8,18 @@
   of a weight rounds away, so this is refused where the learning rate is too small to register
   (`check_pure_bf16_lr`); bf16-mixed is the setting that trains at small learning rates.
 
+- `auto`: bf16-mixed where bf16 compute is fast (a CUDA device with bf16; a CPU with AVX-512 BF16 or
+  AMX, as torch reports it, confirmed by a short matmul probe), fp32 elsewhere. On a CPU without native
+  bf16, bf16 is emulated and a matmul runs tens of times slower than in float32; an explicit bf16
+  setting there gets a warning with the ratio measured.
+
 The loss math (ratios, KL, aggregation) is float32 under every setting (objective.py upcasts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +64,60 @@ class Precision:
         return contextlib.nullcontext()
 
 
-def training_precision(name: str, device: torch.device) -> Precision:
+def training_precision(name: str, device: torch.device) -> tuple[Precision, str | None]:
+    """The precision a run trains in, and a line saying why when it matters: what `auto` chose (and
+    why, starting "precision:"), or a warning for an explicit bf16 setting where bf16 compute is slow."""
     if name not in PRECISIONS:  # checks.py refused it already: a caller's bug
         raise ValueError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}.")
-    return Precision(name, device.type)
+    if name == "fp32":
+        return Precision(name, device.type), None
+    fast, why = bf16_is_fast(device)
+    if name == "auto":
+        chosen = "bf16-mixed" if fast else "fp32"
+        return Precision(chosen, device.type), f"precision: {chosen} (trainer.precision=auto: {why})"
+    note = None if fast else (f"trainer.precision={name} where bf16 is slow ({why}); trainer.precision=auto "
+                              "or fp32 trains faster here")
+    return Precision(name, device.type), note
+
+
+def cpu_bf16_native() -> tuple[bool, str]:
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX tiles), from torch's own report, and
+    its instruction set as torch names it."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    native = [n for n, probe in (("AVX-512 BF16", "_is_avx512_bf16_supported"), ("AMX", "_is_amx_tile_supported"))
+              if getattr(torch.cpu, probe, lambda: False)()]
+    return bool(native), " and ".join(native) if native else f"{capability}, no AVX-512 BF16 or AMX"
+
+
+def matmul_ratio(device: torch.device, size: int = 128, repeats: int = 3) -> float:
+    """Time of a bf16 matmul over a float32 one on `device` (about 20 ms on a CPU without native bf16)."""
+    def timed(dtype) -> float:
+        a = torch.randn(size, size, device=device).to(dtype)
+        a @ a  # warm-up: kernel selection, first-touch allocation
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ a
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    return timed(torch.bfloat16) / max(timed(torch.float32), 1e-9)
+
+
+def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
+    """(whether bf16 compute is at least about as fast as float32 on `device`, the reason in words)."""
+    if device.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return ok, "this CUDA device " + ("computes bf16 natively" if ok else "has no bf16 support")
+    if device.type != "cpu":
+        return False, f"bf16 speed on {device.type} is not known here"
+    native, what = cpu_bf16_native()
+    ratio = matmul_ratio(device)
+    if native and ratio < 1.5:
+        return True, f"this CPU has {what}; a bf16 matmul ran {ratio:.2f}x the float32 time"
+    if native:
+        return False, f"this CPU has {what}, but a bf16 matmul ran {ratio:.1f}x slower than float32 here"
+    return False, f"this CPU has no native bf16 ({what}); a bf16 matmul ran {ratio:.0f}x slower than float32 here"
 
 
 def check_pure_bf16_lr(model, lr: float) -> None:

@@ -188,7 +188,9 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     set_seed(t.seed)
     resume_from, state, run_dir = resume_point(cfg, run_dir, console)
     claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
-    precision = training_precision(t.precision, device)
+    precision, why = training_precision(t.precision, device)
+    if why:
+        console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
     tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)

@@ -184,7 +184,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     run_setup.set_seed(cfg.trainer.seed)
 
     log(f"[{name}] building")
-    precision = training_precision(cfg.trainer.precision, device)
+    precision, _ = training_precision(cfg.trainer.precision, device)
     tokenizer, policy, batch, reward_fn = BUILDERS[name](cfg, shape, precision)
     if opts["lora"]:  # as the trainer does: a frozen base in the compute dtype, a float32 adapter, and the
         # reference is the base with the adapter off (no second copy)

@@ -164,3 +164,44 @@ def test_a_preset_of_one_s_own_under_config_dir_passes_the_pre_check_and_trains(
         out = grpo_process("train", *args, cwd=tmp_path)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, ratio, want", [
+    (False, False, 30.0, "fp32"),        # AVX2 only: bf16 is emulated (this project's CI machines)
+    (True, False, 0.6, "bf16-mixed"),    # AVX-512 BF16, confirmed by the probe
+    (False, True, 0.3, "bf16-mixed"),    # AMX
+    (True, False, 8.0, "fp32"),          # reported, but the probe says slow (a torch build without the kernels)
+])
+def test_precision_auto_follows_the_cpu_s_own_capability_report(monkeypatch, avx512_bf16, amx, ratio, want):
+    import torch
+
+    from grpo_cli import precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(precision, "matmul_ratio", lambda device: ratio)
+    chosen, why = precision.training_precision("auto", torch.device("cpu"))
+    assert chosen.name == want and why.startswith(f"precision: {want} (trainer.precision=auto: ")
+    assert (f"{ratio:.2f}x" if want == "bf16-mixed" else "slower than float32") in why
+    # an explicit bf16 setting where bf16 is slow is kept, with a warning naming the ratio and the fix
+    kept, warning = precision.training_precision("bf16-mixed", torch.device("cpu"))
+    assert kept.name == "bf16-mixed" and (warning is None) == (want == "bf16-mixed")
+    if warning:
+        assert "trainer.precision=auto or fp32 trains faster here" in warning
+
+
+def test_the_first_lines_of_a_run_say_which_precision_auto_chose_and_why(monkeypatch, capsys, tmp_path):
+    import torch
+
+    from grpo_cli import precision
+    from helpers import FAST, grpo
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert grpo("train", "trainer.precision=auto", f"output_dir={tmp_path / 'run'}", *FAST, "trainer.steps=1") == 0
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("precision: ")]
+    assert said and said[0].startswith("precision: fp32 (trainer.precision=auto: this CPU has no native bf16 ("), lines
+    assert lines.index(said[0]) < next(i for i, line in enumerate(lines) if line.startswith("step 1"))
+    assert precision.matmul_ratio(torch.device("cpu")) > 0  # the real probe runs on this machine
