@@ -7,9 +7,10 @@ the rest of the package takes plain objects.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -57,6 +58,7 @@ _dist = None  # the process group under torchrun (distributed.TorchDist), else N
 def _run(command: str, cfg) -> object:
     global _job_started
     _job_started = True
+    quiet_libraries()  # here, not before Hydra: --help and --cfg never pay for importing transformers
     rank = _dist.rank if _dist is not None else 0
     console = Console(progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)), quiet=rank > 0)
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -141,6 +143,9 @@ def quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> None:
     global _job_started
     _job_started = False
+    import grpo_cli.console
+
+    grpo_cli.console.STARTED = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
@@ -169,6 +174,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
     register_configs()
+    if "--help" in rest or "-h" in rest:  # ours, with each key's comment; --hydra-help is Hydra's
+        from grpo_cli.help import print_help
+
+        sys.exit(print_help(command, rest))
     try:  # composition errors and bad values: one sentence, before torch is imported
         check_command_line(command, rest, COMMAND_SCHEMAS[command])
     except GrpoError as e:
@@ -179,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     except GrpoError as e:
         Console(progress=False).error(str(e))
         sys.exit(2)
-    quiet_libraries()
+    if command == "train" and not any(a in ("--cfg", "-c", "--info", "-i") for a in rest):  # the first line, at once
+        Console(progress=False, quiet=os.environ.get("RANK", "0") != "0").phase(
+            "grpo train: the config is checked; loading torch and transformers")
     rest = _join_process_group(command, rest)
     sys.argv = [f"grpo {command}"] + rest
     try:
@@ -207,10 +218,10 @@ def _join_process_group(command: str, overrides: list[str]) -> list[str]:
     """Under torchrun: join the process group, and make every rank use rank 0's run directory (Hydra's
     ${now:...} differs between ranks), with only rank 0 writing Hydra's .hydra/ and log."""
     global _dist
-    from grpo_cli.distributed import from_environment, launched
-
-    if not launched():
+    if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):  # distributed.launched(), without importing torch
         return overrides
+    from grpo_cli.distributed import from_environment
+
     if command != "train":
         print(f"error: grpo {command} runs in one process; launch it without torchrun.", file=sys.stderr)
         sys.exit(2)

@@ -18,6 +18,9 @@ from rich.table import Table
 from grpo_cli.errors import write_failure
 
 
+STARTED = time.perf_counter()  # cli.main resets it when a command starts: phase lines count from there
+
+
 class Console:
     def __init__(self, progress: bool = True, quiet: bool = False):
         # quiet: a rank other than 0 under torchrun, which says nothing but its errors
@@ -37,6 +40,11 @@ class Console:
 
     def print(self, *args, **kwargs) -> None:
         self.rich.print(*args, **kwargs)
+
+    def phase(self, message: str) -> None:
+        """One line of a command's start (what loaded, what runs next), with the seconds since it began, so
+        the wait before the first step is never silent, in a terminal or a log file."""
+        self.rich.print(f"[dim]{time.perf_counter() - STARTED:5.1f}s[/] {escape(message)}", highlight=False)
 
     def warn(self, message: str) -> None:
         self.rich.print(f"[bold yellow]warning:[/] {message}")

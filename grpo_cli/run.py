@@ -167,6 +167,9 @@ class Run:
 
 def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | None) -> Run:
     """Check the config, claim the run directory, load the policies and restore a checkpoint's state."""
+    import transformers
+
+    console.phase(f"loaded torch {torch.__version__} and transformers {transformers.__version__}")
     check_train(cfg)
     if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
         cfg.reward.fn_dir = os.getcwd()
@@ -194,10 +197,14 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
+                  f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
     generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
                                device=device, world_size=world, seed=t.seed)
     data = load_data(cfg.data, tokenizer, log=console.warn)
     train_rows = data["train"]
+    console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
                           (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
     reward_fn = build_reward(cfg.reward)
@@ -212,7 +219,10 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         log.truncate(resumed_at)  # rows past the checkpoint are redone, not duplicated
     settings = StepSettings.of(cfg, reward_fn)
     held_out = HeldOut(cfg, data["test"], generator, policy, reward_fn, settings.judge, dist, console, metrics)
+    if t.eval_before_after and not state.get("held_out_before"):
+        console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=bool(t.eval_every and not state))
+    console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
     if state:
         rngs = state.get("rng_per_rank") or [state["rng"]]
         set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step

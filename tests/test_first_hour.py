@@ -205,3 +205,48 @@ def test_the_first_lines_of_a_run_say_which_precision_auto_chose_and_why(monkeyp
     assert said and said[0].startswith("precision: fp32 (trainer.precision=auto: this CPU has no native bf16 ("), lines
     assert lines.index(said[0]) < next(i for i, line in enumerate(lines) if line.startswith("step 1"))
     assert precision.matmul_ratio(torch.device("cpu")) > 0  # the real probe runs on this machine
+
+
+def test_help_shows_every_key_with_the_value_this_command_line_gives_and_its_comment():
+    out = grpo_process("train", "--help", "model=qwen", "trainer.steps=7", check_rc=0).stdout
+    assert "algo: cispo, dapo, dr_grpo, grpo, gspo, sapo, seq_ratio  (now: grpo)" in out
+    assert "model: instruct, qwen, tiny  (now: qwen)" in out
+    lines = {line.split(" = ")[0]: line for line in out.splitlines() if " = " in line}
+    assert lines["trainer.steps"].split("#")[0].split(" = ")[1].strip() == "7"
+    assert lines["trainer.steps"].endswith("# GRPO steps (one rollout batch each)")  # the comment in train.yaml
+    assert "Qwen/Qwen2.5-0.5B-Instruct" in lines["model.path"]
+    assert "# KL weight to the reference policy" in lines["algo.beta"]  # from the algo group's own file
+    commented = [k for k, line in lines.items() if "  # " in line]
+    assert len(commented) >= 0.95 * len(lines), sorted(set(lines) - set(commented))
+
+
+def test_a_run_says_what_it_loads_in_order_before_step_1(tmp_path):
+    out = grpo_process("train", f"output_dir={tmp_path / 'run'}", "trainer.steps=1", "trainer.prompts_per_step=4",
+                       "sampler.group_size=2", "trainer.progress=false", "data.max_operand=9", "data.num_test=8",
+                       "trainer.eval_prompts=8", check_rc=0)
+    lines = out.stderr.splitlines()
+    order = ["grpo train: the config is checked", "loaded torch", "loaded the model builtin:tiny",
+             "data=arithmetic:", "scoring 8 held-out prompts before training", "step 1: sampling 4 prompts x 2"]
+    where = [next(i for i, line in enumerate(lines) if phrase in line) for phrase in order]
+    assert where == sorted(where) and where[0] == 0, lines
+    seconds = [float(lines[i].split("s ")[0]) for i in where]
+    assert seconds == sorted(seconds)  # each line carries the seconds since the command started
+
+
+@pytest.mark.timing
+def test_help_and_cfg_job_answer_in_under_two_seconds_and_a_run_s_first_line_in_one():
+    import subprocess
+    import sys
+    import time
+
+    for args in (["train", "--help"], ["train", "--cfg", "job"], ["evaluate", "--help"]):
+        start = time.perf_counter()
+        grpo_process(*args, check_rc=0)
+        assert time.perf_counter() - start < 2.0, args
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", "trainer.steps=1", "output_dir=/tmp/grpo_first",
+                             "overwrite=true"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    first = proc.stderr.readline()
+    waited = time.perf_counter() - start
+    proc.kill()
+    assert "grpo train: the config is checked" in first and waited < 1.0, (first, waited)
