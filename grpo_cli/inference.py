@@ -14,9 +14,10 @@ TRAINING_GROUPS = ("data", "sampler", "reward")  # how a model was prompted, sam
 
 def with_training_settings(cfg, paths: list[str], overrides: list[str], console):
     """`cfg` with the data, sampler and reward groups saved with the first of `paths` that has a
-    config.yaml (a checkpoint or final/ of a grpo run), for each group the command line did not set:
-    a trained model is evaluated and sampled the way it was trained (chat template, system prompt,
-    template, completion length, reward) unless the user says otherwise."""
+    config.yaml (a checkpoint or final/ of a grpo run): a trained model is evaluated and sampled the way
+    it was trained (chat template, system prompt, template, completion length, reward). A key the command
+    line sets (`sampler.group_size=2`) overrides that one key of the saved group; choosing another option
+    of the group (`reward=python`) replaces the saved group."""
     from omegaconf import OmegaConf
 
     from grpo_cli.checkpoint import read_config
@@ -30,14 +31,23 @@ def with_training_settings(cfg, paths: list[str], overrides: list[str], console)
             break
     if not saved:
         return cfg
-    mine = {o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] for o in overrides}
-    taken = [g for g in TRAINING_GROUPS if g not in mine and isinstance(saved.get(g), dict)]
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides if "=" in o]
+    replaced = {k for k in keys if "." not in k}  # group=option
+    taken = [g for g in TRAINING_GROUPS if g not in replaced and isinstance(saved.get(g), dict)]
+    mine = []
     for group in taken:
         merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), saved[group])
+        current = OmegaConf.structured(getattr(cfg, group))
+        for key in keys:
+            if key.startswith(group + "."):
+                sub = key.split(".", 1)[1]
+                OmegaConf.update(merged, sub, OmegaConf.select(current, sub), merge=False)
+                mine.append(key)
         setattr(cfg, group, OmegaConf.to_object(merged))
     if taken:
-        console.print(f"using the {', '.join(taken)} settings saved with {source} (set any {taken[0]}.* key, or "
-                      f"{taken[0]}=..., to use your own)", highlight=False)
+        yours = f"; yours on top: {', '.join(mine)}" if mine else ""
+        console.print(f"using the {', '.join(taken)} settings saved with {source}{yours} (set any key to change it, or "
+                      f"choose a group's option, e.g. {taken[0]}=..., to leave the saved group out)", highlight=False)
     return cfg
 
 

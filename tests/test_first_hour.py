@@ -250,3 +250,24 @@ def test_help_and_cfg_job_answer_in_under_two_seconds_and_a_run_s_first_line_in_
     waited = time.perf_counter() - start
     proc.kill()
     assert "grpo train: the config is checked" in first and waited < 1.0, (first, waited)
+
+
+def test_evaluate_and_sample_override_the_saved_settings_key_by_key(tmp_path):
+    from dataclasses import asdict
+
+    from grpo_cli.checkpoint import CONFIG_FILE, write_config
+    from grpo_cli.compose import compose_config
+    from grpo_cli.console import Console
+    from grpo_cli.inference import with_training_settings
+
+    trained = compose_config("train", ["sampler.max_new_tokens=24", "sampler.temperature=0.7", "data.chat_template=true"])
+    write_config(tmp_path / CONFIG_FILE, asdict(trained))
+    for command in ("sample", "evaluate"):
+        for overrides, want in ((["sampler.group_size=2"], (2, 24, 0.7)),       # one key over the saved group
+                                (["sampler=default"], (8, 6, 1.0)),              # the group chosen: the saved one is left out
+                                ([], (8, 24, 0.7))):                             # nothing said: as trained
+            cfg = with_training_settings(compose_config(command, overrides), [str(tmp_path)], overrides,
+                                         Console(progress=False))
+            s = cfg.sampler
+            assert (s.group_size, s.max_new_tokens, s.temperature) == want, (command, overrides)
+            assert cfg.data.chat_template is True
