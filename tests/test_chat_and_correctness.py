@@ -2,6 +2,7 @@
 the user's own reward, the note for a real model left on the built-in settings, and a hub that cannot
 be reached."""
 
+import re
 import shutil
 import time
 
@@ -165,7 +166,8 @@ def test_a_hub_id_that_cannot_be_reached_fails_in_seconds_with_one_sentence(monk
     assert code == 2 and time.monotonic() - start < 10, err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot be reached" in errors[0] and "HF_HUB_OFFLINE=1" in errors[0]
-    assert "Traceback" not in err and err.count("\n") <= 2  # no retry storm of warnings
+    said = [line for line in err.splitlines() if not re.match(r"^\s*\d+\.\ds ", line)]  # the start's phase lines aside
+    assert "Traceback" not in err and len(said) <= 2, err  # no retry storm of warnings
 
 
 def test_completion_logs_show_the_user_s_prompt_and_the_exact_reward(chat_dir, tmp_path, monkeypatch, capsys):
