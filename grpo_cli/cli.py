@@ -52,11 +52,19 @@ complete -o nospace -o default -F _grpo_complete grpo"""
 ZSH_PREAMBLE = "autoload -U +X bashcompinit && bashcompinit\n"
 
 _job_started = False  # a Hydra exit before any job started is a composition (user) error
+_result = None  # what the last job returned (the run summary, eval.json's content, the samples): main returns it
+_error: str | None = None  # the last user mistake's sentence, for the Python API (grpo_cli.api) to raise
 _dist = None  # the process group under torchrun (distributed.TorchDist), else None
 
 
 def _run(command: str, cfg) -> object:
-    global _job_started
+    global _result
+    _result = _job(command, cfg)
+    return _result
+
+
+def _job(command: str, cfg) -> object:
+    global _job_started, _error
     _job_started = True
     quiet_libraries()  # here, not before Hydra: --help and --cfg never pay for importing transformers
     rank = _dist.rank if _dist is not None else 0
@@ -87,6 +95,7 @@ def _run(command: str, cfg) -> object:
     except GrpoError as e:
         where = f"rank {rank}: " if _dist is not None and _dist.world_size > 1 else ""
         console.error(f"{where}{e}")
+        _error = f"{where}{e}"
         if in_sweep:  # a failed job is reported in the sweep table; the other jobs still run
             if rank == 0:
                 write_job_summary(out_dir, {"status": "failed", "error": str(e)})
@@ -140,9 +149,11 @@ def quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
-def main(argv: list[str] | None = None) -> None:
-    global _job_started
-    _job_started = False
+def main(argv: list[str] | None = None) -> object:
+    """`grpo ARGV`; returns what the job returned (train: the run summary; evaluate: the scores; sample: the
+    completions; a sweep: None) and exits (SystemExit) with 2 on a user mistake, as the command does."""
+    global _job_started, _result, _error
+    _job_started, _result, _error = False, None, None
     import grpo_cli.console
 
     grpo_cli.console.STARTED = time.perf_counter()
@@ -180,13 +191,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(print_help(command, rest))
     try:  # composition errors and bad values: one sentence, before torch is imported
         check_command_line(command, rest, COMMAND_SCHEMAS[command])
-    except GrpoError as e:
-        Console(progress=False).error(str(e))
-        sys.exit(2)
-    try:
         rest = _run_directory(command, rest)
     except GrpoError as e:
         Console(progress=False).error(str(e))
+        _error = str(e)
         sys.exit(2)
     if command == "train" and not any(a in ("--cfg", "-c", "--info", "-i") for a in rest):  # the first line, at once
         Console(progress=False, quiet=os.environ.get("RANK", "0") != "0").phase(
@@ -200,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         if failed_jobs:
             print(f"error: sweep jobs {', '.join(failed_jobs)} failed (see the table above).", file=sys.stderr)
             sys.exit(2)
+        return None if any(a in ("-m", "--multirun") for a in rest) else _result
     except SystemExit as e:
         # Hydra reports a bad override or config itself (no trace) and exits 1; that is a user
         # mistake, so exit 2 like every other one. A crash inside a job keeps Hydra's code.

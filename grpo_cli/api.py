@@ -1,0 +1,82 @@
+"""grpo-cli from Python (a notebook, a script): the three commands, taking the command line's overrides.
+
+    from grpo_cli import train, evaluate, sample
+
+    def brevity(completions, **kwargs):            # any reward function, TRL's convention included
+        return [1.0 / (1 + len(c)) for c in completions]
+
+    summary = train("trainer.steps=20", "output_dir=runs/nb", reward_funcs=[brevity])
+    scores = evaluate(f"checkpoint={summary['run_dir']}", "samples=0")
+    rows = sample(f"checkpoint={summary['run_dir']}", "prompt='3+4='")
+
+Each call runs exactly what `grpo <command> ...` runs, in this process, and returns what the command
+reports: `train` the run summary (reward_first, reward_last20, held-out accuracies, seconds, run_dir),
+`evaluate` the content of eval.json, `sample` one dict per completion. A mistake raises `GrpoError` with
+the sentence the command prints. `reward_funcs` (one callable or a list) takes functions defined in
+the notebook: each becomes a `reward=python` term named after the function, weighted by
+`reward_weights`. A run trained this way records the functions by name only: evaluate it from Python
+with the same `reward_funcs`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Callable, Sequence
+
+from grpo_cli.errors import GrpoError
+
+MODULE = "grpo_cli.notebook_rewards"  # where reward_funcs live while a call runs, so reward.fn can name them
+
+
+def _reward_overrides(reward_funcs, reward_weights) -> list[str]:
+    if reward_funcs is None:
+        if reward_weights is not None:
+            raise GrpoError("reward_weights needs reward_funcs, the functions they weigh.")
+        return []
+    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    if not funcs or not all(callable(f) for f in funcs):
+        raise GrpoError("reward_funcs must be a function or a list of functions fn(completions, **kwargs) -> floats.")
+    module = sys.modules.setdefault(MODULE, types.ModuleType(MODULE))
+    names = []
+    for f in funcs:
+        name = getattr(f, "__name__", "reward").replace("<lambda>", "reward")
+        taken = {n for n in vars(module) if not n.startswith("__")}
+        base, i = name, 2
+        while name in taken and getattr(module, name) is not f:
+            name, i = f"{base}_{i}", i + 1
+        setattr(module, name, f)
+        names.append(f"{MODULE}:{name}")
+    out = ["reward=python", f"reward.fn=[{','.join(names)}]"]
+    if reward_weights is not None:
+        out.append(f"reward.weights=[{','.join(str(float(w)) for w in reward_weights)}]")
+    return out
+
+
+def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
+    from grpo_cli import cli
+
+    try:
+        return cli.main([command, *map(str, overrides), *extra])
+    except SystemExit as e:
+        if e.code in (0, None):
+            return cli._result
+        raise GrpoError(cli._error or f"grpo {command} stopped with exit code {e.code}; see the lines above.") from None
+
+
+def train(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
+          reward_weights: Sequence[float] | None = None) -> dict:
+    """`grpo train OVERRIDES`; the run summary."""
+    return _call("train", overrides, _reward_overrides(reward_funcs, reward_weights))
+
+
+def evaluate(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
+             reward_weights: Sequence[float] | None = None) -> dict:
+    """`grpo evaluate OVERRIDES`; the scores of every model (eval.json's content)."""
+    return _call("evaluate", overrides, _reward_overrides(reward_funcs, reward_weights))
+
+
+def sample(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
+           reward_weights: Sequence[float] | None = None) -> list[dict]:
+    """`grpo sample OVERRIDES`; one dict per completion (prompt, completion, tokens, reward when scored)."""
+    return _call("sample", overrides, _reward_overrides(reward_funcs, reward_weights))

@@ -1,0 +1,39 @@
+"""The Python API: the three commands from a notebook, with reward functions defined there."""
+
+import json
+
+import pytest
+
+from helpers import FAST, read_jsonl
+
+
+def test_train_evaluate_and_sample_from_python_with_a_notebook_reward(tmp_path):
+    from grpo_cli import GrpoError, evaluate, sample, train
+
+    def brevity(completions, **kwargs):
+        return [1.0 / (1 + len(c)) for c in completions]
+
+    run = tmp_path / "run"
+    summary = train(*FAST, f"output_dir={run}", "trainer.log_completions_every=1", reward_funcs=[brevity],
+                    reward_weights=[2.0])
+    assert summary["steps"] == 2 and summary["run_dir"] == str(run)
+    for s in read_jsonl(run / "completions.jsonl"):  # the notebook's function, weighted, worked by hand
+        assert s["reward"] == pytest.approx(2.0 / (1 + len(s["completion"])))
+    assert "reward/brevity" in read_jsonl(run / "metrics.jsonl")[0]
+    scores = evaluate(f"checkpoint={run}/final", "samples=0", "limit=4", f"output_dir={tmp_path / 'ev'}",
+                      reward_funcs=[brevity], reward_weights=[2.0])
+    assert scores == json.loads((tmp_path / "ev" / "eval.json").read_text()) and scores["num_prompts"] == 4
+    rows = sample(f"checkpoint={run}/final", "prompt='3+4='", "answer=7", reward_funcs=brevity, reward_weights=[2.0])
+    assert len(rows) == 4 and all(  # G = 4, as the run was trained (sampler saved with it)
+        r["reward"] == pytest.approx(2.0 / (1 + len(r["completion"]))) for r in rows)
+    with pytest.raises(GrpoError, match="trainer.stepz is not a setting; did you mean trainer.steps"):
+        train("trainer.stepz=1")
+    with pytest.raises(GrpoError, match="reward_funcs must be a function"):
+        train(reward_funcs=["not a function"])
+
+
+def test_main_returns_the_run_summary():
+    from grpo_cli.cli import main
+
+    summary = main(["train", *FAST, "trainer.steps=1", "output_dir=/tmp/grpo_api_main", "overwrite=true"])
+    assert summary["steps"] == 1 and summary["run_dir"] == "/tmp/grpo_api_main"
