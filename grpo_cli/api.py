@@ -54,7 +54,7 @@ def _reward_overrides(reward_funcs, reward_weights) -> list[str]:
 
 
 def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
-    from grpo_cli import cli
+    import grpo_cli.cli as cli
 
     try:
         return cli.main([command, *map(str, overrides), *extra])
