@@ -26,7 +26,8 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            # `from pkg import mod` depends on pkg.mod, not on what pkg/__init__ imports (it has run already)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
             continue
         found |= {t for t in targets if t in modules and t != name}
