@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from grpo_cli.checkpoint import STEP_DIR, list_checkpoints
+from grpo_cli.checkpoint import STEP_DIR, list_checkpoints, read_config
 from grpo_cli.checks import check_evaluate
 from grpo_cli.errors import GrpoError
 from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
@@ -19,7 +19,7 @@ from grpo_cli.scoring import greedy_scores, sampled_scores
 def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None]]:
     """(model path, step or None) for each model `checkpoint` names: null = the base model; a model or
     LoRA adapter directory, or a hub id = itself; a run directory = its checkpoints in step order, then
-    final/."""
+    final/ (the checkpoint of the last step left out: final/ holds the same weights)."""
     if checkpoint is None:
         return [(base, None)]
     # `checkpoint=100` (a directory named 100) arrives from Hydra as an int
@@ -35,7 +35,10 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
             continue
         in_run = [(str(p), int(STEP_DIR.match(p.name).group(1))) for p in list_checkpoints(path)]
         if (path / "final" / "config.json").exists():
-            in_run.append((str(path / "final"), None))
+            # final/ holds the weights of the run's last step: its checkpoint of that step is not scored twice
+            last = (read_config(str(path / "final")) or {}).get("trainer", {}).get("steps")
+            in_run = [(p, step) for p, step in in_run if step != last]
+            in_run.append((str(path / "final"), last))
         if not in_run:
             raise GrpoError(
                 f"checkpoint={entry} is neither a model directory (with config.json) nor a run directory with "

@@ -48,6 +48,7 @@ class HeldOut:
                                         cfg.reward.pattern, t.seed)
         self.generator, self.policy, self.reward_fn, self.judge = generator, policy, reward_fn, judge
         self.dist, self.console, self.metrics = dist, console, metrics
+        self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation
 
     def scores(self) -> dict:
         return held_out_scores(self.generator, self.policy, self.rows, self.reward_fn, self.judge, self.settings,
@@ -71,14 +72,22 @@ class HeldOut:
 
     def during(self, step: int) -> None:
         scores = self.scores()
+        self.last = (step, scores)
         self.metrics.write(self.row(step, scores))
         self.console.print(f"step {step} held-out: greedy accuracy {scores['accuracy']:.3f}, sampled "
                            f"{scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f} (correct: {self.judge.label})")
 
-    def after(self, before: dict) -> dict:
-        """The scores after training, drawn like every periodic evaluation (the last one agrees), printed
-        beside `before`; returns the summary's keys."""
-        after = self.scores()
+    def final(self, step: int) -> dict:
+        """The scores after the last step: the periodic evaluation's when one ran at that step (the same
+        weights, drawn the same way), else measured now and written as that step's `eval/` row."""
+        if self.last is not None and self.last[0] == step:
+            return self.last[1]
+        scores = self.scores()
+        self.metrics.write(self.row(step, scores))
+        return scores
+
+    def after(self, before: dict, after: dict) -> dict:
+        """The scores after training (`final`) printed beside `before`; returns the summary's keys."""
         self.console.print(
             f"held-out accuracy on {len(self.rows)} prompts: greedy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
             f"sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f} (correct: {self.judge.label})")

@@ -31,8 +31,10 @@ def resolve_path(path: str, key: str = "model.path") -> str:
                 "point it at a directory written by save_pretrained (or a LoRA adapter directory)."
             )
         return str(local.resolve())  # absolute: a LoRA adapter records its base by this path
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:  # hub ids are "org/name"
-        raise GrpoError(f"{key}={path} does not exist; pass a directory with a saved model, or a hub id.")
+    # hub ids are "org/name"; "models/X" where ./models exists is a local path that is missing, not a hub id
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or (path.count("/") == 1 and local.parent.is_dir()):
+        hint = (" (`make smollm2` builds it)" if "SmolLM2-135M-Instruct" in path else "")
+        raise GrpoError(f"{key}={path} does not exist{hint}; pass a directory with a saved model, or a hub id.")
     check_hub(path, key)
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
 

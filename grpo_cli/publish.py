@@ -38,7 +38,7 @@ def card_text(cfg, summary: dict, command: str) -> str:
 
 # {Path(summary.get('run_dir', 'run')).name}: {cfg.model.name} post-trained with GRPO
 
-Trained by [grpo-cli](https://github.com/) with Group Relative Policy Optimization from `{base}`.
+Trained by grpo-cli {_version()} with Group Relative Policy Optimization from `{base}`.
 
 | | |
 | --- | --- |
@@ -112,3 +112,13 @@ def push(final: Path, cfg, console) -> str:
                         f"`hf upload {cfg.hub.repo_id} {final}`.") from None
     console.print(f"pushed {final} to {cfg.hub.repo_id}")
     return str(getattr(info, "commit_url", cfg.hub.repo_id))
+
+
+def _version() -> str:
+    """This package's version, as the card names it (no link: the project has no public home yet)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grpo-cli")
+    except PackageNotFoundError:
+        return "(source checkout)"

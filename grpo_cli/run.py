@@ -221,7 +221,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     held_out = HeldOut(cfg, data["test"], generator, policy, reward_fn, settings.judge, dist, console, metrics)
     if t.eval_before_after and not state.get("held_out_before"):
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
-    before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=bool(t.eval_every and not state))
+    before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
     if state:
         rngs = state.get("rng_per_rank") or [state["rng"]]
@@ -290,6 +290,7 @@ def finish_run(run: Run, seconds: float) -> dict:
     if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
         merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
     save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
+    after = run.held_out.final(t.steps) if run.held_out_before else None  # in metrics.jsonl too: the curve's end
     run.metrics.close()
     rows = [r for r in run.metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
     last = rows[-20:]
@@ -300,8 +301,8 @@ def finish_run(run: Run, seconds: float) -> dict:
         "seconds": seconds,
         "run_dir": str(run.run_dir),
     }
-    if run.held_out_before:
-        summary.update(run.held_out.after(run.held_out_before))
+    if after is not None:
+        summary.update(run.held_out.after(run.held_out_before, after))
     if run.dist.is_main:
         card = write_model_card(run.run_dir / "final", cfg, summary, run.command or "grpo train")
         if cfg.hub.push:

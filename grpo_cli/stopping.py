@@ -10,10 +10,11 @@ import threading
 class Stopped(Exception):
     """Training stopped on a signal after saving; exit with the conventional 128 + signal number."""
 
-    def __init__(self, signum: int, step: int):
+    def __init__(self, signum: int, step: int, resume: str | None = None):
         self.signum, self.step = signum, step
         self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved")
+        again = f"; continue with: {resume}" if resume else ""
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved{again}")
 
 
 class GracefulStop:

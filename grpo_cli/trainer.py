@@ -54,18 +54,29 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
             if step % t.save_every == 0 or step == t.steps or signum:
                 run.save(step)
             if signum:
-                raise Stopped(signum, step)
+                raise Stopped(signum, step, resume_command(command, run.run_dir))
     return finish_run(run, time.perf_counter() - start)
+
+
+def resume_command(command: str | None, run_dir: Path) -> str:
+    """The command that continues this run where it stopped: the same overrides, this directory, resume=auto."""
+    import shlex
+
+    kept = [a for a in (command or "grpo train").split()[2:]
+            if not a.startswith(("output_dir=", "resume=", "hydra.run.dir=", "overwrite="))]
+    return shlex.join(["grpo", "train", *kept, f"output_dir={run_dir}", "resume=auto"])
 
 
 def log_step(run: Run, step: int, row: dict, roll) -> None:
     """The metrics row (every trainer.log_every steps and the last), the console line, and every
-    trainer.log_completions_every steps a sample of completions to completions.jsonl and the screen."""
+    trainer.log_completions_every steps (and the last) a sample of completions to completions.jsonl and the
+    screen."""
     t = run.cfg.trainer
     if step % t.log_every == 0 or step == t.steps:
         run.metrics.write(row)
     run.console.step(row)
-    if t.log_completions_every and t.log_completions_groups and step % t.log_completions_every == 0:
+    due = step % t.log_completions_every == 0 or step == t.steps if t.log_completions_every else False
+    if due and t.log_completions_groups:  # the last step too: a short run still leaves a sample
         sample = completion_rows(step, roll, t.log_completions_groups, run.user_text)
         for r in sample:
             run.samples_log.write(r)

@@ -100,19 +100,25 @@ def test_evaluate_on_a_run_directory_gives_one_row_per_checkpoint_in_step_order_
     assert code == 0, printed.err
     result = json.loads((tmp_path / "eval.json").read_text())
     rows = result["rows"]
-    assert [r["checkpoint"] for r in rows] == [str(run_dir / "checkpoints" / "step-1"),
-                                              str(run_dir / "checkpoints" / "step-2"), str(run_dir / "final")]
-    assert [r["step"] for r in rows] == [1, 2, None] and result["k"] == [1, 2, 4] and result["num_prompts"] == 20
+    # step-2 holds final/'s weights (the run's last step): scored once, as final/ at step 2
+    assert [r["checkpoint"] for r in rows] == [str(run_dir / "checkpoints" / "step-1"), str(run_dir / "final")]
+    assert [r["step"] for r in rows] == [1, 2] and result["k"] == [1, 2, 4] and result["num_prompts"] == 20
     for r in rows:
         assert r["pass@1"] == pytest.approx(r["sampled_accuracy"]) == pytest.approx(r["maj@1"])
         assert 0 <= r["pass@1"] <= r["pass@2"] <= r["pass@4"] <= 1 and 0 <= r["maj@4"] <= 1
         assert r["reward/exact_match"] == r["reward_mean"] and 1 <= r["completion_len"] <= 6
         assert 0 <= r["truncated_frac"] <= 1 and 0 <= r["accuracy"] <= 1
-    # final/ holds step 2's weights and every model sees the same sampling seed: the same scores
-    assert {k: v for k, v in rows[1].items() if k not in ("checkpoint", "step")} == \
-        {k: v for k, v in rows[2].items() if k not in ("checkpoint", "step")}
-    for name in ("step-1", "step-2", "final", "pass@4", "maj@2"):
+    for name in ("step-1", "final", "pass@4", "maj@2"):
         assert name in printed.out
+    # why step-2 is left out: final/ holds step 2's weights, and every model sees the same sampling seed, so
+    # the two score the same (named one by one, both are scored)
+    both = tmp_path / "both"
+    assert grpo("evaluate", f"checkpoint=[{run_dir / 'checkpoints' / 'step-2'},{run_dir / 'final'}]", "data.max_operand=9",
+                "data.num_test=20", "samples=4", "k=[4,1,2]", f"output_dir={both}", hydra_dir=both / "hydra") == 0
+    pair = json.loads((both / "eval.json").read_text())["rows"]
+    assert {k: v for k, v in pair[0].items() if k not in ("checkpoint", "step")} == \
+        {k: v for k, v in pair[1].items() if k not in ("checkpoint", "step")} == \
+        {k: v for k, v in rows[1].items() if k not in ("checkpoint", "step")}
 
 
 def test_evaluate_takes_a_list_of_models_and_can_score_greedy_only(run, tmp_path):

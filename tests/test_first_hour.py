@@ -271,3 +271,23 @@ def test_evaluate_and_sample_override_the_saved_settings_key_by_key(tmp_path):
             s = cfg.sampler
             assert (s.group_size, s.max_new_tokens, s.temperature) == want, (command, overrides)
             assert cfg.data.chat_template is True
+
+
+@pytest.mark.parametrize("steps, evals_at", [(3, [0, 2, 3]), (4, [0, 2, 4])])
+def test_the_held_out_curve_ends_at_the_last_step_scored_once_and_a_short_run_leaves_completions(
+        tmp_path, monkeypatch, steps, evals_at):
+    from grpo_cli.cli import main
+    from grpo_cli.held_out import HeldOut
+    from helpers import SMALL, SMALL_DATA
+
+    calls = []
+    original = HeldOut.scores
+    monkeypatch.setattr(HeldOut, "scores", lambda self: calls.append(1) or original(self))
+    run = tmp_path / "run"
+    summary = main(["train", f"output_dir={run}", *SMALL, *SMALL_DATA, f"trainer.steps={steps}", "trainer.eval_every=2",
+                    "trainer.eval_before_after=true", "trainer.eval_prompts=8", "trainer.log_completions_every=50"])
+    evals = [r for r in read_jsonl(run / "metrics.jsonl") if r.get("kind") == "eval"]
+    assert [r["step"] for r in evals] == evals_at
+    assert len(calls) == len(evals_at)  # the last step's evaluation is not run twice
+    assert summary["greedy_accuracy_after"] == evals[-1]["eval/accuracy"]  # the summary's "after" is the curve's end
+    assert {r["step"] for r in read_jsonl(run / "completions.jsonl")} == {steps}  # under 50 steps: the last one

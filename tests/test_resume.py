@@ -171,6 +171,10 @@ def test_sigterm_finishes_the_step_saves_a_checkpoint_and_exits_143(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == [f"step-{last_row}"]
     out = proc.stdout.read()
     assert last_row < 200 and "checkpoint saved" in out and "SIGTERM: finishing this step" in out, out
+    # the line says how to continue: the same overrides, this directory, resume=auto
+    again = " ".join(out.split("continue with: ", 1)[1].split())  # rich may wrap the line in a narrow terminal
+    assert again.startswith("grpo train ") and "trainer.steps=200 trainer.save_every=1000" in again, out
+    assert again.endswith(f"output_dir={tmp_path} resume=auto"), again
 
 
 def test_the_first_signal_is_announced_off_the_thread_it_interrupted():

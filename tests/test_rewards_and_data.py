@@ -196,7 +196,7 @@ def test_combo_without_weights_weighs_every_term_one():
 @pytest.mark.parametrize(
     "cfg, message",
     [(RewardConfig(name="combo"), "reward=combo needs reward.terms"),
-     (RewardConfig(name="combo", terms=["exact_match", "format"], weights=[1.0]), "1 values for the 2 reward.terms"),
+     (RewardConfig(name="combo", terms=["exact_match", "format"], weights=[1.0]), "has 1 values for the 2 reward terms ['exact_match', 'format']"),
      (RewardConfig(name="combo", terms=["format", "format"]), "names a reward twice"),
      (RewardConfig(name="combo", terms=["exact_match", "typo"]), "reward.terms='typo' must be one of exact_match"),
      (RewardConfig(name="exact_match", terms=["format"]), "only read by reward=combo"),
@@ -251,8 +251,8 @@ def test_python_reward_gets_prompts_completions_answers_token_counts_and_columns
 @pytest.mark.parametrize(
     "spec, message",
     [("no_such_module_xyz:score", "cannot be imported (ModuleNotFoundError: No module named 'no_such_module_xyz')"),
-     ("json:no_such_function", "module 'json' has no function 'no_such_function'"),
-     ("score", "is not a dotted path")],
+     ("json:no_such_function", "'json' has no function 'no_such_function'"),
+     ("score", "names no function; write it as mypkg.rewards:score or my_rewards.py:score")],
 )
 def test_a_python_reward_that_cannot_be_imported_is_a_clear_error(spec, message):
     with pytest.raises(GrpoError) as e:
