@@ -86,10 +86,10 @@ def _job(command: str, cfg) -> object:
                 write_job_summary(out_dir, {"status": "done", **summary})
             return float(summary[plain.objective]) if plain.objective else summary
         if command == "evaluate":
-            from grpo_cli.evaluate import run_evaluate
+            from grpo_cli.evaluation import run_evaluate
 
             return run_evaluate(plain, out_dir, console, overrides=list(HydraConfig.get().overrides.task))
-        from grpo_cli.sample import run_sample
+        from grpo_cli.sampling import run_sample
 
         return run_sample(plain, console, overrides=list(HydraConfig.get().overrides.task))
     except GrpoError as e:

@@ -12,7 +12,7 @@ import pytest
 
 from grpo_cli.config import EvaluateConfig
 from grpo_cli.checks import check_evaluate as check_evaluate_config
-from grpo_cli.evaluate import checkpoints_to_evaluate
+from grpo_cli.evaluation import checkpoints_to_evaluate
 from grpo_cli.scoring import maj_at_k, majority, pass_at_k
 from helpers import FAST, TIMING, grpo, read_jsonl
 
