@@ -68,8 +68,9 @@ def _job(command: str, cfg) -> object:
     _job_started = True
     quiet_libraries()  # here, not before Hydra: --help and --cfg never pay for importing transformers
     rank = _dist.rank if _dist is not None else 0
-    console = Console(progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)), quiet=rank > 0)
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    console = Console(progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)), quiet=rank > 0,
+                      label=f"job {HydraConfig.get().job.num} " if in_sweep else "")
     try:
         # A sweep's job always writes its own directory (output_dir became the sweep's directory: _run_directory).
         out_dir = (Path(cfg.output_dir) if cfg.get("output_dir") and not in_sweep

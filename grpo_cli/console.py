@@ -22,8 +22,10 @@ STARTED = time.perf_counter()  # cli.main resets it when a command starts: phase
 
 
 class Console:
-    def __init__(self, progress: bool = True, quiet: bool = False):
+    def __init__(self, progress: bool = True, quiet: bool = False, label: str = ""):
         # quiet: a rank other than 0 under torchrun, which says nothing but its errors
+        # label: what each step line starts with, e.g. "job 3 " in a sweep whose jobs share one terminal
+        self.label = label
         self.rich = RichConsole(stderr=True, quiet=quiet)  # progress and warnings
         if not self.rich.is_terminal:  # a log file (nohup, Slurm, CI): whole lines, never wrapped at 80 columns
             self.rich = RichConsole(stderr=True, quiet=quiet, soft_wrap=True)
@@ -114,13 +116,13 @@ class Console:
                 p["last"] = now
                 done = step - p["first"]
                 left = (now - p["t0"]) / max(done, 1) * (p["total"] - step)
-                self.rich.print(f"step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}  "
+                self.rich.print(f"{self.label}step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}  "
                                 f"{row['seconds']:.2f} s/step  eta {_clock(left)}", highlight=False)
             return
         if self._progress is None:
             if not self.show_progress:
                 self.rich.print(
-                    f"step {row['step']}: reward {row['reward_mean']:.3f} kl {row['kl']:.4f} "
+                    f"{self.label}step {row['step']}: reward {row['reward_mean']:.3f} kl {row['kl']:.4f} "
                     f"{row['seconds']:.2f}s"
                 )
             return

@@ -141,7 +141,7 @@ CASES = [
     (TRAIN + " trainer.eval_every=-1", "trainer.eval_every=-1 must be >= 0"),
     (TRAIN + " trainer.threads=-1", "trainer.threads=-1 must be >= 0"),
     (TRAIN + " trainer.nonfinite_patience=0", "trainer.nonfinite_patience=0 must be >= 1"),
-    (TRAIN + " trainer.precision=fp16", "trainer.precision='fp16' must be one of fp32, bf16-mixed, bf16"),
+    (TRAIN + " trainer.precision=fp16", "trainer.precision='fp16' must be one of auto, fp32, bf16-mixed, bf16"),
     (TRAIN + " trainer.strategy=tp", "trainer.strategy='tp' must be one of auto, single, ddp, fsdp"),
     (TRAIN + " model.device=gpu", "model.device='gpu' must be auto, cpu, cuda or cuda:N"),
     (TRAIN + " model.lora.r=-1", "model.lora.r=-1 must be >= 0"),

@@ -269,7 +269,7 @@ def test_a_python_reward_that_misbehaves_stops_the_run_with_one_sentence(tmp_pat
      (["reward=python", "reward.fn=no_such_module_xyz:score"],
       "reward.fn='no_such_module_xyz:score' cannot be imported (ModuleNotFoundError: No module named 'no_such_module_xyz')"),
      (["reward=combo", "reward.terms=[exact_match,format]", "reward.weights=[1.0]"],
-      "reward.weights has 1 values for the 2 reward.terms")],
+      "reward.weights has 1 values for the 2 reward terms")],
 )
 def test_a_bad_reward_option_is_one_sentence_before_any_work(tmp_path, capsys, overrides, message):
     text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *OWN_DATA, *overrides)

@@ -143,6 +143,7 @@ def test_a_sweep_with_output_dir_keeps_every_job_s_run_prints_the_table_and_exit
     assert (sweep / "0" / "final" / "model.safetensors").exists() and "there is no file" in summaries[1]["error"]
     assert "sweep: 2 jobs" in out.stdout and "fn=good.py:score" in out.stdout  # the table
     assert "sweep jobs 1 failed" in out.stderr
+    assert "job 0 step 1:" in out.stderr  # the jobs' step lines say whose they are
 
 
 def test_a_preset_of_one_s_own_under_config_dir_passes_the_pre_check_and_trains(tmp_path):
@@ -291,3 +292,15 @@ def test_the_held_out_curve_ends_at_the_last_step_scored_once_and_a_short_run_le
     assert len(calls) == len(evals_at)  # the last step's evaluation is not run twice
     assert summary["greedy_accuracy_after"] == evals[-1]["eval/accuracy"]  # the summary's "after" is the curve's end
     assert {r["step"] for r in read_jsonl(run / "completions.jsonl")} == {steps}  # under 50 steps: the last one
+
+
+def test_the_readme_s_trl_table_is_the_one_the_suggester_reads():
+    from grpo_cli.compose import TRL_NAMES, schema_keys
+    from grpo_cli.config import schema_of
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    keys = set(schema_keys(schema_of("train")))
+    for trl, (ours, note) in TRL_NAMES.items():
+        assert ours in keys, (trl, ours)  # every target is a real key
+        if trl not in ("lr", "steps"):  # aliases for the suggester only
+            assert f"| `{trl}` | `{ours}` | {note} |" in readme, trl

@@ -93,7 +93,9 @@ def test_the_offline_readme_commands_run_as_written_shortened(tmp_path):
         if command.startswith("grpo train data=files data.train_file=qs.jsonl"):
             run(["train", *shortened(args, short), "output_dir=run_files"], tmp_path)
         elif command.startswith(("grpo train reward=python", "grpo train reward=combo")):
-            run(["train", *shortened(args, SHORT), f"output_dir=run_{args[0].split('=')[1]}"], tmp_path)
+            name = f"run_{args[0].split('=')[1]}"  # the first run of a reward keeps the plain name (sampled below)
+            run(["train", *shortened(args, SHORT), f"output_dir={name}_{len(args) if (tmp_path / name).exists() else ''}"
+                 .rstrip("_")], tmp_path)
     assert (tmp_path / "run_files" / "final" / "README.md").exists()
     # evaluate and sample a run as the README shows them, with runs/<time> being that run
     run(["evaluate", "checkpoint=run_files", "samples=2", "k=[1,2]", "limit=4"], tmp_path)
