@@ -151,8 +151,11 @@ def quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> object:
-    """`grpo ARGV`; returns what the job returned (train: the run summary; evaluate: the scores; sample: the
-    completions; a sweep: None) and exits (SystemExit) with 2 on a user mistake, as the command does."""
+    """`grpo ARGV`, and exits (SystemExit) with 2 on a user mistake, as the command does. Called with `argv`
+    (from Python), it returns what the job returned (train: the run summary; evaluate: the scores; sample:
+    the completions; a sweep: None); as the `grpo` script (no argv) it returns None, which the script's
+    sys.exit(main()) takes for exit code 0."""
+    from_python = argv is not None
     global _job_started, _result, _error
     _job_started, _result, _error = False, None, None
     import grpo_cli.console
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> object:
         if failed_jobs:
             print(f"error: sweep jobs {', '.join(failed_jobs)} failed (see the table above).", file=sys.stderr)
             sys.exit(2)
-        return None if any(a in ("-m", "--multirun") for a in rest) else _result
+        return None if not from_python or any(a in ("-m", "--multirun") for a in rest) else _result
     except SystemExit as e:
         # Hydra reports a bad override or config itself (no trace) and exits 1; that is a user
         # mistake, so exit 2 like every other one. A crash inside a job keeps Hydra's code.

@@ -304,3 +304,16 @@ def test_the_readme_s_trl_table_is_the_one_the_suggester_reads():
         assert ours in keys, (trl, ours)  # every target is a real key
         if trl not in ("lr", "steps"):  # aliases for the suggester only
             assert f"| `{trl}` | `{ours}` | {note} |" in readme, trl
+
+
+def test_the_grpo_script_exits_0_after_a_run_and_prints_no_return_value(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "grpo"
+    if not script.exists():
+        pytest.skip(f"no grpo script beside {sys.executable} (grpo-cli not installed in this environment)")
+    out = subprocess.run([str(script), "train", "trainer.steps=1", "trainer.prompts_per_step=2", "sampler.group_size=2",
+                          "trainer.eval_before_after=false", "trainer.eval_every=0", f"output_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "{'steps'" not in out.stderr + out.stdout, out.stderr[-2000:]
