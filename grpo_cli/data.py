@@ -200,6 +200,9 @@ def render_user_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
 
     names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
     texts = [{"prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
+    if any(is_conversation(t["prompt"]) for t in texts) and not cfg.chat_template:
+        raise GrpoError("A prompt is given as chat messages; set data.chat_template=true to render them with the "
+                        "model's chat template.")
     plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
                             system_prompt=cfg.system_prompt)
     return render_prompts(texts, plain, tokenizer)

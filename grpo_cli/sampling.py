@@ -11,7 +11,7 @@ from rich.table import Table
 from grpo_cli.checkpoint import list_checkpoints
 from grpo_cli.checks import check_sample
 from grpo_cli.errors import GrpoError
-from grpo_cli.data import render_user_prompts
+from grpo_cli.data import is_conversation, render_user_prompts, user_text
 from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
 from grpo_cli.generation import Sampling, group_seed
@@ -19,7 +19,7 @@ from grpo_cli.generators import check_available, make_generator
 from grpo_cli.lora import is_adapter_dir
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.precision import DTYPES, Precision
-from grpo_cli.rewards import build_reward
+from grpo_cli.rewards import PROMPT_MESSAGES, build_reward
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -39,7 +39,7 @@ def read_prompts(path: str) -> list[dict]:
             raise GrpoError(f"Line {i} of prompts_file={path} is not JSON ({e.msg}).") from None
         if not isinstance(row, dict) or row.get("prompt") is None:
             raise GrpoError(f'Line {i} of prompts_file={path} has no "prompt" field; each line needs one.')
-        rows.append({**row, "prompt": str(row["prompt"])})
+        rows.append({**row, "prompt": row["prompt"] if is_conversation(row["prompt"]) else str(row["prompt"])})
     return rows
 
 
@@ -96,7 +96,7 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
         roll = generator.generate(model, [r["rendered"] for r in batch], G, sampling, seeds)
         tokens, ids = roll.completion_mask.sum(1).tolist(), roll.completion_ids()
         for i, source in enumerate(batch):
-            group = [{"prompt": source["prompt"], "completion": roll.completions[i * G + j],
+            group = [{"prompt": user_text(source["prompt"]), "completion": roll.completions[i * G + j],
                       "tokens": int(tokens[i * G + j]), "truncated": bool(roll.truncated[i * G + j])} for j in range(G)]
             if reward is not None and source.get("answer") is not None:
                 score(reward, group, source, ids[i * G : (i + 1) * G])
@@ -118,6 +118,8 @@ def score(reward, group: list[dict], source: dict, completion_ids=None) -> None:
     prompt's other file columns reach the reward as columns."""
     G, answer = len(group), str(source["answer"])
     columns = {k: [v] * G for k, v in source.items() if k != "rendered"}
+    if is_conversation(source["prompt"]):  # a TRL reward reads the messages as `prompts`
+        columns[PROMPT_MESSAGES] = [source["prompt"]] * G
     total, terms = reward.score([source.get("rendered", source["prompt"])] * G, [r["completion"] for r in group], [answer] * G,
                                 completion_tokens=[r["tokens"] for r in group], columns=columns,
                                 completion_ids=completion_ids)

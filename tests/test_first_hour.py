@@ -86,6 +86,14 @@ def test_trl_s_own_format_and_accuracy_rewards_train_unchanged_on_conversational
         if s["reward"] == 2.0:
             assert digits == s["answer"], s
     assert "string indices" not in out.stderr
+    # grpo sample of that run: a prompts file of chat messages, scored by the same two TRL functions
+    ask = tmp_path / "ask.jsonl"
+    ask.write_text(json.dumps({"prompt": [{"role": "system", "content": "1"}, {"role": "user", "content": "1+2"}],
+                               "answer": "3", "solution": "3"}) + "\n")
+    grpo_process("sample", f"checkpoint={run}", f"prompts_file={ask}", f"output={tmp_path / 's.jsonl'}", cwd=tmp_path,
+                 check_rc=0)
+    sampled = read_jsonl(tmp_path / "s.jsonl")
+    assert len(sampled) == 2 and all(r["prompt"] == "1+2" and r["reward"] in (0.0, 2.0) for r in sampled), sampled
 
 
 def test_two_python_rewards_in_one_file_with_weights_and_a_file_path_found_again_from_elsewhere(tmp_path):
