@@ -8,6 +8,7 @@ Each `check_*` raises a GrpoError naming every offending key, what is allowed, a
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
@@ -17,6 +18,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
 from grpo_cli.rewards import REWARDS, term_specs
+from grpo_cli.rewards.python_fn import is_file_spec
 from grpo_cli.trackers import TRACKERS
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -118,6 +120,11 @@ def check_reward(p: Problems, r) -> None:
     if fns is not None:
         p.need(bool(fns) and all(isinstance(f, str) and f for f in fns),
                f"reward.fn={list(fns)} must list functions such as [my_rewards.py:fmt,mypkg.rewards:acc]")
+    for _, kind, spec in term_specs(r):  # a reward file that is not there: refused before torch is imported
+        if kind == "python" and spec and is_file_spec(spec):
+            where = os.path.join(os.path.abspath(r.fn_dir or os.getcwd()), os.path.expanduser(spec.partition(":")[0]))
+            p.need(os.path.isfile(where), f"reward.fn={spec}: there is no file {os.path.normpath(where)}; give the path "
+                                          "to your rewards file (relative to the directory grpo runs in)")
     if fns is not None or r.name == "combo":
         labels = [label for label, _, _ in term_specs(r)]
         p.need(not r.weights or not labels or len(r.weights) == len(labels),

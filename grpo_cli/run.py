@@ -32,7 +32,7 @@ from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.publish import check_push, push, write_model_card
-from grpo_cli.rewards import build_reward
+from grpo_cli.rewards import build_reward, load_user_rewards
 from grpo_cli.runtime import prepare_process
 from grpo_cli.step import StepSettings
 from grpo_cli.trackers import check_trackers, open_trackers
@@ -173,6 +173,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     check_train(cfg)
     if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
         cfg.reward.fn_dir = os.getcwd()
+    load_user_rewards(cfg.reward)  # a reward file or module that is not there: refused now, before any model loads
     check_push(cfg)  # before any work: a push that cannot happen is refused now, not after training
     note = builtin_settings_note(cfg)
     if note:

@@ -142,13 +142,14 @@ def test_reward_fn_mistakes_are_one_sentence(tmp_path):
 
 def test_a_sweep_with_output_dir_keeps_every_job_s_run_prints_the_table_and_exits_2_when_one_fails(tmp_path):
     (tmp_path / "good.py").write_text("def score(completions, **kw):\n    return [float(len(c) % 2) for c in completions]\n")
-    out = grpo_process("train", "-m", "reward=python", "reward.fn=good.py:score,missing.py:score", "output_dir=runs/x",
+    (tmp_path / "bad.py").write_text("raise RuntimeError('this reward file is broken')\n")  # found, fails as the job runs
+    out = grpo_process("train", "-m", "reward=python", "reward.fn=good.py:score,bad.py:score", "output_dir=runs/x",
                        *ONE_STEP, "trainer.log_completions_every=0", cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     sweep = tmp_path / "runs" / "x"
     summaries = [json.loads((sweep / str(job) / "summary.json").read_text()) for job in (0, 1)]
     assert [s["status"] for s in summaries] == ["done", "failed"]  # each job its own directory: nothing overwritten
-    assert (sweep / "0" / "final" / "model.safetensors").exists() and "there is no file" in summaries[1]["error"]
+    assert (sweep / "0" / "final" / "model.safetensors").exists() and "this reward file is broken" in summaries[1]["error"]
     assert "sweep: 2 jobs" in out.stdout and "fn=good.py:score" in out.stdout  # the table
     assert "sweep jobs 1 failed" in out.stderr
     assert "job 0 step 1:" in out.stderr  # the jobs' step lines say whose they are

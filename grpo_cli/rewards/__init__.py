@@ -114,6 +114,16 @@ def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
     return out
 
 
+def load_user_rewards(cfg) -> None:
+    """Import every python reward function the config names (a GrpoError for one that cannot be had), in
+    well under a second: the run checks them before it loads any model."""
+    from grpo_cli.rewards.python_fn import load_function
+
+    for _, kind, spec in term_specs(cfg):
+        if kind == "python" and spec:
+            load_function(spec, getattr(cfg, "fn_dir", None))
+
+
 def build_reward(cfg) -> Reward:
     """The reward group's `Reward`, every term built (and its options checked) before any work starts."""
     import copy
