@@ -28,8 +28,11 @@ def grpo(*args):
     return grpo_process(*args, timeout=900, check_rc=0)
 
 
-def test_a_real_instruct_model_trains_in_bf16_mixed_and_its_completions_end_at_im_end(tmp_path):
-    grpo("train", *SHORT, f"output_dir={tmp_path}")
+def test_a_real_instruct_model_trains_in_the_precision_auto_picks_and_its_completions_end_at_im_end(tmp_path):
+    out = grpo("train", *SHORT, f"output_dir={tmp_path}")
+    # the preset's precision=auto: bf16-mixed where bf16 is native, fp32 elsewhere, said before the first step
+    said = [line for line in out.stderr.splitlines() if line.startswith("precision: ")]
+    assert len(said) == 1 and said[0].split()[1] in ("fp32", "bf16-mixed"), out.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["skipped"] == 0.0 for r in rows)
     before, after = load_file(MODEL / "model.safetensors"), load_file(tmp_path / "final" / "model.safetensors")
