@@ -17,3 +17,24 @@ def tiny_model(tiny_dir):
     from grpo_cli.models import load_model, load_tokenizer
 
     return load_model(str(tiny_dir), device="cpu"), load_tokenizer(str(tiny_dir))
+
+
+# The tiny model's tokenizer knows digits, + and =: a chat template made of them (a system message
+# becomes "<content>+", the generation prompt "=").
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
+                 "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}")
+
+
+@pytest.fixture
+def chat_dir(tiny_dir, tmp_path):
+    """The tiny model with CHAT_TEMPLATE as its chat template."""
+    import shutil
+
+    from grpo_cli.models import load_tokenizer
+
+    out = tmp_path / "chat"
+    shutil.copytree(tiny_dir, out)
+    tok = load_tokenizer(str(out))
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(out)
+    return out

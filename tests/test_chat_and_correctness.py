@@ -3,7 +3,6 @@ the user's own reward, the note for a real model left on the built-in settings, 
 be reached."""
 
 import re
-import shutil
 import time
 
 import pytest
@@ -19,22 +18,6 @@ from grpo_cli.rewards import Judge, build_reward
 # One step with held-out scoring on: what a chat run prints and writes.
 ONE_STEP = ["trainer.steps=1", "trainer.prompts_per_step=4", "sampler.group_size=2", "trainer.progress=false",
             "data.max_operand=9", "data.num_test=6", "trainer.eval_prompts=6"]
-# The tokenizer of the tiny model knows digits, + and =: the template and system prompt are made of them.
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
-            "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}")
-
-
-@pytest.fixture
-def chat_dir(tiny_dir, tmp_path):
-    """The tiny model with a chat template."""
-    from grpo_cli.models import load_tokenizer
-
-    out = tmp_path / "chat"
-    shutil.copytree(tiny_dir, out)
-    tok = load_tokenizer(str(out))
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture

@@ -11,24 +11,8 @@ import pytest
 from helpers import grpo, grpo_process, read_jsonl
 
 INPUTS = Path(__file__).parent / "inputs"
-# The tiny model's tokenizer knows digits, + and =: the chat template is made of them (a system message
-# becomes "<content>+", the generation prompt "=").
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
-            "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}")
 ONE_STEP = ["trainer.steps=1", "trainer.prompts_per_step=4", "sampler.group_size=2", "trainer.progress=false",
             "trainer.eval_before_after=false", "trainer.eval_every=0", "trainer.log_completions_every=1"]
-
-
-@pytest.fixture
-def chat_dir(tiny_dir, tmp_path):
-    from grpo_cli.models import load_tokenizer
-
-    out = tmp_path / "chat"
-    shutil.copytree(tiny_dir, out)
-    tok = load_tokenizer(str(out))
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(out)
-    return out
 
 
 def conversational_jsonl(path: Path, rows: int = 8) -> Path:
@@ -57,7 +41,7 @@ def test_conversational_prompts_are_rendered_by_the_chat_template_system_message
     for split in ("train", "test"):
         for rendered, messages in zip(data[split]["prompt"], data[split]["_prompt_messages"]):
             key = messages[-1]["content"] + ("s" if len(messages) > 1 else "")
-            # the message list as written, and its rendering worked by hand from TEMPLATE
+            # the message list as written, and its rendering worked by hand from conftest's CHAT_TEMPLATE
             assert [{k: v for k, v in m.items() if v is not None} for m in messages] == by_user[key]["prompt"]
             assert rendered == ("1+" if len(messages) > 1 else "") + messages[-1]["content"] + "="
     # Without the chat template the messages would be str()-ed into the prompt: refused, with the fix.
