@@ -170,6 +170,9 @@ def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
                 "and literal braces as {{ }}."
             ) from None
     if not cfg.chat_template:
+        if any(is_conversation(t) for t in texts):  # never str()-ed into a prompt
+            raise GrpoError("A prompt is given as chat messages (TRL's conversational format); set "
+                            "data.chat_template=true to render them with the model's chat template.")
         return texts
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
@@ -200,9 +203,6 @@ def render_user_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
 
     names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
     texts = [{"prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
-    if any(is_conversation(t["prompt"]) for t in texts) and not cfg.chat_template:
-        raise GrpoError("A prompt is given as chat messages; set data.chat_template=true to render them with the "
-                        "model's chat template.")
     plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
                             system_prompt=cfg.system_prompt)
     return render_prompts(texts, plain, tokenizer)
@@ -273,10 +273,7 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
 
 
 def check_conversations(rows: list[dict], cfg, where: str) -> None:
-    """Chat-message prompts need the chat template, and every row must be one."""
-    if not cfg.chat_template:
-        raise GrpoError(f"Column {cfg.prompt_field!r} of {where} holds chat messages (TRL's conversational format); set "
-                        "data.chat_template=true to render them with the model's chat template.")
+    """Once one row's prompt is chat messages, every row's must be (render_prompts wants the chat template)."""
     for i, row in enumerate(rows):
         value = row[cfg.prompt_field]
         if not is_conversation(value) or not all(isinstance(m.get("content"), str) for m in value):

@@ -45,8 +45,14 @@ def test_conversational_prompts_are_rendered_by_the_chat_template_system_message
             assert [{k: v for k, v in m.items() if v is not None} for m in messages] == by_user[key]["prompt"]
             assert rendered == ("1+" if len(messages) > 1 else "") + messages[-1]["content"] + "="
     # Without the chat template the messages would be str()-ed into the prompt: refused, with the fix.
-    with pytest.raises(Exception, match="holds chat messages .* set data.chat_template=true"):
+    with pytest.raises(Exception, match="given as chat messages .* set data.chat_template=true"):
         load_data(DataConfig(name="files", train_file=str(file), answer_field="solution"), tok)
+    # A file mixing chat messages and plain text: the odd row is named.
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(file.read_text() + json.dumps({"prompt": [{"role": "user", "content": 5}], "solution": "5"}) + "\n")
+    with pytest.raises(Exception, match=r"Row \d+ of .* is not a list of chat messages with text content"):
+        load_data(DataConfig(name="files", train_file=str(mixed), test_size=1, answer_field="solution",
+                             chat_template=True, seed=0), tok)
 
 
 def test_trl_s_own_format_and_accuracy_rewards_train_unchanged_on_conversational_data(chat_dir, tmp_path):

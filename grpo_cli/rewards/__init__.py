@@ -28,7 +28,7 @@ BUILDERS: dict[str, Callable | str] = {
     "python": "grpo_cli.rewards.python_fn:build",
 }
 REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
-PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)  # terms that run the user's own function: what they raise is theirs to fix
+PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
 MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0}
