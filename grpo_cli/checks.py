@@ -120,13 +120,14 @@ def check_reward(p: Problems, r) -> None:
     if fns is not None:
         p.need(bool(fns) and all(isinstance(f, str) and f for f in fns),
                f"reward.fn={list(fns)} must list functions such as [my_rewards.py:fmt,mypkg.rewards:acc]")
-    files = {spec.partition(":")[0] for _, kind, spec in term_specs(r) if kind == "python" and spec and is_file_spec(spec)}
+    specs = term_specs(r)
+    files = {spec.partition(":")[0] for _, kind, spec in specs if kind == "python" and spec and is_file_spec(spec)}
     for file in sorted(files):  # a reward file that is not there: refused before torch is imported
         where = os.path.normpath(os.path.join(os.path.abspath(r.fn_dir or os.getcwd()), os.path.expanduser(file)))
         p.need(os.path.isfile(where), f"reward.fn names {file}, but there is no file {where}; give the path to your "
                                       "rewards file (relative to the directory grpo runs in)")
     if fns is not None or r.name == "combo":
-        labels = [label for label, _, _ in term_specs(r)]
+        labels = [label for label, _, _ in specs]
         p.need(not r.weights or not labels or len(r.weights) == len(labels),
                f"reward.weights has {len(r.weights)} values for the {len(labels)} reward terms {labels}; give one weight "
                "per term")

@@ -62,8 +62,8 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
 
 
 def suggest(key: str, schema) -> str:
-    """' (did you mean X?)' for an unknown dotted key: TRL's name for it first, then the nearest key in the
-    same place, else the keys that are there."""
+    """The end of the sentence for an unknown dotted key ('; did you mean X?'): TRL's name for it first, then
+    the nearest key in the same place or the same name elsewhere, else the keys that are there."""
     last = key.rpartition(".")[2]
     if last in TRL_NAMES:
         target, note = TRL_NAMES[last]
