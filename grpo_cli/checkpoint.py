@@ -346,10 +346,11 @@ def load_sharded(checkpoint: Path, model, optimizer) -> None:
 
 
 # Keys that define the experiment: changing them on resume would splice two different runs.
-EXPERIMENT_GROUPS = ("model", "reward", "sampler", "optimizer", "data", "algo")
+EXPERIMENT_GROUPS = ("model", "reward", "sampler", "optimizer", "data", "algo", "env")
 EXPERIMENT_KEYS = ("trainer.seed", "trainer.prompts_per_step", "trainer.precision")
 # Where it runs, how the reward model is batched and what it is called may change.
-FREE_KEYS = ("model.device", "model.name", "reward.model_device", "reward.model_batch_size", "reward.fn_dir")
+FREE_KEYS = ("model.device", "model.name", "reward.model_device", "reward.model_batch_size", "reward.fn_dir",
+             "env.fn_dir")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

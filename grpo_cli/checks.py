@@ -13,7 +13,8 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES,
+                              TOOL_FORMATS)
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
@@ -65,6 +66,29 @@ def check_generator(p: Problems, g, model) -> None:
                                                            "(or null for the model's own)")
     p.need(not model.lora.quantize, "generator=vllm cannot serve a 4-bit QLoRA base (model.lora.quantize); "
                                     "use generator=hf or a LoRA run without quantize")
+
+
+def env_active(env) -> bool:
+    """Whether the env group makes samples multi-turn episodes (tools or an environment named)."""
+    return bool(env.tools) or bool(env.factory)
+
+
+def check_env(p: Problems, env, data) -> None:
+    """The env group: limits, the tool format, and that named files exist (before torch loads)."""
+    p.at_least("env.max_turns", env.max_turns, 1)
+    p.at_least("env.max_tokens", env.max_tokens, 1)
+    p.finite("env.timeout_s", env.timeout_s, 0, low_open=True)
+    p.choice("env.tool_format", env.tool_format, TOOL_FORMATS)
+    specs = [("env.tools", str(t)) for t in env.tools] + ([("env.factory", str(env.factory))] if env.factory else [])
+    for key, spec in specs:
+        p.need(":" in spec or "." in spec, f"{key}={spec} names no function or class; write it as mod:name or file.py:name")
+        if is_file_spec(spec):
+            where = os.path.normpath(os.path.join(os.path.abspath(env.fn_dir or os.getcwd()),
+                                                  os.path.expanduser(spec.partition(":")[0])))
+            p.need(os.path.isfile(where), f"{key}={spec}: there is no file {where}; give the path to your file (relative "
+                                          "to the directory grpo runs in)")
+    p.need(not env.tools or data.chat_template, "env.tools needs the chat template to show tools and render their "
+                                                "results; set data.chat_template=true")
 
 
 def check_model(p: Problems, m) -> None:
@@ -213,6 +237,7 @@ def check_train(cfg) -> None:
            f"sampler.group_size must be at least 2 (got {cfg.sampler.group_size}): a group of one has no relative advantage")
     check_reward(p, cfg.reward)
     check_data(p, cfg.data)
+    check_env(p, cfg.env, cfg.data)
     o = cfg.optimizer
     p.choice("optimizer.name", o.name, ("adamw",))
     p.finite("optimizer.lr", o.lr, 0, low_open=True)
@@ -288,6 +313,7 @@ def check_inference(p: Problems, cfg) -> None:
     p.at_least("batch_size", cfg.batch_size, 1)
     p.at_least("seed", cfg.seed, 0)
     check_reward(p, cfg.reward)
+    check_env(p, cfg.env, cfg.data)
 
 
 def check_evaluate(cfg) -> list[int]:

@@ -141,6 +141,19 @@ class GeneratorConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn episodes (episodes.py): off while neither tools nor factory is set."""
+
+    tools: List[str] = field(default_factory=list)  # tool functions, mod:fn or file.py:fn
+    factory: Optional[str] = None  # an environment class (TRL's environment_factory), mod:Class or file.py:Class
+    fn_dir: Optional[str] = None  # where relative files and modules are found (set by grpo train)
+    max_turns: int = 4
+    max_tokens: int = 256
+    timeout_s: float = 10.0
+    tool_format: str = "hermes"
+
+
+@dataclass
 class TrainerConfig:
     steps: int = 300
     prompts_per_step: int = 32
@@ -180,6 +193,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     output_dir: Optional[str] = None
     resume: Optional[str] = None
@@ -195,6 +209,7 @@ class EvaluateConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     checkpoint: Any = None  # a path, a list of paths, or null: Hydra accepts `checkpoint=[a,b]` only untyped
     split: str = "test"
     limit: Optional[int] = None
@@ -214,6 +229,7 @@ class SampleConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     checkpoint: Optional[str] = None
     prompt: Optional[str] = None
     prompts: List[str] = field(default_factory=list)
@@ -234,6 +250,7 @@ GROUP_SCHEMAS: dict[str, Any] = {
     "data": DataConfig,
     "algo": AlgoConfig,
     "generator": GeneratorConfig,
+    "env": EnvConfig,
 }
 
 

@@ -150,9 +150,20 @@ def is_conversation(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
-def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
-    """The prompt text of each row: the template filled from its columns, then the chat template. A prompt
-    of chat messages goes through the chat template as it is (its system message included)."""
+def chat_messages(value, system_prompt: str | None) -> list[dict]:
+    """A prompt as chat messages: text becomes one user message; given messages are kept (None keys that
+    Arrow fills in dropped); data.system_prompt goes first unless they start with their own."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+    if not is_conversation(value):
+        return system + [{"role": "user", "content": value}]
+    given = [{k: v for k, v in m.items() if v is not None} for m in value]
+    return given if given[0]["role"] == "system" else system + given
+
+
+def render_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = None) -> list[str]:
+    """The prompt text of each row: the template filled from its columns, then the chat template (with the
+    tools' schemas, when an environment has tools). A prompt of chat messages goes through the chat
+    template as it is (its system message included)."""
     if cfg.template is None:
         values = [row[cfg.prompt_field] for row in rows]
         texts = [v if is_conversation(v) else str(v) for v in values]
@@ -176,15 +187,8 @@ def render_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
         return texts
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
-    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt is not None else []
-
-    def messages(t) -> list[dict]:
-        if not is_conversation(t):
-            return system + [{"role": "user", "content": t}]
-        given = [{k: v for k, v in m.items() if v is not None} for m in t]  # Arrow fills absent keys with None
-        return given if given[0]["role"] == "system" else system + given
-
-    return [tokenizer.apply_chat_template(messages(t), tokenize=False, add_generation_prompt=True) for t in texts]
+    return [tokenizer.apply_chat_template(chat_messages(t, cfg.system_prompt), tools=tools or None, tokenize=False,
+                                          add_generation_prompt=True) for t in texts]
 
 
 def user_text(value) -> str:
@@ -195,7 +199,7 @@ def user_text(value) -> str:
     return str(users[-1] if users else value[-1].get("content"))
 
 
-def render_user_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
+def render_user_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = None) -> list[str]:
     """Prompts typed by a user (`grpo sample`), rendered as training renders the dataset's: `data.template`
     when the row has every column it names (a .jsonl row of the training file), else the text as is;
     then the chat template with `data.system_prompt` when `data.chat_template=true`."""
@@ -205,10 +209,11 @@ def render_user_prompts(rows: list[dict], cfg, tokenizer) -> list[str]:
     texts = [{"prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
     plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
                             system_prompt=cfg.system_prompt)
-    return render_prompts(texts, plain, tokenizer)
+    return render_prompts(texts, plain, tokenizer, tools)
 
 
-def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None]) -> Dataset:
+def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None],
+            tools: list[dict] | None = None) -> Dataset:
     """The split with rendered prompts and text answers, prompts over max_prompt_length dropped."""
     where = f"the {split_name!r} split of data={cfg.name}"
     if len(split) == 0:
@@ -248,7 +253,7 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
     if conversational:
         check_conversations(rows, cfg, where)
         columns[PROMPT_MESSAGES] = [row[cfg.prompt_field] for row in rows]  # what a TRL reward reads as `prompts`
-    rendered = render_prompts(rows, cfg, tokenizer)
+    rendered = render_prompts(rows, cfg, tokenizer, tools)
     if cfg.chat_template:  # what the user wrote, for tables and logs (columns starting with _ never reach a reward)
         plain = SimpleNamespace(template=cfg.template, prompt_field=cfg.prompt_field, chat_template=False,
                                 system_prompt=None)
@@ -282,9 +287,11 @@ def check_conversations(rows: list[dict], cfg, where: str) -> None:
                             "\"content\": ...}, ...].")
 
 
-def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> DatasetDict:
+def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
+              tools: list[dict] | None = None) -> DatasetDict:
     """The data group's train and test splits, prompts rendered for `tokenizer`'s model (which the
-    chat template and max_prompt_length need); `log` reports dropped prompts (default: stderr)."""
+    chat template and max_prompt_length need), with `tools` (JSON schemas) shown by the chat template;
+    `log` reports dropped prompts (default: stderr)."""
     log = log or (lambda message: print(message, file=sys.stderr))
     if cfg.name == "arithmetic":
         data = arithmetic_problems(cfg.max_operand, cfg.num_test, cfg.seed)
@@ -296,7 +303,7 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None) -> 
         data = read_hub(cfg)
     else:
         raise ValueError(f"unknown data source {cfg.name!r} (checks.check_data lists them).")
-    return DatasetDict({name: prepare(split, name, cfg, tokenizer, log) for name, split in data.items()})
+    return DatasetDict({name: prepare(split, name, cfg, tokenizer, log, tools) for name, split in data.items()})
 
 
 @dataclass

@@ -48,10 +48,10 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
     return found
 
 
-def evaluation_split(cfg, tokenizer, console):
+def evaluation_split(cfg, tokenizer, console, tools=None):
     from grpo_cli.data import load_data
 
-    data = load_data(cfg.data, tokenizer, log=console.warn)
+    data = load_data(cfg.data, tokenizer, log=console.warn, tools=tools)
     if cfg.split not in data:
         raise GrpoError(f"split={cfg.split!r} is not in data={cfg.data.name}; it has {list(data)}.")
     rows = data[cfg.split]
@@ -71,6 +71,7 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
+    from grpo_cli.episodes import environment
     from grpo_cli.generators import check_available, make_generator
     from grpo_cli.models import load_model, load_tokenizer, resolve_device
     from grpo_cli.precision import DTYPES, Precision
@@ -89,6 +90,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     writable_dir(out_dir, "output_dir")
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     reward_fn = build_reward(cfg.reward)
+    env = environment(cfg.env, reward_fn)  # the tools the model was trained with (saved with the run)
     judge = Judge(cfg.reward, reward_fn)
     # Prompts depend on the tokenizer only through the chat template and the length filter.
     per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None
@@ -98,9 +100,10 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
         generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
-                                   device=resolve_device(cfg.model.device), seed=cfg.seed)
+                                   device=resolve_device(cfg.model.device), seed=cfg.seed, env=env,
+                                   system_prompt=cfg.data.system_prompt)
         if split is None or per_model_data:
-            split = evaluation_split(cfg, tokenizer, console)
+            split = evaluation_split(cfg, tokenizer, console, env.schemas if env else None)
         prompts, answers = split[cfg.data.prompt_field], split[cfg.data.answer_field]
         columns, name = split.to_dict(), f"model {len(rows) + 1}/{len(targets)}"
         with console.task(f"{name} greedy", len(prompts)) as advance:

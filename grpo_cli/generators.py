@@ -64,18 +64,25 @@ def check_available(settings) -> None:
 
 
 def make_generator(settings, tokenizer, *, chat_template: bool, precision, device, world_size: int = 1,
-                   seed: int = 0) -> Generator:
-    """The generator the `generator` config group names."""
+                   seed: int = 0, env=None, system_prompt: str | None = None) -> Generator:
+    """The generator the `generator` config group names; with `env` (an episodes.EnvSpec), driven turn by
+    turn through that environment (episodes.EpisodeGenerator)."""
     generator = generator_factory(settings.name)(tokenizer, settings, chat_template=chat_template, precision=precision,
                                                   device=device, world_size=world_size, seed=seed)
     if not isinstance(generator, Generator):  # the protocol's members, data ones included, are the one list
         raise TypeError(f"generator {settings.name!r} does not have every member of grpo_cli.generators.Generator.")
     _LIVE.add(generator)
+    if env is not None:
+        from grpo_cli.episodes import EpisodeGenerator
+
+        return EpisodeGenerator(generator, env, tokenizer, chat_template=chat_template, system_prompt=system_prompt)
     return generator
 
 
-def close_all() -> None:
-    """Close every generator of this process (before the process group goes: an engine that shares
-    torch.distributed's default group must shut down while it is there)."""
-    for generator in list(_LIVE):
-        generator.close()
+def generate(generator, model, prompts: list[str], group_size: int, sampling, seeds: list[int] | None = None, *,
+             columns: dict | None = None, **kwargs):
+    """generator.generate, handing the prompts' dataset columns (one entry per prompt) to a generator that
+    takes them (an environment's reset reads the row)."""
+    if getattr(generator, "takes_columns", False):
+        kwargs["columns"] = columns
+    return generator.generate(model, prompts, group_size, sampling, seeds, **kwargs)

@@ -91,9 +91,14 @@ class HeldOut:
         self.console.print(
             f"held-out accuracy on {len(self.rows)} prompts: greedy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
             f"sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f} (correct: {self.judge.label})")
-        return dict(greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
-                    sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],
-                    correct=self.judge.label)
+        summary = dict(greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
+                       sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],
+                       correct=self.judge.label)
+        if "tool_use_frac" in after:  # episodes: how often the greedy model called a tool
+            self.console.print(f"held-out greedy tool use: {before['tool_use_frac']:.3f} -> {after['tool_use_frac']:.3f} "
+                               f"of episodes, {before['turns']:.2f} -> {after['turns']:.2f} turns", highlight=False)
+            summary.update(tool_use_before=before["tool_use_frac"], tool_use_after=after["tool_use_frac"])
+        return summary
 
 
 @dataclass(frozen=True)

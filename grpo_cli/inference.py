@@ -9,7 +9,7 @@ from pathlib import Path
 from grpo_cli.errors import GrpoError
 
 
-TRAINING_GROUPS = ("data", "sampler", "reward")  # how a model was prompted, sampled and judged
+TRAINING_GROUPS = ("data", "sampler", "reward", "env")  # how a model was prompted, sampled, judged, and its tools
 
 
 def with_training_settings(cfg, paths: list[str], overrides: list[str], console):

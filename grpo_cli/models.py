@@ -13,7 +13,8 @@ from grpo_cli.logprobs import enable_logprob_forward
 from grpo_cli.hub import check_hub
 from grpo_cli.lora import adapter_base, is_adapter_dir, load_adapter
 
-BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny"}
+BUILTIN = {"builtin:tiny": Path(__file__).parent / "assets" / "tiny",
+           "builtin:tiny-tools": Path(__file__).parent / "assets" / "tiny_tools"}  # tiny_tools.py
 
 
 def resolve_path(path: str, key: str = "model.path") -> str:

@@ -27,7 +27,8 @@ class Rollout:
     group_size: int  # G
     input_ids: Tensor = _rows(SEQUENCE)  # [n*G, P+T] left-padded prompt followed by the completion
     attention_mask: Tensor = _rows(SEQUENCE)  # [n*G, P+T] 1 on real prompt tokens and on completion tokens up to EOS
-    completion_mask: Tensor = _rows(COMPLETION)  # [n*G, T] 1 on completion tokens up to and including EOS
+    completion_mask: Tensor = _rows(COMPLETION)  # [n*G, T] 1 on tokens the model generated (up to and including EOS):
+    # the action mask; an episode's environment tokens (episodes.py) are 0 here and 1 in attention_mask
     truncated: Tensor = _rows(ROW)  # [n*G] bool: hit max_new_tokens without EOS
     completions: list[str] = field(default_factory=list)  # [n*G] decoded, special tokens dropped
     pad_token_id: int = 0
@@ -38,6 +39,7 @@ class Rollout:
     weight: Optional[Tensor] = _rows(ROW)  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
     sampler_logp: Optional[Tensor] = _rows(COMPLETION)  # [n*G, T] the sampler's own log-probs of its tokens (vLLM), 0 off the mask
     answers: Optional[list] = None  # [n] each group's reference answer, once scored
+    episodes: Optional[list] = None  # [n*G] multi-turn: each row's episodes.Episode (messages, counts); None = one turn
     extra: dict = field(default_factory=dict)  # per-term rewards ("reward_terms": {name: [n, G]}) for logging
 
     @property
@@ -45,8 +47,10 @@ class Rollout:
         return self.completion_mask.shape[1]
 
     def completion_ids(self) -> list[list[int]]:
-        """Each completion's token ids, up to and including EOS (what TRL-style rewards get as completion_ids)."""
-        ids, mask = self.input_ids[:, -self.completion_len :].tolist(), self.completion_mask.sum(1).tolist()
+        """Each completion's token ids, up to and including EOS (what TRL-style rewards get as completion_ids);
+        an episode's are all its tokens after the prompt, the environment's included."""
+        T = self.completion_len
+        ids, mask = self.input_ids[:, -T:].tolist(), self.attention_mask[:, -T:].sum(1).tolist()
         return [row[: int(n)] for row, n in zip(ids, mask)]
 
     def select_groups(self, groups: list[int]) -> "Rollout":
@@ -55,7 +59,8 @@ class Rollout:
         rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
         tensors = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows] for f in ROW_FIELDS}
         return Rollout(prompts=[self.prompts[g] for g in groups], group_size=G, pad_token_id=self.pad_token_id,
-                       completions=[self.completions[i] for i in rows.tolist()], **tensors)
+                       completions=[self.completions[i] for i in rows.tolist()],
+                       episodes=None if self.episodes is None else [self.episodes[i] for i in rows.tolist()], **tensors)
 
 
 ROW_FIELDS = [f for f in fields(Rollout) if "rows" in f.metadata]
@@ -81,7 +86,8 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
     joined = {f.name: torch.cat([padded(r, f) for r in rolls])
               if (any if f.name == "weight" else all)(getattr(r, f.name) is not None for r in rolls) else None
               for f in ROW_FIELDS}
-    return Rollout(prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size,
+    episodes = [e for r in rolls for e in r.episodes] if all(r.episodes is not None for r in rolls) else None
+    return Rollout(prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size, episodes=episodes,
                    completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id, **joined)
 
 

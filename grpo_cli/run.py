@@ -20,10 +20,11 @@ from transformers import get_scheduler
 
 from grpo_cli.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff, load_sharded, load_state,
                                  resolve_resume, save_checkpoint, save_final, set_rng_state, write_config)
-from grpo_cli.checks import check_train
+from grpo_cli.checks import check_train, env_active
 from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist, is_sharded
+from grpo_cli.episodes import environment
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
@@ -173,7 +174,10 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     check_train(cfg)
     if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
         cfg.reward.fn_dir = os.getcwd()
+    if env_active(cfg.env) and cfg.env.fn_dir is None:  # as reward.fn_dir: tools are found from anywhere later
+        cfg.env.fn_dir = os.getcwd()
     load_user_rewards(cfg.reward)  # a reward file or module that is not there: refused now, before any model loads
+    env = environment(cfg.env)  # tools and environment classes too
     check_push(cfg)  # before any work: a push that cannot happen is refused now, not after training
     note = builtin_settings_note(cfg)
     if note:
@@ -202,13 +206,15 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
                   f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
     generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
-                               device=device, world_size=world, seed=t.seed)
-    data = load_data(cfg.data, tokenizer, log=console.warn)
+                               device=device, world_size=world, seed=t.seed, env=env, system_prompt=cfg.data.system_prompt)
+    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
     train_rows = data["train"]
     console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
                           (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
     reward_fn = build_reward(cfg.reward)
+    if env is not None:
+        environment(cfg.env, reward_fn)  # an environment that scores episodes is one more reward term
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     restore_optimizer(state, resume_from, policy, optimizer, scheduler, world, console)
     resumed_at, writes = state.get("step", 0), dist.is_main  # rank 0 writes every file of the run

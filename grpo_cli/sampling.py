@@ -11,11 +11,12 @@ from rich.table import Table
 from grpo_cli.checkpoint import list_checkpoints
 from grpo_cli.checks import check_sample
 from grpo_cli.errors import GrpoError
-from grpo_cli.data import is_conversation, render_user_prompts, user_text
+from grpo_cli.data import USER_PROMPT, is_conversation, render_user_prompts, user_text
+from grpo_cli.episodes import environment
 from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
 from grpo_cli.generation import Sampling, group_seed
-from grpo_cli.generators import check_available, make_generator
+from grpo_cli.generators import check_available, generate, make_generator
 from grpo_cli.lora import is_adapter_dir
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.precision import DTYPES, Precision
@@ -76,30 +77,38 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     check_sample(cfg)  # again: the saved settings may have replaced groups
     s = cfg.sampler
     reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
+    env = environment(cfg.env, reward)  # the tools the model was trained with: each sample is an episode
     if cfg.output:
         writable_dir(Path(cfg.output).expanduser().parent, "output")
     prepare_process(cfg.threads, resolve_device(cfg.model.device))
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-    for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer)):
+    for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer, env.schemas if env else None)):
         row["rendered"] = text
     generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template,
                                precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
-                               device=resolve_device(cfg.model.device), seed=cfg.seed)
+                               device=resolve_device(cfg.model.device), seed=cfg.seed, env=env,
+                               system_prompt=cfg.data.system_prompt)
     sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k)
 
     rows, G = [], s.group_size
     for start in range(0, len(inputs), cfg.batch_size):
         batch = inputs[start : start + cfg.batch_size]
         seeds = [group_seed(cfg.seed, "sample", start + i) for i in range(len(batch))]
-        roll = generator.generate(model, [r["rendered"] for r in batch], G, sampling, seeds)
+        columns = {USER_PROMPT: [user_text(r["prompt"]) for r in batch],
+                   PROMPT_MESSAGES: [r["prompt"] if is_conversation(r["prompt"]) else None for r in batch]}
+        roll = generate(generator, model, [r["rendered"] for r in batch], G, sampling, seeds, columns=columns)
         tokens, ids = roll.completion_mask.sum(1).tolist(), roll.completion_ids()
         for i, source in enumerate(batch):
             group = [{"prompt": user_text(source["prompt"]), "completion": roll.completions[i * G + j],
                       "tokens": int(tokens[i * G + j]), "truncated": bool(roll.truncated[i * G + j])} for j in range(G)]
+            episodes = roll.episodes[i * G : (i + 1) * G] if roll.episodes is not None else None
+            for r, ep in zip(group, episodes or []):  # the whole transcript
+                r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
+                         final=ep.final_text)
             if reward is not None and source.get("answer") is not None:
-                score(reward, group, source, ids[i * G : (i + 1) * G])
+                score(reward, group, source, ids[i * G : (i + 1) * G], episodes)
             rows += group
     show(rows, G, path, console)
     if cfg.output:
@@ -113,16 +122,17 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     return rows
 
 
-def score(reward, group: list[dict], source: dict, completion_ids=None) -> None:
+def score(reward, group: list[dict], source: dict, completion_ids=None, episodes=None) -> None:
     """Each completion's reward (and each term's, for several) against the prompt's answer; the
     prompt's other file columns reach the reward as columns."""
     G, answer = len(group), str(source["answer"])
     columns = {k: [v] * G for k, v in source.items() if k != "rendered"}
     if is_conversation(source["prompt"]):  # a TRL reward reads the messages as `prompts`
         columns[PROMPT_MESSAGES] = [source["prompt"]] * G
-    total, terms = reward.score([source.get("rendered", source["prompt"])] * G, [r["completion"] for r in group], [answer] * G,
+    total, terms = reward.score([source.get("rendered", source["prompt"])] * G,
+                                [r.get("final", r["completion"]) for r in group], [answer] * G,
                                 completion_tokens=[r["tokens"] for r in group], columns=columns,
-                                completion_ids=completion_ids)
+                                completion_ids=completion_ids, episodes=episodes)
     for j, r in enumerate(group):
         r.update(answer=answer, reward=total[j])
         if len(terms) > 1:
@@ -138,7 +148,8 @@ def show(rows: list[dict], group_size: int, path: str, console) -> None:
     for i, r in enumerate(rows):
         if i and i % group_size == 0:
             table.add_section()
-        cells = [escape(r["prompt"]) if i % group_size == 0 else "", escape(repr(r["completion"])),
+        text = r["completion"] if "messages" in r else repr(r["completion"])  # an episode: its transcript, a line a turn
+        cells = [escape(r["prompt"]) if i % group_size == 0 else "", escape(text),
                  f"{r['tokens']}{'+' if r['truncated'] else ''}"]
         cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else escape(str(r.get(k, ""))) for k in extra]
         table.add_row(*cells)

@@ -9,6 +9,7 @@ from collections import Counter
 import torch
 
 from grpo_cli.generation import Sampling, group_seed
+from grpo_cli.generators import generate
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, normalise
 
@@ -42,7 +43,7 @@ def maj_at_k(answers: list[str | None], right, k: int) -> float:
 
 def _score(reward_fn, prompts, roll, answers, columns, tokens: list[int]):
     return score_batch(reward_fn, prompts, roll.completions, answers, completion_tokens=tokens, columns=columns,
-                       completion_ids=roll.completion_ids())
+                       completion_ids=roll.completion_ids(), episodes=roll.episodes)
 
 
 @torch.no_grad()
@@ -50,24 +51,32 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
                   batch_size: int = 256, columns: dict | None = None, advance=None) -> dict:
     """Greedy completions for every prompt, scored by the reward (which also sees `columns`, the
     dataset's columns by name, when given; each term's mean is `reward/<term>`); `accuracy` is the share
-    the judge calls correct (rewards.Judge: by default, reward at its maximum)."""
-    rewards, terms, correct, lengths, truncated = [], {}, [], [], []
+    the judge calls correct (rewards.Judge: by default, reward at its maximum): with an environment, the
+    success rate of whole episodes, beside their mean turns, tool calls and share that called a tool."""
+    rewards, terms, correct, lengths, truncated, episodes = [], {}, [], [], [], []
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
-        roll = generator.generate(model, p, 1, Sampling(max_new_tokens, greedy=True))
+        cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
+        roll = generate(generator, model, p, 1, Sampling(max_new_tokens, greedy=True), columns=cols)
         tokens = roll.completion_mask.sum(1).tolist()
-        total, per_term = _score(reward_fn, p, roll, a,
-                                 {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}, tokens)
+        total, per_term = _score(reward_fn, p, roll, a, cols, tokens)
         rewards += total
         for name, values in per_term.items():
             terms.setdefault(name, []).extend(values)
         correct += judge(total, roll.completions, a)
         lengths += tokens
         truncated += roll.truncated.tolist()
+        episodes += roll.episodes or []
         if advance:
             advance(len(p))
     n = max(len(prompts), 1)
+    multi_turn = {}
+    if episodes:  # how the model used its environment: turns, and the share of episodes calling a tool
+        multi_turn = {"turns": sum(ep.turns for ep in episodes) / n,
+                      "tool_use_frac": sum(ep.tool_calls > 0 for ep in episodes) / n,
+                      "tool_calls": sum(ep.tool_calls for ep in episodes) / n}
     return {
+        **multi_turn,
         "accuracy": sum(correct) / n,
         "reward_mean": sum(rewards) / n,
         **{f"reward/{name}": sum(values) / n for name, values in terms.items()},
@@ -97,10 +106,10 @@ def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, 
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
         sampling = Sampling(sampler.max_new_tokens, sampler.temperature, sampler.top_p, sampler.top_k)
         seeds = [group_seed(seed, "evaluate", offset + start + i) for i in range(len(p))]
-        roll = generator.generate(model, p, samples, sampling, seeds)
+        cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
+        roll = generate(generator, model, p, samples, sampling, seeds, columns=cols)
         per = lambda values: [v for v in values for _ in range(samples)]  # noqa: E731
-        total, _ = _score(reward_fn, per(p), roll, per(a),
-                          {k: per(v[start : start + batch_size]) for k, v in (columns or {}).items()},
+        total, _ = _score(reward_fn, per(p), roll, per(a), {k: per(v) for k, v in cols.items()},
                           roll.completion_mask.sum(1).tolist())
         correct = judge(total, roll.completions, per(a))
         for i, target in enumerate(a):

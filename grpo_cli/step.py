@@ -22,7 +22,9 @@ from torch.profiler import record_function
 
 from grpo_cli.data import PromptBatch
 from grpo_cli.distributed import SINGLE, Dist
+from grpo_cli.episodes import episode_metrics
 from grpo_cli.generation import Sampling
+from grpo_cli.generators import generate
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.metrics import StepMetrics
 from grpo_cli.objective import POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
@@ -229,13 +231,15 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
 
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
-            roll = generator.generate(sampler_model, batch.prompts, G, sampling, batch.seeds,
-                                      with_logprobs=generator.returns_logprobs or algo.sampler_correction == "tis")
+            roll = generate(generator, sampler_model, batch.prompts, G, sampling, batch.seeds, columns=batch.columns,
+                            with_logprobs=generator.returns_logprobs or algo.sampler_correction == "tis")
             total, terms = score_batch(
                 reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
                 completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
-                columns={k: per_completion(v) for k, v in batch.columns.items()},
+                columns={k: per_completion(v) for k, v in batch.columns.items()}, episodes=roll.episodes,
             )
+            if roll.episodes is not None:
+                episode_metrics(roll.episodes, metrics)
             rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)
             terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
             correct = judge(total, roll.completions, per_completion(batch.answers))
@@ -355,12 +359,18 @@ def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | Non
     """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
     the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
     G, answers, user_text = roll.group_size, roll.answers, user_text or {}
-    return [
+    rows = [
         {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
          "answer": str(answers[g]),
          "reward": float(roll.rewards[g, j]), "advantage": float(roll.advantages[g * G + j])}
         for g in range(min(groups, len(roll.prompts))) for j in range(G)
     ]
+    if roll.episodes is not None:  # the whole transcript: every turn, tool call and result
+        for r, g, j in ((r, i // G, i % G) for i, r in enumerate(rows)):
+            ep = roll.episodes[g * G + j]
+            r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
+                     cut=ep.cut)
+    return rows
 
 
 def shown_group(rows: list[dict], group_size: int) -> list[dict]:

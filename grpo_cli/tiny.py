@@ -36,9 +36,9 @@ CHARS = list("0123456789+-*/=()<>?!.,:;'\" #_") + [chr(c) for c in range(ord("a"
 NEAR_MISSES = (-10, -2, -1, 1, 2, 10)
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(chars: list[str] = CHARS) -> PreTrainedTokenizerFast:
     """One token per character; decoding concatenates (no spaces inserted)."""
-    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK] + CHARS)}
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK] + chars)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -47,7 +47,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4, seed: int = 0) -> LlamaForCausalLM:
+def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4, seed: int = 0,
+                max_positions: int = 128) -> LlamaForCausalLM:
     # Llama rather than Qwen2 shape (they differ only by qkv bias): transformers maps a `qwen2`
     # config to Qwen's own tokenizer class whatever tokenizer_config.json says, which would
     # silently replace the character tokenizer on reload.
@@ -59,7 +60,7 @@ def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int 
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=128,
+        max_position_embeddings=max_positions,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=1,

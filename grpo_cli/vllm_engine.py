@@ -273,6 +273,31 @@ class VLLMGenerator(PromptIds):
         return assemble(prompts, prompt_ids, group_size, ids.to(device), eos, self.tokenizer,
                         None if logps is None else logps.to(device), truncated=truncated.to(device))
 
+    def complete(self, model, contexts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None, *,
+                 with_logprobs: bool = True):
+        """One continuation of each context's token ids (an episode so far; episodes.py), seeded per row, as
+        HFGenerator.complete: [(ids up to and including EOS, sampling log-probs or None, ended with EOS)]."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        eos = eos_token_ids(model, self.tokenizer)
+        llm = self.engine(model)
+        common = dict(n=1, max_tokens=sampling.max_new_tokens, stop_token_ids=eos, detokenize=False,
+                      skip_special_tokens=False, logprobs=0 if with_logprobs else None)
+        if sampling.greedy:
+            params = [SamplingParams(temperature=0.0, **common)] * len(contexts)
+        else:
+            params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                     seed=int(seed), **common) for seed in seeds]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in contexts], params, use_tqdm=False)
+        out = []
+        for o in outputs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            logps = [entry[t].logprob for t, entry in zip(ids, c.logprobs)] if with_logprobs else None
+            out.append((ids, logps, c.finish_reason != "length"))
+        return out
+
     def token_logprobs(self, model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
         """The log-probabilities (temperature 1) of given completions after given prompts under `model`'s
         weights, as the engine computes them (pushing them first if they are not the engine's)."""

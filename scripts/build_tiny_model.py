@@ -2,6 +2,7 @@
 
     python scripts/build_tiny_model.py                 # writes grpo_cli/assets/tiny
     python scripts/build_tiny_model.py --out /tmp/t --steps 100
+    python scripts/build_tiny_model.py --tools          # the tool-calling model, grpo_cli/assets/tiny_tools
 
 Deterministic for a given seed on CPU. See grpo_cli/tiny.py for what the warm-up does and why.
 """
@@ -11,18 +12,23 @@ from pathlib import Path
 
 import torch
 
-from grpo_cli import tiny
+from grpo_cli import tiny, tiny_tools
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(Path(tiny.__file__).parent / "assets" / "tiny"))
-    p.add_argument("--steps", type=int, default=1500, help="supervised warm-up steps (batch 128)")
+    p.add_argument("--tools", action="store_true", help="build the tool-calling model (grpo_cli/tiny_tools.py)")
+    p.add_argument("--out", default=None, help="default: grpo_cli/assets/tiny (tiny_tools with --tools)")
+    p.add_argument("--steps", type=int, default=None, help="supervised warm-up steps (default 1500; 1200 with --tools)")
     p.add_argument("--p-correct", type=float, default=0.35, help="share of warm-up targets that are right")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)  # faster than 2 for a model this small, and bitwise repeatable
-    out = tiny.build(args.out, steps=args.steps, p_correct=args.p_correct, seed=args.seed)
+    assets = Path(tiny.__file__).parent / "assets"
+    if args.tools:
+        out = tiny_tools.build(args.out or assets / "tiny_tools", steps=args.steps or 1200, seed=args.seed)
+    else:
+        out = tiny.build(args.out or assets / "tiny", steps=args.steps or 1500, p_correct=args.p_correct, seed=args.seed)
     print(f"wrote {out}")
 
 

@@ -45,6 +45,7 @@ class Batch:
     columns: dict[str, list] = field(default_factory=dict)  # dataset columns by name, when the caller has them
     completion_ids: Optional[list[list[int]]] = None  # each completion's token ids, when the caller has them
     prompt_messages: Optional[list] = None  # conversational data: each prompt as its chat messages (TRL's format)
+    episodes: Optional[list] = None  # multi-turn: each completion's episodes.Episode (its messages, its environment)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -57,6 +58,7 @@ class Batch:
             {k: [v[i]] for k, v in self.columns.items()},
             None if self.completion_ids is None else [self.completion_ids[i]],
             None if self.prompt_messages is None else [self.prompt_messages[i]],
+            None if self.episodes is None else [self.episodes[i]],
         )
 
 
@@ -69,6 +71,21 @@ class Reward:
     def __init__(self, terms: dict[str, TermFn], weights: dict[str, float]):
         self.terms, self.weights = terms, weights
 
+    def add_environment_term(self, name: str, max_value: float | None = 1.0) -> None:
+        """The environment's own reward as one more term of weight 1, named after its class (TRL's rule for
+        an environment with get_reward): get_reward() of each episode's environment, or a step
+        environment's rewards added up."""
+
+        def term(batch: Batch) -> list:
+            if batch.episodes is None:
+                raise GrpoError(f"The {name} reward needs episodes; it is scored only with env.factory set.")
+            return [ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
+                    for ep in batch.episodes]
+
+        term.user_code, term.max_value = True, max_value
+        self.terms[name] = term
+        self.weights[name] = 1.0
+
     @property
     def max_value(self) -> float | None:
         """The largest weighted sum the terms can give, or None when a term has no known maximum (or a
@@ -78,22 +95,23 @@ class Reward:
             return None
         return sum(self.weights[name] * t for name, t in zip(self.terms, tops))
 
-    def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None):
+    def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None,
+              episodes=None):
         """(weighted sum per completion, {term: its values}) for one batch."""
         messages = (columns or {}).get(PROMPT_MESSAGES)
         batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
                       None if completion_tokens is None else [int(n) for n in completion_tokens],
                       {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")}, completion_ids,
-                      None if messages is None else list(messages))
+                      None if messages is None else list(messages), episodes)
         values = {name: run_term(name, fn, batch, user_code=getattr(fn, "user_code", False),
                                  none_is_no_score=getattr(fn, "user_code", False)) for name, fn in self.terms.items()}
         total = [sum(self.weights[name] * values[name][i] for name in values) for i in range(len(batch))]
         return total, values
 
     def __call__(self, prompts, completions, answers, *, completion_tokens=None, columns=None,
-                 completion_ids=None) -> list[float]:
+                 completion_ids=None, episodes=None) -> list[float]:
         return self.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
-                          completion_ids=completion_ids)[0]
+                          completion_ids=completion_ids, episodes=episodes)[0]
 
 
 def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
@@ -171,11 +189,11 @@ class Judge:
 
 
 def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=None, columns=None,
-                completion_ids=None):
+                completion_ids=None, episodes=None):
     """(totals, per-term values) of any reward: a `Reward`, or a plain fn(prompts, completions, answers)."""
     if isinstance(reward_fn, Reward):
         return reward_fn.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
-                               completion_ids=completion_ids)
+                               completion_ids=completion_ids, episodes=episodes)
     return list(reward_fn(prompts, completions, answers)), {}
 
 

@@ -32,6 +32,9 @@ reward.weights=[0.2,1]`.
 Conversational data (a prompt column of chat messages, TRL's format): the function gets `prompts` as
 those message lists and each completion as `[{"role": "assistant", "content": text}]`, as TRL passes
 them, so TRL's `accuracy_reward` and `think_format_reward` run unchanged; plain-text data gets strings.
+A multi-turn episode (env.tools, env.factory) is one completion: the list of every message after the
+prompt (assistant turns with their `tool_calls`, tool results, observations), and `environments`
+holds each episode's environment instance, as TRL passes them.
 """
 
 from __future__ import annotations
@@ -55,17 +58,18 @@ def function_name(spec: str) -> str:
     return attr if sep else spec.rpartition(".")[2]
 
 
-def load_function(spec: str, base: str | None = None):
-    """The callable `spec` names, or a GrpoError saying why it cannot be had. `base` (reward.fn_dir, else
-    the current directory) is where a relative file path and a module beside the user's files are found."""
+def load_function(spec: str, base: str | None = None, key: str = "reward.fn"):
+    """The callable `spec` names, or a GrpoError saying why it cannot be had (naming the config `key`).
+    `base` (reward.fn_dir, else the current directory) is where a relative file path and a module beside
+    the user's files are found."""
     base = os.path.abspath(base or os.getcwd())
     module_name, sep, attr = spec.partition(":")
     if not sep and not is_file_spec(spec):
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
-        raise GrpoError(f"reward.fn={spec!r} names no function; write it as mypkg.rewards:score or my_rewards.py:score.")
+        raise GrpoError(f"{key}={spec!r} names no function; write it as mypkg.rewards:score or my_rewards.py:score.")
     if is_file_spec(spec):
-        module = _import_file(spec, os.path.join(base, os.path.expanduser(module_name)))
+        module = _import_file(spec, os.path.join(base, os.path.expanduser(module_name)), key)
     else:
         if base not in sys.path:  # `grpo` run beside my_rewards.py finds it, and so do evaluate and sample later
             sys.path.append(base)
@@ -73,23 +77,23 @@ def load_function(spec: str, base: str | None = None):
             module = importlib.import_module(module_name)
         except Exception as e:  # a missing module or one that fails on import: both are the user's to fix
             raise GrpoError(
-                f"reward.fn={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH or in "
-                f"{base}, or name the file (reward.fn=path/to/{module_name.rpartition('.')[2]}.py:{attr})."
+                f"{key}={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH or in "
+                f"{base}, or name the file ({key}=path/to/{module_name.rpartition('.')[2]}.py:{attr})."
             ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise GrpoError(f"reward.fn={spec!r}: {module_name!r} has no function {attr!r}.")
+        raise GrpoError(f"{key}={spec!r}: {module_name!r} has no function {attr!r}.")
     return fn
 
 
-def _import_file(spec: str, path: str):
+def _import_file(spec: str, path: str, key: str = "reward.fn"):
     """The module in the file `path`, imported once under its own name (its directory on sys.path, so it can
     import the files beside it)."""
     import importlib.util
 
     path = os.path.normpath(path)
     if not os.path.isfile(path):
-        raise GrpoError(f"reward.fn={spec!r}: there is no file {path}; give the path to your rewards file "
+        raise GrpoError(f"{key}={spec!r}: there is no file {path}; give the path to your file "
                         "(relative to the directory grpo runs in).")
     name = "grpo_reward_" + re.sub(r"\W", "_", path)
     if name in sys.modules:
@@ -103,7 +107,7 @@ def _import_file(spec: str, path: str):
         module_spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
-        raise GrpoError(f"reward.fn={spec!r}: {path} fails on import ({type(e).__name__}: {e}); fix the file.") from None
+        raise GrpoError(f"{key}={spec!r}: {path} fails on import ({type(e).__name__}: {e}); fix the file.") from None
     return module
 
 
@@ -129,14 +133,20 @@ def build(cfg):
 
     def reward(batch):
         conversational = batch.prompt_messages is not None
+        if batch.episodes is not None:  # multi-turn: the whole episode's messages, and its environment (TRL's)
+            completions = [ep.messages for ep in batch.episodes]
+        elif conversational:
+            completions = [[{"role": "assistant", "content": c}] for c in batch.completions]
+        else:
+            completions = batch.completions
         kwargs = {
             **batch.columns,
             "prompts": batch.prompt_messages if conversational else batch.prompts,
-            "completions": ([[{"role": "assistant", "content": c}] for c in batch.completions] if conversational
-                            else batch.completions),
+            "completions": completions,
             "answers": batch.answers,
             "completion_tokens": batch.completion_tokens,
             "completion_ids": batch.completion_ids,
+            **({"environments": [ep.environment for ep in batch.episodes]} if batch.episodes is not None else {}),
         }
         return fn(**(kwargs if takes_all else {k: v for k, v in kwargs.items() if k in accepted}))
 

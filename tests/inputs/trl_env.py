@@ -1,0 +1,84 @@
+"""Tools and an environment written for TRL 1.16's GRPOTrainer (`tools=[...]`, `environment_factory=...`),
+used unchanged by tests/test_episodes.py: typed functions with Google-style docstrings, and a class with
+`reset(**row)`, public methods as tools and `get_reward()`."""
+
+import random
+import time
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def broken(x: int) -> str:
+    """A tool that always fails.
+
+    Args:
+        x: Any integer.
+    """
+    raise ValueError(f"cannot handle {x}")
+
+
+def slow(x: int) -> str:
+    """A tool that never answers in time.
+
+    Args:
+        x: Any integer.
+    """
+    time.sleep(30)
+    return "late"
+
+
+def numbers(n: int) -> list:
+    """A tool that returns a list, not a string.
+
+    Args:
+        n: How many numbers.
+    """
+    return list(range(n))
+
+
+class Counter:
+    """A counter the model must bring to the row's answer: increment it, read it, then answer."""
+
+    def reset(self, **kwargs):
+        self.target = int(kwargs["answer"])
+        self.value = 0
+        self.salt = random.random()  # seeded by the trainer per episode: the same in every run
+        return f" (start at {self.value})"
+
+    def increment(self, step: int) -> str:
+        """Add to the counter.
+
+        Args:
+            step: How much to add.
+        """
+        self.value += step
+        return f"counter is {self.value}"
+
+    def read(self) -> int:
+        """The counter's value."""
+        return self.value
+
+    def get_reward(self) -> float:
+        return float(self.value == self.target)
+
+
+class Guess:
+    """A step environment (not tool calls): guess a number from higher/lower answers."""
+
+    def reset(self, **kwargs):
+        self.secret = int(kwargs["answer"])
+
+    def step(self, text):
+        digits = "".join(c for c in text if c.isdigit())
+        guess = int(digits) if digits else -1
+        if guess == self.secret:
+            return "right", 1.0, True
+        return ("higher" if guess < self.secret else "lower"), 0.0, False

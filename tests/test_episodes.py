@@ -1,0 +1,336 @@
+"""Multi-turn episodes (grpo_cli/episodes.py): token-exact trajectories, environment tokens outside the
+loss, one forward per episode, TRL-style tools and environments unchanged, failures as observations.
+
+Most tests drive a small random Llama whose tokenizer and chat template follow Qwen2.5's tool format
+(`<tool_call>` JSON, tool results in a user turn as `<tool_response>`), with `<tool_call>` and
+`</tool_call>` as added tokens as in Qwen's vocabulary: so a turn generated character by character
+(as a model may) re-tokenises to *other* ids, and only a trainer that keeps the generated ids passes.
+What the model "generates" comes from a scripted generator registered like any plugin, so each
+turn's ids are known exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from helpers import grpo, metric_rows, read_jsonl
+from grpo_cli.config import EnvConfig, TrainConfig
+from grpo_cli.console import Console
+from grpo_cli.episodes import EnvSpec, parse_hermes
+from grpo_cli.errors import GrpoError
+from grpo_cli.generation import HFGenerator, Sampling
+from grpo_cli.generators import GENERATORS, make_generator, register_generator
+from grpo_cli.logprobs import token_logprobs
+from grpo_cli.models import load_model, load_tokenizer
+from grpo_cli.objective import policy_loss
+
+INPUTS = __import__("pathlib").Path(__file__).parent / "inputs"
+
+# Qwen2.5's tool template, trimmed to what these tests render (system tools block, user, assistant with
+# tool calls, consecutive tool messages in one user turn).
+QWEN_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\nYou may call tools.\\n<tools>\\n' }}"
+    "{%- for t in tools %}{{- t | tojson }}{{- '\\n' }}{%- endfor %}{{- '</tools><|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or m.role == 'system' %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + m.content }}"
+    "{%- for c in m.tool_calls or [] %}{%- if m.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}{{- c.function.arguments | tojson }}"
+    "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}"
+    "{%- endif %}{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    """A random 2-layer Llama with a character tokenizer, Qwen's special and added tokens and its template."""
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(["<pad>", "<|im_end|>", "<|im_start|>", "<unk>"] + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>",
+                                   padding_side="left", additional_special_tokens=["<|im_start|>"])
+    fast.add_tokens(["<tool_call>", "</tool_call>"])  # added, not special: Qwen's vocabulary has them
+    fast.chat_template = QWEN_TEMPLATE
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                                         pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True))
+    out = tmp_path_factory.mktemp("qwen_tools")
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def char_ids(tokenizer, text: str) -> list[int]:
+    """`text` one character per token, as a model may write it (never through the added tokens)."""
+    return [tokenizer.convert_tokens_to_ids(c) for c in text]
+
+
+class Scripted(HFGenerator):
+    """A generator whose turn k of every episode is SCRIPT[k] written character by character and ended by
+    <|im_end|>; it records what it was given."""
+
+    SCRIPT: list[str] = []
+    contexts: list[list[int]] = []
+
+    def complete(self, model, contexts, sampling, seeds=None, *, with_logprobs=False):
+        out = []
+        for ctx in contexts:
+            Scripted.contexts.append(list(ctx))
+            turn = self.tokenizer.decode(ctx).count("<|im_start|>assistant") - 1
+            ids = (char_ids(self.tokenizer, self.SCRIPT[min(turn, len(self.SCRIPT) - 1)]) + [1])[: sampling.max_new_tokens]
+            out.append((ids, [-0.5] * len(ids) if with_logprobs else None, ids[-1] == 1))
+        return out
+
+
+@pytest.fixture
+def scripted():
+    register_generator("scripted", Scripted)
+    Scripted.contexts = []
+    yield Scripted
+    GENERATORS.pop("scripted")
+
+
+def call(name: str, **arguments) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+def episode_generator(model_dir, env: EnvConfig, generator="scripted"):
+    tokenizer = load_tokenizer(str(model_dir))
+    settings = TrainConfig().generator
+    settings.name = generator
+    spec = EnvSpec(env, str(INPUTS))
+    return make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu", env=spec), tokenizer, spec
+
+
+def test_hermes_calls_are_parsed_and_malformed_ones_are_errors_not_exceptions():
+    content, calls = parse_hermes('think <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>')
+    assert content == "think" and calls == [{"name": "add", "arguments": {"a": 1}}]
+    _, calls = parse_hermes('<tool_call>{"name": "f", "arguments": "{\\"x\\": 2}"}</tool_call>')  # arguments as a JSON string
+    assert calls == [{"name": "f", "arguments": {"x": 2}}]
+    for bad in ("<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                '<tool_call>{"name": "f", "arguments": 3}</tool_call>', '<tool_call>{"name": "f"'):
+        (only,) = parse_hermes(bad)[1]
+        assert only["error"].startswith("malformed tool call"), bad
+    assert parse_hermes("just an answer: 5") == ("just an answer: 5", [])
+
+
+def test_an_episode_is_the_generated_ids_with_the_rendered_environment_ids_spliced_in(qwen_dir, scripted):
+    """Independent construction: render the whole conversation with the chat template, cut out the text
+    between the two assistant turns, tokenize that alone; the trajectory must be the prompt's ids, turn 1's
+    generated ids, those environment ids and turn 2's generated ids, exactly, with the action mask on
+    the generated ones. Re-tokenising the text would give other ids (</tool_call> is one added token)."""
+    Scripted.SCRIPT = [call("add", a=2, b=3), "5"]
+    gen, tok, spec = episode_generator(qwen_dir, EnvConfig(tools=["trl_env.py:add"]))
+    model = load_model(str(qwen_dir), device="cpu")
+    user = [{"role": "user", "content": "2+3?"}]
+    prompt = tok.apply_chat_template(user, tools=spec.schemas, tokenize=False, add_generation_prompt=True)
+    roll = gen.generate(model, [prompt], 1, Sampling(128, greedy=True))
+
+    (ep,) = roll.episodes
+    assert ep.messages == [
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+        {"role": "tool", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "5"},
+    ] and ep.turns == 2 and ep.tool_calls == 1 and ep.cut is None
+    whole = tok.apply_chat_template(user + ep.messages, tools=spec.schemas, tokenize=False)
+    turn1, turn2 = Scripted.SCRIPT[0] + "<|im_end|>", "5<|im_end|>"
+    between = whole[len(prompt) + len(turn1) : whole.rindex(turn2)]
+    assert between == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    env_ids = tok(between, add_special_tokens=False)["input_ids"]
+    t1, t2 = char_ids(tok, Scripted.SCRIPT[0]) + [1], char_ids(tok, "5") + [1]
+    prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+
+    seq = roll.input_ids[0][roll.attention_mask[0].bool()].tolist()
+    assert seq == prompt_ids + t1 + env_ids + t2
+    T = roll.completion_len
+    assert roll.completion_mask[0, : len(seq) - len(prompt_ids)].tolist() == [1] * len(t1) + [0] * len(env_ids) + [1] * len(t2)
+    assert roll.completion_mask[0].sum() == len(t1) + len(t2) and T == len(t1) + len(env_ids) + len(t2)
+    assert seq != tok(whole.rstrip("\n"), add_special_tokens=False)["input_ids"]  # what re-tokenising would train on
+    assert roll.completions == ["5"]  # what built-in rewards read: the final answer
+    # turn 2 was generated from exactly the ids above, not from re-rendered text
+    assert Scripted.contexts[-1] == prompt_ids + t1 + env_ids
+
+
+def test_environment_tokens_get_no_gradient_and_model_tokens_do(qwen_dir, scripted):
+    """d loss / d logits through the policy loss on an episode's action mask: exactly zero at every position
+    that predicts an environment token, non-zero at every position predicting a model token."""
+    Scripted.SCRIPT = [call("add", a=2, b=3), "5"]
+    gen, tok, spec = episode_generator(qwen_dir, EnvConfig(tools=["trl_env.py:add"]))
+    model = load_model(str(qwen_dir), device="cpu")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tools=spec.schemas, tokenize=False,
+                                     add_generation_prompt=True)
+    roll = gen.generate(model, [prompt, prompt], 2, Sampling(128, greedy=True))
+    T = roll.completion_len
+    logits = model(input_ids=roll.input_ids, attention_mask=roll.attention_mask).logits[:, -T - 1 : -1].detach()
+    logits.requires_grad_(True)
+    logp = logits.log_softmax(-1).gather(-1, roll.input_ids[:, -T:, None]).squeeze(-1)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    loss, _ = policy_loss(logp, logp.detach() - 0.1, advantages, roll.completion_mask, clip_eps=0.2, beta=0.04,
+                          ref_logp=logp.detach() + 0.2)
+    loss.backward()
+    per_position = logits.grad.abs().sum(-1)  # [B, T]
+    env = (roll.completion_mask == 0) & roll.attention_mask[:, -T:].bool()
+    assert env.sum() > 0 and (per_position[env] == 0).all()
+    assert (per_position[roll.completion_mask.bool()] > 0).all()
+
+
+def test_a_two_turn_episode_scored_in_one_forward_equals_each_turn_scored_after_its_own_prefix(qwen_dir, scripted):
+    Scripted.SCRIPT = [call("add", a=12, b=30), "the sum is 42"]
+    gen, tok, spec = episode_generator(qwen_dir, EnvConfig(tools=["trl_env.py:add"]))
+    model = load_model(str(qwen_dir), device="cpu")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "12+30?"}], tools=spec.schemas, tokenize=False,
+                                     add_generation_prompt=True)
+    roll = gen.generate(model, [prompt], 1, Sampling(128, greedy=True))
+    T = roll.completion_len
+    with torch.no_grad():
+        one, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, T)
+    seq = roll.input_ids[0].tolist()
+    action = roll.completion_mask[0].tolist()
+    P = roll.input_ids.shape[1] - T
+    turns, current = [], []
+    for t, a in enumerate(action):  # runs of model tokens
+        if a:
+            current.append(t)
+        elif current:
+            turns.append(current)
+            current = []
+    turns.append(current)
+    assert len(turns) == 2
+    for positions in turns:
+        prefix = seq[: P + positions[0]]
+        ids = torch.tensor([prefix + [seq[P + t] for t in positions]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].float()
+        expected = [logits[len(prefix) - 1 + k].log_softmax(-1)[seq[P + t]].item() for k, t in enumerate(positions)]
+        torch.testing.assert_close(one[0, positions], torch.tensor(expected), atol=2e-5, rtol=0)
+
+
+def small_cfg(tmp_path, model_dir, **env) -> TrainConfig:
+    cfg = TrainConfig(output_dir=str(tmp_path))
+    cfg.model.path = str(model_dir)
+    t = cfg.trainer
+    t.prompts_per_step, t.steps, t.micro_batch_size, t.eval_before_after, t.eval_every = 2, 2, 8, False, 0
+    t.progress, t.log_completions_every, t.log_completions_groups, t.threads = False, 1, 2, 1
+    cfg.sampler.group_size, cfg.sampler.max_new_tokens = 2, 128
+    cfg.data.max_operand, cfg.data.num_test, cfg.data.chat_template = 9, 20, True
+    cfg.generator.name = "scripted"
+    cfg.env = EnvConfig(fn_dir=str(INPUTS), **env)
+    cfg.algo.beta = 0.04
+    return cfg
+
+
+def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripted, tmp_path):
+    """Counter (tests/inputs/trl_env.py) as TRL's environment_factory, add as a standalone tool: reset() text
+    joins the prompt, both methods are tools, get_reward() is a reward term named Counter (weight 1), and the
+    whole transcript reaches completions.jsonl; the episodes' environment calls are counted."""
+    from grpo_cli.trainer import train
+
+    Scripted.SCRIPT = [call("increment", step=3), call("read"), call("add", a=1, b=2), "done"]
+    cfg = small_cfg(tmp_path, qwen_dir, tools=["trl_env.py:add"], factory="trl_env.py:Counter", max_turns=4,
+                    max_tokens=400)
+    train(cfg, tmp_path, Console(progress=False))
+    rows = metric_rows(tmp_path, training=True)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["env/turns"] == 4 and r["env/tool_calls"] == 3 and r["env/tool_use_frac"] == 1.0
+        assert r["env/errors"] == 0 and r["env/timeouts"] == 0 and r["env/cut_turns_frac"] == 0
+        assert "reward/Counter" in r and "reward/exact_match" in r
+        assert r["reward_mean"] == pytest.approx(r["reward/Counter"] + r["reward/exact_match"])
+    logged = read_jsonl(tmp_path / "completions.jsonl")
+    assert len(logged) == 2 * 2 * 2
+    for row in logged:
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant"]
+        assert [m["content"] for m in row["messages"] if m["role"] == "tool"] == ["counter is 3", "3", "3"]
+        assert row["reward"] == float(row["answer"] == "3") + 0.0  # Counter: value 3 == answer; "done" has no number
+        assert "[tool increment] counter is 3" in row["completion"]
+    # reset()'s text went onto the user's message, before the generation prompt
+    first = Scripted.contexts[0]
+    assert " (start at 0)<|im_end|>" in load_tokenizer(str(qwen_dir)).decode(first)
+
+
+def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are_counted(qwen_dir, scripted, tmp_path):
+    from grpo_cli.trainer import train
+
+    Scripted.SCRIPT = [call("broken", x=1) + "\n" + call("slow", x=1) + "\n" + call("numbers", n=3) + "\n"
+                       + call("nope") + "\n<tool_call>{oops</tool_call>", "5"]
+    cfg = small_cfg(tmp_path, qwen_dir, tools=["trl_env.py:broken", "trl_env.py:slow", "trl_env.py:numbers"],
+                    timeout_s=0.3, max_tokens=800)
+    cfg.trainer.steps, cfg.sampler.max_new_tokens = 1, 400
+    train(cfg, tmp_path, Console(progress=False))
+    (r,) = metric_rows(tmp_path, training=True)
+    assert r["env/tool_calls"] == 5 and r["env/errors"] == 3 and r["env/timeouts"] == 1 and r["env/non_string"] == 1
+    assert r["env/turns"] == 2 and r["env/seconds"] >= 0.3 * 4  # each of 4 episodes waited out the slow tool
+    tool_messages = [m["content"] for m in read_jsonl(tmp_path / "completions.jsonl")[0]["messages"] if m["role"] == "tool"]
+    assert tool_messages[0] == str({"error": "cannot handle 1"})  # TRL's wording
+    assert tool_messages[1] == str({"error": "timed out after 0.3 s"})
+    assert tool_messages[2] == "[0, 1, 2]"
+    assert tool_messages[3] == str({"error": "Tool nope not found."})
+    assert tool_messages[4].startswith("{'error': ") and "malformed tool call" in tool_messages[4]
+
+
+def test_a_step_environment_plays_turns_until_done_on_plain_prompts(qwen_dir, scripted, tmp_path):
+    """Guess: each turn's text goes to step(); "higher"/"lower" come back as the next user message; the
+    rewards of the steps are the Guess term; an episode that never gets it right is cut at max_turns."""
+    gen, tok, spec = episode_generator(qwen_dir, EnvConfig(factory="trl_env.py:Guess", max_turns=3))
+    assert spec.kind == "step" and spec.reward_name == "Guess"
+    model = load_model(str(qwen_dir), device="cpu")
+    Scripted.SCRIPT = ["10", "20", "7"]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "guess"}], tokenize=False, add_generation_prompt=True)
+    roll = gen.generate(model, [prompt, prompt], 1, Sampling(16, greedy=True), columns={"answer": ["7", "99"]})
+    right, never = roll.episodes
+    assert [m["content"] for m in right.messages] == ["10", "lower", "20", "lower", "7"]
+    assert right.reward == 1.0 and right.cut is None and right.turns == 3
+    assert never.reward == 0.0 and never.cut == "turns" and roll.truncated.tolist() == [False, True]
+
+
+def test_episodes_are_seeded_so_environments_that_draw_random_numbers_repeat(qwen_dir, scripted):
+    Scripted.SCRIPT = [call("read"), "0"]
+    gen, tok, spec = episode_generator(qwen_dir, EnvConfig(factory="trl_env.py:Counter"))
+    model = load_model(str(qwen_dir), device="cpu")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=spec.schemas, tokenize=False,
+                                     add_generation_prompt=True)
+    salts = [[ep.environment.salt for ep in gen.generate(model, [prompt], 3, Sampling(32), [11], columns={"answer": ["0"], "_user_prompt": ["x"]}).episodes]
+             for _ in range(2)]
+    assert salts[0] == salts[1] and len(set(salts[0])) == 3  # the same per episode, different between episodes
+
+
+@pytest.mark.parametrize("override,message", [
+    ("env.tools=[missing.py:f]", "env.tools=missing.py:f: there is no file"),
+    ("env.max_turns=0", "env.max_turns=0 must be >= 1"),
+    ("env.timeout_s=0", "env.timeout_s=0.0 must be > 0"),
+    ("env.tool_format=json", "env.tool_format='json' must be one of hermes"),
+])
+def test_env_mistakes_are_one_sentence_before_any_model_loads(override, message, tmp_path, capsys):
+    assert grpo("train", f"output_dir={tmp_path}", "data.chat_template=true", override) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_tools_without_the_chat_template_and_an_environment_without_reset_are_refused(tmp_path, capsys):
+    assert grpo("train", f"output_dir={tmp_path / 'a'}", f"env.fn_dir={INPUTS}", "env.tools=[trl_env.py:add]") == 2
+    assert "env.tools needs the chat template" in capsys.readouterr().err
+    (tmp_path / "envs.py").write_text("class NoReset:\n    def look(self) -> str:\n        return 'x'\n")
+    assert grpo("train", f"output_dir={tmp_path / 'b'}", f"env.fn_dir={tmp_path}", "env.factory=envs.py:NoReset",
+                "data.chat_template=true", "model.path=builtin:tiny-tools") == 2
+    assert "NoReset has no reset method" in capsys.readouterr().err
+    (tmp_path / "tools.py").write_text("def f(x):\n    return x\n")
+    assert grpo("train", f"output_dir={tmp_path / 'c'}", f"env.fn_dir={tmp_path}", "env.tools=[tools.py:f]",
+                "data.chat_template=true", "model.path=builtin:tiny-tools") == 2
+    err = capsys.readouterr().err
+    assert "'f' cannot be shown to the model as a tool" in err and "Traceback" not in err
