@@ -14,8 +14,9 @@ reports: `train` the run summary (reward_first, reward_last20, held-out accuraci
 `evaluate` the content of eval.json, `sample` one dict per completion. A mistake raises `GrpoError` with
 the sentence the command prints. `reward_funcs` (one callable or a list) takes functions defined in
 the notebook: each becomes a `reward=python` term named after the function, weighted by
-`reward_weights`. A run trained this way records the functions by name only: evaluate it from Python
-with the same `reward_funcs`.
+`reward_weights`. `tools` and `environment_factory` take TRL's tool functions and environment class
+(README, "Agents: tools and environments"). A run trained this way records the functions by name only:
+evaluate it from Python with the same `reward_funcs`, `tools` and `environment_factory`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,33 @@ from grpo_cli.errors import GrpoError
 MODULE = "grpo_cli.notebook_rewards"  # where reward_funcs live while a call runs, so reward.fn can name them
 
 
+def _register(f) -> str:
+    """`f` put in MODULE under its own name (numbered when another object holds it): its spec, MODULE:name."""
+    module = sys.modules.setdefault(MODULE, types.ModuleType(MODULE))
+    name = getattr(f, "__name__", "reward").replace("<lambda>", "reward")
+    taken = {n for n in vars(module) if not n.startswith("__")}
+    base, i = name, 2
+    while name in taken and getattr(module, name) is not f:
+        name, i = f"{base}_{i}", i + 1
+    setattr(module, name, f)
+    return f"{MODULE}:{name}"
+
+
+def _env_overrides(tools, environment_factory) -> list[str]:
+    """TRL's `tools` and `environment_factory`, given as Python objects, as env.tools and env.factory."""
+    out = []
+    if tools is not None:
+        tools = [tools] if callable(tools) else list(tools)
+        if not all(callable(t) for t in tools):
+            raise GrpoError("tools must be a function or a list of typed functions with docstrings.")
+        out.append(f"env.tools=[{','.join(map(_register, tools))}]")
+    if environment_factory is not None:
+        if not callable(environment_factory):
+            raise GrpoError("environment_factory must be a class (or a function) making one environment per episode.")
+        out.append(f"env.factory={_register(environment_factory)}")
+    return out
+
+
 def _reward_overrides(reward_funcs, reward_weights) -> list[str]:
     if reward_funcs is None:
         if reward_weights is not None:
@@ -37,17 +65,7 @@ def _reward_overrides(reward_funcs, reward_weights) -> list[str]:
     funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
     if not funcs or not all(callable(f) for f in funcs):
         raise GrpoError("reward_funcs must be a function or a list of functions fn(completions, **kwargs) -> floats.")
-    module = sys.modules.setdefault(MODULE, types.ModuleType(MODULE))
-    names = []
-    for f in funcs:
-        name = getattr(f, "__name__", "reward").replace("<lambda>", "reward")
-        taken = {n for n in vars(module) if not n.startswith("__")}
-        base, i = name, 2
-        while name in taken and getattr(module, name) is not f:
-            name, i = f"{base}_{i}", i + 1
-        setattr(module, name, f)
-        names.append(f"{MODULE}:{name}")
-    out = ["reward=python", f"reward.fn=[{','.join(names)}]"]
+    out = ["reward=python", f"reward.fn=[{','.join(map(_register, funcs))}]"]
     if reward_weights is not None:
         out.append(f"reward.weights=[{','.join(str(float(w)) for w in reward_weights)}]")
     return out
@@ -65,18 +83,24 @@ def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
 
 
 def train(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
-          reward_weights: Sequence[float] | None = None) -> dict:
+          reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
+          environment_factory: Callable | None = None) -> dict:
     """`grpo train OVERRIDES`; the run summary."""
-    return _call("train", overrides, _reward_overrides(reward_funcs, reward_weights))
+    return _call("train", overrides, _reward_overrides(reward_funcs, reward_weights)
+                 + _env_overrides(tools, environment_factory))
 
 
 def evaluate(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
-             reward_weights: Sequence[float] | None = None) -> dict:
+             reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
+             environment_factory: Callable | None = None) -> dict:
     """`grpo evaluate OVERRIDES`; the scores of every model (eval.json's content)."""
-    return _call("evaluate", overrides, _reward_overrides(reward_funcs, reward_weights))
+    return _call("evaluate", overrides, _reward_overrides(reward_funcs, reward_weights)
+                 + _env_overrides(tools, environment_factory))
 
 
 def sample(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
-           reward_weights: Sequence[float] | None = None) -> list[dict]:
+           reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
+           environment_factory: Callable | None = None) -> list[dict]:
     """`grpo sample OVERRIDES`; one dict per completion (prompt, completion, tokens, reward when scored)."""
-    return _call("sample", overrides, _reward_overrides(reward_funcs, reward_weights))
+    return _call("sample", overrides, _reward_overrides(reward_funcs, reward_weights)
+                 + _env_overrides(tools, environment_factory))

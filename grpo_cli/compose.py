@@ -58,6 +58,9 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "reward_weights": ("reward.weights", ""),
     "model_name_or_path": ("model.path", ""),
     "dataset_name": ("data.hub_name", "data=hub"),
+    "tools": ("env.tools", "GRPOTrainer's tools: env.tools=[my_tools.py:f,my_tools.py:g]"),
+    "environment_factory": ("env.factory", "GRPOTrainer's environment_factory: env.factory=my_env.py:MyEnv"),
+    "max_tool_calling_iterations": ("env.max_turns", "it counts model turns: TRL's iterations + 1"),
 }
 
 

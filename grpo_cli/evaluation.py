@@ -138,11 +138,13 @@ def show_table(rows: list[dict], result: dict, out_dir: Path, console) -> None:
                **({} if 1 in ks or not result["samples"] else {"sampled_accuracy": "sampled"}),
                **{f"pass@{k}": f"pass@{k}" for k in ks}, **{f"maj@{k}": f"maj@{k}" for k in ks if k > 1},
                "reward_mean": "reward", **({t: t.split("/", 1)[1] for t in terms} if len(terms) > 1 else {}),
-               "completion_len": "tokens", "truncated_frac": "trunc"}
+               "completion_len": "tokens", "truncated_frac": "trunc",
+               **({"turns": "turns", "tool_use_frac": "tool use"} if "turns" in rows[0] else {})}
+    episodes = "; turns: model turns per episode; tool use: share of episodes calling a tool" if "turns" in rows[0] else ""
     shown = [{**r, "checkpoint": name} for r, name in zip(rows, short_names([r["checkpoint"] for r in rows]))]
     sampled = f", {result['samples']} samples each" if result["samples"] else ""
     console.eval_table(
         shown, columns, title=f"{result['split']} split of data={result['data']}: {result['num_prompts']} prompts{sampled}",
         caption=f"correct: {result['correct']}; greedy: greedy accuracy; pass@k: unbiased, from all samples; maj@k: majority vote of k; reward: "
-                f"mean on greedy completions; tokens: their mean length; trunc: share cut off. {out_dir / 'eval.json'}",
+                f"mean on greedy completions; tokens: their mean length; trunc: share cut off{episodes}. {out_dir / 'eval.json'}",
     )

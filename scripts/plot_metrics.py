@@ -1,5 +1,7 @@
 """Plot a run's metrics.jsonl: reward, accuracy, KL, clip fraction and completion length against step,
-and the held-out accuracy of its eval/ rows (`trainer.eval_every`) when it has any.
+and the held-out accuracy of its eval/ rows (`trainer.eval_every`) when it has any. A run of episodes
+(env.tools / env.factory) shows the share of episodes calling a tool and the turns per episode in
+place of the clip fraction and completion length, and its held-out tool use beside the accuracy.
 
     python scripts/plot_metrics.py runs/2026-11-21_12-00-00            # writes RUN/metrics.png
     python scripts/plot_metrics.py runA runB --out compare.png          # overlays runs
@@ -21,6 +23,8 @@ PANELS = [
     ("clip_frac", "clip fraction (low + high)"),
     ("completion_len", "completion length (tokens)"),
 ]
+EPISODE_PANELS = PANELS[:3] + [("env/tool_use_frac", "episodes calling a tool (sampled)"),
+                               ("env/turns", "model turns per episode")]
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -70,13 +74,15 @@ def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
     fig, grid = plt.subplots(2, 3, figsize=(12, 6.4), constrained_layout=True)
     axes = list(grid.flat)
     held_out = axes.pop()
-    evaluated = False
+    evaluated, episodes = False, False
     for run in runs:
         rows, evals = read_rows(run), read_eval_rows(run)
+        episodes = episodes or any("env/turns" in r for r in rows)
+        panels = EPISODE_PANELS if episodes else PANELS
         steps = [r["step"] for r in rows]
         label = run.name if len(runs) > 1 else None
         colour = None
-        for ax, (key, title) in zip(axes, PANELS):
+        for ax, (key, title) in zip(axes, panels):
             values = [r.get(key, float("nan")) for r in rows]
             line = ax.plot(steps, values, alpha=0.25, linewidth=0.8)[0]
             colour = colour or line.get_color()
@@ -90,8 +96,12 @@ def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
             held_out.plot(at, [r["eval/accuracy"] for r in evals], "o-", color=colour, markersize=3, label=label)
             held_out.plot(at, [r.get("eval/sampled_accuracy", float("nan")) for r in evals], "s--", color=colour,
                           markersize=3, alpha=0.7)
+            if episodes:
+                held_out.plot(at, [r.get("eval/tool_use_frac", float("nan")) for r in evals], "^:", color=colour,
+                              markersize=3, alpha=0.7)
     if evaluated:
-        held_out.set_title("held-out accuracy (greedy solid, sampled dashed)", fontsize=10)
+        held_out.set_title("held-out accuracy (greedy solid, sampled dashed"
+                           + ("; greedy tool use dotted)" if episodes else ")"), fontsize=10)
         held_out.set_xlabel("step")
         held_out.grid(alpha=0.3)
     else:

@@ -41,3 +41,40 @@ def test_main_returns_the_run_summary():
 
     summary = main(["train", *FAST, "trainer.steps=1", "output_dir=/tmp/grpo_api_main", "overwrite=true"])
     assert summary["steps"] == 1 and summary["run_dir"] == "/tmp/grpo_api_main"
+
+
+def test_trl_tools_and_an_environment_class_are_taken_as_python_objects(tmp_path):
+    """train(..., tools=[fn], environment_factory=Class): TRL's arguments, defined here, not in a file."""
+    from grpo_cli import train
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: The first.
+            b: The second.
+        """
+        return a + b
+
+    class Notes:
+        made = 0
+
+        def reset(self, **row):
+            Notes.made += 1
+
+        def note(self, text: str) -> str:
+            """Keep a note.
+
+            Args:
+                text: The note.
+            """
+            return "ok"
+
+    summary = train("experiment=tool_use", f"output_dir={tmp_path}", "trainer.steps=1", "trainer.prompts_per_step=2",
+                    "sampler.group_size=2", "trainer.eval_before_after=false", "trainer.eval_every=0",
+                    "trainer.progress=false", tools=[add], environment_factory=Notes)
+    assert summary["steps"] == 1 and Notes.made == 4  # one environment per episode
+    config = (tmp_path / "config.yaml").read_text()
+    assert "grpo_cli.notebook_rewards:add" in config and "grpo_cli.notebook_rewards:Notes" in config
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "env/turns" in rows[0]

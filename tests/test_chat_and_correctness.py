@@ -46,7 +46,7 @@ def test_sample_and_evaluate_prompt_a_chat_model_with_the_ids_training_used(chat
 
     # evaluate the trained run with no data settings: the saved ones (chat template, system prompt) apply
     assert grpo("evaluate", f"checkpoint={run}/final", "samples=0", f"output_dir={tmp_path / 'eval'}") == 0
-    assert "using the data, sampler, reward settings saved with" in capsys.readouterr().err
+    assert "using the data, sampler, reward, env settings saved with" in capsys.readouterr().err
     assert set(prompt_ids[0]) == held_out and held_out <= training
     prompt_ids.clear()
 
@@ -77,7 +77,8 @@ class Rolls:
         n = len(prompts) * group_size
         out = self.completions[:n]
         return SimpleNamespace(completions=out, completion_mask=torch.ones(n, 2, dtype=torch.long),
-                               truncated=torch.zeros(n, dtype=torch.bool), completion_ids=lambda: [[1, 2]] * n)
+                               truncated=torch.zeros(n, dtype=torch.bool), completion_ids=lambda: [[1, 2]] * n,
+                               episodes=None)
 
 
 @pytest.fixture

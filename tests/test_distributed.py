@@ -71,6 +71,18 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, lora, at
     assert not (tmp_path / "two" / "checkpoints" / ".tmp-step-3").exists()
 
 
+def test_tool_episodes_on_two_ranks_match_one_process(tmp_path):
+    """experiment=tool_use: each rank runs its own prompts' episodes (calculator calls included), seeded by
+    the prompt's place in the global batch, so two ranks sample the episodes one process samples and the
+    update is the same; tolerance as above."""
+    args = ["experiment=tool_use", "trainer.steps=2"]
+    one_process(tmp_path / "one", *args)
+    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, *args])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    assert all(r["env/tool_calls"] > 0 for r in rows(tmp_path / "two"))  # the episodes did call the tool
+
+
 def test_a_two_rank_checkpoint_resumes_on_two_ranks_exactly_even_after_kill_9(tmp_path):
     straight = torchrun([f"output_dir={tmp_path / 'straight'}", *SHORT, "trainer.steps=4", "trainer.save_every=1"])
     assert straight.returncode == 0, straight.stderr[-3000:]

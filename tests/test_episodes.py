@@ -334,3 +334,44 @@ def test_tools_without_the_chat_template_and_an_environment_without_reset_are_re
                 "data.chat_template=true", "model.path=builtin:tiny-tools") == 2
     err = capsys.readouterr().err
     assert "'f' cannot be shown to the model as a tool" in err and "Traceback" not in err
+
+
+TOOL_RUN = ["experiment=tool_use", "trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.micro_batch_size=8",
+            "trainer.eval_before_after=false", "trainer.eval_every=0", "trainer.progress=false",
+            "trainer.log_completions_every=1", "algo.num_iterations=2", "trainer.threads=1"]
+
+
+def test_the_tool_use_demo_resumes_bitwise_and_is_evaluated_and_sampled_as_episodes(tmp_path, capsys):
+    """4 steps straight == 2 steps then resume=auto to 4 (weights and metrics rows, the calculator's episodes
+    included); `grpo evaluate` of the run reports turns and tool use; `grpo sample` prints the transcript."""
+    from safetensors.torch import load_file
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert grpo("train", f"output_dir={straight}", "trainer.steps=4", *TOOL_RUN) == 0
+    assert grpo("train", f"output_dir={resumed}", "trainer.steps=2", *TOOL_RUN) == 0
+    assert grpo("train", f"output_dir={resumed}", "trainer.steps=4", "resume=auto", *TOOL_RUN) == 0
+    a, b = load_file(straight / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = metric_rows(straight, timing=False)
+    assert rows == metric_rows(resumed, timing=False) and [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["env/tool_calls"] > 0 and r["env/turns"] > 1 for r in rows)
+    logged = read_jsonl(straight / "completions.jsonl")
+    calls = [r for r in logged if r["tool_calls"]]
+    assert calls and all("[tool add]" in r["completion"] and r["messages"][1]["role"] == "tool" for r in calls)
+    for r in calls:  # the tool's result is the sum of the arguments the model wrote
+        args = r["messages"][0]["tool_calls"][0]["function"]["arguments"]
+        assert r["messages"][1]["content"] == str(args["a"] + args["b"])
+    capsys.readouterr()
+
+    assert grpo("evaluate", f"checkpoint={straight}/final", "limit=20", "samples=2", "k=[1,2]",
+                f"output_dir={tmp_path / 'eval'}") == 0
+    (row,) = json.loads((tmp_path / "eval" / "eval.json").read_text())["rows"]
+    assert {"turns", "tool_use_frac", "tool_calls", "accuracy", "pass@2"} <= row.keys() and row["turns"] >= 1
+    assert grpo("sample", f"checkpoint={straight}/final", "prompt='347+589='", "answer=936", "sampler.group_size=3",
+                f"output={tmp_path / 's.jsonl'}") == 0
+    out = capsys.readouterr().out
+    samples = read_jsonl(tmp_path / "s.jsonl")
+    assert len(samples) == 3 and all("messages" in s and "turns" in s for s in samples)
+    assert "[assistant]" in out  # the transcript, a line per message
+    for s in samples:  # the reward is the final answer's
+        assert s["reward"] == float(s["messages"][-1]["content"].strip() == "936")
