@@ -334,7 +334,7 @@ class EpisodeGenerator:
         reset = getattr(ep.environment, "reset", None)
         if reset is None:
             return ep
-        text, error = self._call(ep, reset, **{k: v for k, v in row.items() if not k.startswith("_")})
+        text, error = self._call(ep, reset, **reset_arguments(row))
         if error is not None:
             raise GrpoError(f"env.factory={self.cfg.factory}: reset() failed ({error}); fix the environment's reset.")
         if text:
@@ -462,6 +462,19 @@ class EpisodeGenerator:
             completions=[ep.final_text for ep in episodes], pad_token_id=pad,
             sampler_logp=(logps.to(device) * action) if with_logprobs else None, episodes=episodes,
         )
+
+
+def reset_arguments(row: dict) -> dict:
+    """What reset(**row) gets: the dataset row's columns, the prompt as the user wrote it (chat messages on
+    conversational data, as TRL passes the example) rather than rendered by the chat template."""
+    from grpo_cli.data import USER_PROMPT
+    from grpo_cli.rewards import PROMPT_MESSAGES
+
+    args = {k: v for k, v in row.items() if not k.startswith("_")}
+    given = row.get(PROMPT_MESSAGES) or row.get(USER_PROMPT)
+    if given is not None:
+        args["prompt"] = given
+    return args
 
 
 def _step_result(value) -> tuple[str, float, bool]:

@@ -86,3 +86,10 @@ def generate(generator, model, prompts: list[str], group_size: int, sampling, se
     if getattr(generator, "takes_columns", False):
         kwargs["columns"] = columns
     return generator.generate(model, prompts, group_size, sampling, seeds, **kwargs)
+
+
+def close_all() -> None:
+    """Close every generator of this process (before the process group goes: an engine that shares
+    torch.distributed's default group must shut down while it is there)."""
+    for generator in list(_LIVE):
+        generator.close()

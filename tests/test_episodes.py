@@ -28,6 +28,7 @@ from grpo_cli.generators import GENERATORS, make_generator, register_generator
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.models import load_model, load_tokenizer
 from grpo_cli.objective import policy_loss
+from grpo_cli.rewards.python_fn import load_function
 
 INPUTS = __import__("pathlib").Path(__file__).parent / "inputs"
 
@@ -241,6 +242,7 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
     from grpo_cli.trainer import train
 
     Scripted.SCRIPT = [call("increment", step=3), call("read"), call("add", a=1, b=2), "done"]
+    load_function("trl_env.py:Counter", str(INPUTS)).prompts.clear()
     cfg = small_cfg(tmp_path, qwen_dir, tools=["trl_env.py:add"], factory="trl_env.py:Counter", max_turns=4,
                     max_tokens=400)
     train(cfg, tmp_path, Console(progress=False))
@@ -259,7 +261,9 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
         assert [m["content"] for m in row["messages"] if m["role"] == "tool"] == ["counter is 3", "3", "3"]
         assert row["reward"] == float(row["answer"] == "3") + 0.0  # Counter: value 3 == answer; "done" has no number
         assert "[tool increment] counter is 3" in row["completion"]
-    # reset()'s text went onto the user's message, before the generation prompt
+    # reset() got the prompt as the user wrote it; its text went onto the user's message
+    counter = load_function("trl_env.py:Counter", str(INPUTS))
+    assert len(counter.prompts) == 8 and all(p.endswith("=") and "<|im_start|>" not in p for p in counter.prompts)
     first = Scripted.contexts[0]
     assert " (start at 0)<|im_end|>" in load_tokenizer(str(qwen_dir)).decode(first)
 

@@ -210,24 +210,34 @@ def test_an_engine_that_cannot_start_is_one_sentence_and_exit_2(tmp_path):
 
 def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     """experiment=tool_use's model and calculator: each engine drives the same episodes (call, result,
-    answer), turn by turn from token ids; greedy, the transcripts and every token id agree."""
+    answer), turn by turn from token ids; greedy, the transcripts and every token id agree. The prompts are
+    the first training problems on which the base model calls its tool greedily (it rarely does), and as
+    many on which it answers directly."""
     from grpo_cli.config import EnvConfig
+    from grpo_cli.data import long_addition_problems
     from grpo_cli.episodes import EnvSpec
     from grpo_cli.generators import make_generator
 
     tokenizer = load_tokenizer("builtin:tiny-tools")
     model = load_model("builtin:tiny-tools", device="cpu")
     spec = EnvSpec(EnvConfig(tools=["grpo_cli.demo_tools:add"], max_turns=3, max_tokens=160))
+    users = long_addition_problems(3, 10000, 200, 0)["train"]["prompt"][:1500]
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tools=spec.schemas, tokenize=False,
-                                             add_generation_prompt=True)
-               for p in ("347+589=", "12+990=", "5+7=", "608+417=", "999+999=", "40+2=")]
-    rolls = {}
-    for name in ("hf", "vllm"):
-        settings = GeneratorConfig(name=name, kv_cache_gib=0.0625)
-        gen = make_generator(settings, tokenizer, chat_template=True, precision=Precision("fp32"), device="cpu", env=spec)
-        rolls[name] = gen.generate(model, prompts, 1, Sampling(64, greedy=True))
-        gen.close()
-    hf, vllm = rolls["hf"], rolls["vllm"]
-    assert [ep.messages for ep in hf.episodes] == [ep.messages for ep in vllm.episodes]
-    assert [ep.ids for ep in hf.episodes] == [ep.ids for ep in vllm.episodes]
-    assert any(ep.tool_calls for ep in hf.episodes)  # the transcripts do call the calculator
+                                             add_generation_prompt=True) for p in users]
+
+    def episodes(name, chosen):
+        gen = make_generator(GeneratorConfig(name=name, kv_cache_gib=0.0625), tokenizer, chat_template=True,
+                             precision=Precision("fp32"), device="cpu", env=spec)
+        try:
+            return gen.generate(model, chosen, 1, Sampling(80, greedy=True)).episodes
+        finally:
+            gen.close()
+
+    found = episodes("hf", prompts)
+    calling = [p for p, ep in zip(prompts, found) if ep.tool_calls][:6]
+    direct = [p for p, ep in zip(prompts, found) if not ep.tool_calls][:6]
+    assert len(calling) >= 2, "the base model should call its tool greedily on a few of 1,500 problems"
+    hf, vllm = episodes("hf", calling + direct), episodes("vllm", calling + direct)
+    assert [ep.messages for ep in hf] == [ep.messages for ep in vllm]
+    assert [ep.ids for ep in hf] == [ep.ids for ep in vllm] and [ep.action for ep in hf] == [ep.action for ep in vllm]
+    assert all(ep.turns == 2 and ep.messages[1]["role"] == "tool" for ep in hf[: len(calling)])

@@ -47,7 +47,10 @@ def numbers(n: int) -> list:
 class Counter:
     """A counter the model must bring to the row's answer: increment it, read it, then answer."""
 
+    prompts = []  # what every reset() was given as the prompt
+
     def reset(self, **kwargs):
+        Counter.prompts.append(kwargs["prompt"])
         self.target = int(kwargs["answer"])
         self.value = 0
         self.salt = random.random()  # seeded by the trainer per episode: the same in every run
