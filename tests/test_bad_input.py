@@ -72,6 +72,16 @@ def w(tmp_path_factory):
         "not_callable = 3\n"
     )
     sys.path.insert(0, str(rewards))
+    (root / "envs.py").write_text(
+        "class NoReset:\n    def look(self) -> str:\n        return 'x'\n"
+        "def untyped(x):\n    return x\n"
+        "class BadReset:\n    def reset(self, **row):\n        raise KeyError('level')\n"
+        "    def step(self, text):\n        return 'x', 0.0, True\n"
+        "class NumberReset:\n    def reset(self, **row):\n        return 5\n"
+        "    def step(self, text):\n        return 'x', 0.0, True\n"
+        "class BadStep:\n    def reset(self, **row):\n        return None\n"
+        "    def step(self, text):\n        return 'x'\n"
+    )
     return {"root": root, "run": run, "file": root / "file", "truncated": truncated, "empty_config": empty_config,
             "no_config": root / "no_config", "damaged_run": damaged_run, "empty_state": empty_state,
             "empty": root / "empty.jsonl", "mixed": root / "mixed.jsonl", "badjson": root / "bad.jsonl",
@@ -240,6 +250,26 @@ CASES = [
     ("evaluate +foo=1", "foo is not a setting"),
     ("evaluate checkpoint=[] output_dir={root}/e5", "checkpoint=[] names no model"),
     ("evaluate split=validation data.max_operand=9 data.num_test=20 output_dir={root}/e6", "split='validation' is not in data"),
+    # environments and tools (env.*)
+    (TRAIN + " env.max_turns=0", "env.max_turns=0 must be >= 1"),
+    (TRAIN + " env.max_tokens=0", "env.max_tokens=0 must be >= 1"),
+    (TRAIN + " env.timeout_s=-1", "env.timeout_s=-1.0 must be > 0"),
+    (TRAIN + " env.tool_format=json", "env.tool_format='json' must be one of hermes"),
+    (TRAIN + " env.tools=[grpo_cli.demo_tools:add]", "env.tools needs the chat template"),
+    (TRAIN + " env.tools=[/missing.py:f] data.chat_template=true", "env.tools=/missing.py:f: there is no file /missing.py"),
+    (TRAIN + " env.tools=[no_such_module_xyz:f] data.chat_template=true",
+     "env.tools='no_such_module_xyz:f' cannot be imported"),
+    (TRAIN + " env.fn_dir={root} env.factory=envs.py:NoReset", "NoReset has no reset method"),
+    (TRAIN + " env.fn_dir={root} env.tools=[envs.py:untyped] model.path=builtin:tiny-tools data.chat_template=true",
+     "'untyped' cannot be shown to the model as a tool"),
+    ("train output_dir={root}/r1 env.fn_dir={root} env.factory=envs.py:BadReset " + " ".join(FAST),
+     "reset() failed ('level')"),
+    ("train output_dir={root}/r2 env.fn_dir={root} env.factory=envs.py:NumberReset " + " ".join(FAST),
+     "reset() returned int"),
+    ("train output_dir={root}/r3 env.fn_dir={root} env.factory=envs.py:BadStep " + " ".join(FAST),
+     "step() returned 'x'; it must return (observation, reward, done)"),
+    ("evaluate env.max_turns=0", "env.max_turns=0 must be >= 1"),
+    ("sample prompt=x env.tool_format=json", "env.tool_format='json' must be one of hermes"),
     # grpo sample
     ("sample", "no prompt given"),
     ("sample prompts_file=/missing.txt", "prompts_file=/missing.txt does not exist"),
