@@ -4,6 +4,8 @@ step asks capabilities (`returns_logprobs`, `needs_weights`), never names.
 
 A backend written anywhere (a test module, a plugin) is one class with this shape, added with
 `register_generator(name, factory)`; `generator.name=NAME` then trains, evaluates and samples with it.
+Multi-turn episodes (env.tools, env.factory) also need `complete(model, contexts, sampling, seeds, *,
+with_logprobs)`: one continuation of each context's token ids (HFGenerator.complete says what it returns).
 Built-ins are named by import path and imported only when chosen, so this module imports no torch
 and `checks.py` reads the names before anything heavy loads.
 """
