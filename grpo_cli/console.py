@@ -110,19 +110,20 @@ class Console:
         yield advance
 
     def step(self, row: dict) -> None:
+        tools = f"  tool use {row['env/tool_use_frac']:.2f}" if "env/tool_use_frac" in row else ""  # episodes
         if self._plain is not None:
             p, now, step = self._plain, time.monotonic(), row["step"]
             if step % p["every"] == 0 or step == p["total"] or now - p["last"] >= p["seconds"]:
                 p["last"] = now
                 done = step - p["first"]
                 left = (now - p["t0"]) / max(done, 1) * (p["total"] - step)
-                self.rich.print(f"{self.label}step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}  "
-                                f"{row['seconds']:.2f} s/step  eta {_clock(left)}", highlight=False)
+                self.rich.print(f"{self.label}step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}"
+                                f"{tools}  {row['seconds']:.2f} s/step  eta {_clock(left)}", highlight=False)
             return
         if self._progress is None:
             if not self.show_progress:
                 self.rich.print(
-                    f"{self.label}step {row['step']}: reward {row['reward_mean']:.3f} kl {row['kl']:.4f} "
+                    f"{self.label}step {row['step']}: reward {row['reward_mean']:.3f} kl {row['kl']:.4f}{tools} "
                     f"{row['seconds']:.2f}s"
                 )
             return

@@ -102,8 +102,8 @@ def environment(cfg, reward=None) -> "EnvSpec | None":
     if not (cfg.tools or cfg.factory):
         return None
     spec = EnvSpec(cfg, cfg.fn_dir)
-    if reward is not None and spec.reward_name and hasattr(reward, "add_environment_term"):
-        reward.add_environment_term(spec.reward_name, getattr(spec.cls, "max_reward", 1.0))
+    if reward is not None:
+        spec.score_with(reward)
     return spec
 
 
@@ -131,6 +131,11 @@ class EnvSpec:
         self.reward_name = cls.__name__ if cls is not None and (self.kind == "step" or hasattr(cls, "get_reward")) else None
         self.parse = PARSERS[cfg.tool_format]
 
+    def score_with(self, reward) -> None:
+        """An environment with get_reward(), or a step environment, adds its reward to `reward` as a term."""
+        if self.reward_name and hasattr(reward, "add_environment_term"):
+            reward.add_environment_term(self.reward_name, getattr(self.cls, "max_reward", 1.0))
+
     def new(self):
         return self.factory() if self.factory is not None else None
 
@@ -154,7 +159,9 @@ def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float):
     def target():
         try:
             box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller, which decides
+        except SystemExit as e:  # a tool must not end the run: it is an error the model reads
+            box["error"] = RuntimeError(f"called sys.exit({e.code!r})")
+        except Exception as e:  # handed back to the caller, which decides
             box["error"] = e
 
     thread = threading.Thread(target=target, daemon=True, name=f"grpo-env-{getattr(fn, '__name__', 'call')}")

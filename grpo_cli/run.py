@@ -214,7 +214,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                           (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
     reward_fn = build_reward(cfg.reward)
     if env is not None:
-        environment(cfg.env, reward_fn)  # an environment that scores episodes is one more reward term
+        env.score_with(reward_fn)  # an environment that scores episodes is one more reward term
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     restore_optimizer(state, resume_from, policy, optimizer, scheduler, world, console)
     resumed_at, writes = state.get("step", 0), dist.is_main  # rank 0 writes every file of the run

@@ -3,6 +3,8 @@ metrics.jsonl reaches the tracker at its step (checked by reading the tracker's 
 
 import importlib.util
 
+import uuid
+
 import pytest
 
 from helpers import SMALL, SMALL_DATA, grpo, metric_rows
@@ -66,10 +68,13 @@ def test_mlflow_local_store_gets_every_row_at_its_step(tmp_path, monkeypatch):
 def test_trackio_local_gets_every_row(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     monkeypatch.delenv("TRACKIO_SPACE_ID", raising=False)
-    rows = train(tmp_path / "run", "trainer.trackers=[trackio]", "trainer.tracker_project=p")
+    # trackio reads TRACKIO_DIR when first imported: once another test has imported it, rows go to its
+    # default directory, which outlives the test; a project of its own keeps earlier runs' rows out
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    rows = train(tmp_path / "run", "trainer.trackers=[trackio]", f"trainer.tracker_project={project}")
     import trackio.sqlite_storage as storage
 
-    logged = storage.SQLiteStorage.get_logs("p", "run")
+    logged = storage.SQLiteStorage.get_logs(project, "run")
     values = [(m["step"], m["reward_mean"]) for m in logged if "reward_mean" in m]
     assert values == [(r["step"], pytest.approx(r["reward_mean"])) for r in rows]
 

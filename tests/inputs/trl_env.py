@@ -3,6 +3,7 @@ used unchanged by tests/test_episodes.py: typed functions with Google-style docs
 `reset(**row)`, public methods as tools and `get_reward()`."""
 
 import random
+import sys
 import time
 
 
@@ -33,6 +34,15 @@ def slow(x: int) -> str:
     """
     time.sleep(30)
     return "late"
+
+
+def quits(x: int) -> str:
+    """A tool that tries to end the process.
+
+    Args:
+        x: Any integer.
+    """
+    sys.exit(1)
 
 
 def numbers(n: int) -> list:
