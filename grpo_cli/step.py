@@ -366,8 +366,7 @@ def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | Non
         for g in range(min(groups, len(roll.prompts))) for j in range(G)
     ]
     if roll.episodes is not None:  # the whole transcript: every turn, tool call and result
-        for r, g, j in ((r, i // G, i % G) for i, r in enumerate(rows)):
-            ep = roll.episodes[g * G + j]
+        for r, ep in zip(rows, roll.episodes):  # rows are the first groups' completions, in order
             r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
                      cut=ep.cut)
     return rows
