@@ -4,12 +4,15 @@ format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as Qwen's) a
 `<tool_response>...</tool_response>`, and a warm-up that teaches two ways to answer `a+b=` for
 operands up to 999:
 - with probability `p_tool`, call the calculator (`add`, grpo_cli/demo_tools.py) and copy its result;
-- otherwise answer directly, with the tiny model's slips (a dropped carry, one too high on odd sums)
-  on most problems: its own three-digit sums are right about a fifth of the time.
+- otherwise answer directly, with the tiny model's slips (a dropped carry, one too high on odd sums):
+  a fifth of those targets are right, and the model, too small to add three-digit numbers, ends up
+  right on 3% of held-out problems when it answers greedily.
 
-So the base model can use its tool but mostly does not, and what RL has to discover is that calling it
-pays: the held-out success rate climbs with the tool-use rate (README, "Agents: tools and
-environments"). `python scripts/build_tiny_model.py --tools` rebuilds it (about 5 minutes on 2 cores).
+So the base model can use its tool but mostly does not (a quarter of sampled episodes call it, 1% of
+greedy ones), and what RL has to discover is that calling it pays: the held-out success rate climbs
+with the tool-use rate (README, "Agents: tools and environments"). Its copying is imperfect (a third
+of its sampled tool episodes copy an argument or the result wrong), which caps what RL reaches.
+`python scripts/build_tiny_model.py --tools` rebuilds it (about 15 minutes on one core).
 """
 
 from __future__ import annotations
