@@ -100,8 +100,8 @@ def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
                 held_out.plot(at, [r.get("eval/tool_use_frac", float("nan")) for r in evals], "^:", color=colour,
                               markersize=3, alpha=0.7)
     if evaluated:
-        held_out.set_title("held-out accuracy (greedy solid, sampled dashed"
-                           + ("; greedy tool use dotted)" if episodes else ")"), fontsize=10)
+        held_out.set_title("held-out: greedy (solid), sampled (dashed), tool use (dotted)" if episodes
+                           else "held-out accuracy (greedy solid, sampled dashed)", fontsize=10)
         held_out.set_xlabel("step")
         held_out.grid(alpha=0.3)
     else:
