@@ -381,3 +381,31 @@ def test_the_tool_use_demo_resumes_bitwise_and_is_evaluated_and_sampled_as_episo
     assert "[assistant]" in out  # the transcript, a line per message
     for s in samples:  # the reward is the final answer's
         assert s["reward"] == float(s["messages"][-1]["content"].strip() == "936")
+
+
+def test_the_readme_tools_and_environment_run_as_written(tmp_path, monkeypatch):
+    """README, "Agents": its my_tools.py (a TRL tool and a TRL environment class) trains one step as it is,
+    on the built-in tool model (the README's commands name a hub model, which this machine cannot fetch)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = text[text.index("cat > my_tools.py <<'EOF2'") :].split("\n", 1)[1].split("\nEOF2\n", 1)[0]
+    (tmp_path / "my_tools.py").write_text(code + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert grpo("train", "experiment=tool_use", "env.tools=[my_tools.py:multiply]", "env.factory=my_tools.py:Counter",
+                "output_dir=run", *TOOL_RUN, "trainer.steps=1") == 0
+    (row,) = metric_rows(tmp_path / "run", training=True)
+    assert "reward/Counter" in row and "env/turns" in row
+
+
+@pytest.mark.parametrize("extra", [["model.lora.r=4", "optimizer.lr=3e-3"], ["algo.behaviour=lagged", "algo.behaviour_refresh=2"]],
+                         ids=["lora", "lagged-behaviour"])
+def test_episodes_train_under_lora_and_off_policy(extra, tmp_path):
+    """LoRA (the reference is the base with the adapter off) and a lagged behaviour policy (its log-probs
+    recomputed over whole episodes) both train the tool demo; the behaviour KL is measured on model tokens."""
+    assert grpo("train", f"output_dir={tmp_path}", *TOOL_RUN, "trainer.steps=3", *extra) == 0
+    rows = metric_rows(tmp_path, training=True)
+    assert len(rows) == 3 and all(r["env/tool_calls"] > 0 and math.isfinite(r["loss"]) for r in rows)
+    assert all(math.isfinite(r["kl_behaviour"]) and r["kl_behaviour"] >= 0 for r in rows)
+    if "model.lora.r=4" in extra:
+        assert (tmp_path / "final" / "adapter" / "adapter_config.json").exists()
