@@ -121,15 +121,18 @@ def warm_up(
     p_correct: float = 0.35,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    make_batch: Callable[[random.Random], tuple] | None = None,
 ) -> None:
-    """Supervised pass on noisy targets, one-cycle learning rate."""
+    """Supervised pass on noisy targets, one-cycle learning rate. `make_batch(rng)` -> (ids, attention mask,
+    labels) replaces the arithmetic targets (tiny_tools.py's tool-calling ones)."""
     rng = random.Random(seed)
+    make_batch = make_batch or (lambda r: _sft_batch(pairs, r, tokenizer, batch_size, p_correct))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     model.train()
     start = time.time()
     for step in range(1, steps + 1):
-        ids, mask, labels = _sft_batch(pairs, rng, tokenizer, batch_size, p_correct)
+        ids, mask, labels = make_batch(rng)
         loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -91,20 +90,6 @@ def build(out_dir: str | Path, steps: int = 1200, p_tool: float = 0.25, p_correc
     train = long_addition_problems(3, 10000, 200, 0)["train"]
     pairs = list(zip(train["a"], train["b"]))
     log(f"tiny tool model: {sum(p.numel() for p in model.parameters()):,} parameters, {len(pairs)} training problems")
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    model.train()
-    start = time.time()
-    for step in range(1, steps + 1):
-        ids, mask, labels = _batch(pairs, rng, tokenizer, batch_size, p_tool, p_correct)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step % max(1, steps // 10) == 0 or step == steps:
-            log(f"warm-up step {step}/{steps}  loss {loss.item():.3f}  {time.time() - start:.0f}s")
-    model.eval()
+    tiny.warm_up(model, tokenizer, pairs, steps, lr=lr, seed=seed, log=log,
+                 make_batch=lambda rng: _batch(pairs, rng, tokenizer, batch_size, p_tool, p_correct))
     return tiny.save(model, tokenizer, out_dir)

@@ -129,6 +129,19 @@ def fingerprint(model) -> tuple:
             tuple(layer.disable_adapters for layer in _lora_layers(model).values()))
 
 
+def sampling_params(sampling: Sampling, seeds: list[int] | None, count: int, n: int, eos: list[int], with_logprobs: bool):
+    """vLLM's SamplingParams for `count` requests of `n` samples each, seeded per request: exactly the
+    tempered softmax (with top-k / top-p) the trainer scores, stopped at any EOS id, ids not text."""
+    from vllm import SamplingParams
+
+    common = dict(n=n, max_tokens=sampling.max_new_tokens, stop_token_ids=eos, detokenize=False,
+                  skip_special_tokens=False, logprobs=0 if with_logprobs else None)
+    if sampling.greedy:
+        return [SamplingParams(temperature=0.0, **common)] * count
+    return [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=int(seed),
+                           **common) for seed in seeds]
+
+
 class VLLMGenerator(PromptIds):
     """`generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`, as HFGenerator, with a
     vLLM engine holding the sampling weights (see the module docstring)."""
@@ -241,7 +254,6 @@ class VLLMGenerator(PromptIds):
     def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
                  *, with_logprobs: bool = True) -> Rollout:
         """`group_size` completions of each prompt, with the sampling log-probs in roll.sampler_logp."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         prompts = list(prompts)
@@ -251,13 +263,7 @@ class VLLMGenerator(PromptIds):
         llm = self.engine(model)
         # Greedy completions of a prompt are all the same: vLLM makes one (it refuses n > 1), repeated G times.
         n = 1 if sampling.greedy else group_size
-        common = dict(n=n, max_tokens=sampling.max_new_tokens, stop_token_ids=eos, detokenize=False,
-                      skip_special_tokens=False, logprobs=0 if with_logprobs else None)
-        if sampling.greedy:
-            params = [SamplingParams(temperature=0.0, **common)] * len(prompts)
-        else:
-            params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                     seed=int(seed), **common) for seed in seeds]
+        params = sampling_params(sampling, seeds, len(prompts), n, eos, with_logprobs)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
         rows = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index) for _ in range(group_size // n)]
         width = max([len(c.token_ids) for c in rows] + [0])
@@ -277,18 +283,11 @@ class VLLMGenerator(PromptIds):
                  with_logprobs: bool = True):
         """One continuation of each context's token ids (an episode so far; episodes.py), seeded per row, as
         HFGenerator.complete: [(ids up to and including EOS, sampling log-probs or None, ended with EOS)]."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         eos = eos_token_ids(model, self.tokenizer)
         llm = self.engine(model)
-        common = dict(n=1, max_tokens=sampling.max_new_tokens, stop_token_ids=eos, detokenize=False,
-                      skip_special_tokens=False, logprobs=0 if with_logprobs else None)
-        if sampling.greedy:
-            params = [SamplingParams(temperature=0.0, **common)] * len(contexts)
-        else:
-            params = [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                                     seed=int(seed), **common) for seed in seeds]
+        params = sampling_params(sampling, seeds, len(contexts), 1, eos, with_logprobs)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in contexts], params, use_tqdm=False)
         out = []
         for o in outputs:
