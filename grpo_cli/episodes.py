@@ -232,6 +232,7 @@ class EnvTokens:
 
     def __init__(self, tokenizer, eos_ids: list[int], chat_template: bool):
         self.tokenizer, self.eos, self.chat = tokenizer, set(eos_ids), chat_template
+        self._prefixes: dict[str | None, tuple[list, list[int]]] = {}  # the dummy conversation, by tool name
 
     def _ids(self, messages, generation_prompt: bool, tools=None) -> list[int]:
         out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
@@ -242,14 +243,16 @@ class EnvTokens:
         """Ids of `new` (tool messages, or one user observation) and the next assistant header."""
         if not self.chat:  # plain prompts: an observation is appended as its own text
             return self.tokenizer("".join(m["content"] for m in new), add_special_tokens=False)["input_ids"]
-        assistant = {"role": "assistant", "content": "x"}
-        if tool_name is not None:
-            assistant = {"role": "assistant", "content": "",
-                         "tool_calls": [{"type": "function", "function": {"name": tool_name, "arguments": {}}}]}
-        dummy = [{"role": "user", "content": "x"}, assistant]
-        prefix = self._ids(dummy, False)
-        ends = [i for i, t in enumerate(prefix) if t in self.eos]
-        prefix = prefix[: ends[-1] + 1] if ends else prefix
+        if tool_name not in self._prefixes:
+            assistant = {"role": "assistant", "content": "x"}
+            if tool_name is not None:
+                assistant = {"role": "assistant", "content": "",
+                             "tool_calls": [{"type": "function", "function": {"name": tool_name, "arguments": {}}}]}
+            dummy = [{"role": "user", "content": "x"}, assistant]
+            prefix = self._ids(dummy, False)
+            ends = [i for i, t in enumerate(prefix) if t in self.eos]
+            self._prefixes[tool_name] = dummy, prefix[: ends[-1] + 1] if ends else prefix
+        dummy, prefix = self._prefixes[tool_name]
         full = self._ids(dummy + new, True)
         if full[: len(prefix)] != prefix:
             raise GrpoError("The chat template renders an assistant turn differently once a tool or user message "
