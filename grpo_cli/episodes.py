@@ -31,6 +31,7 @@ numbers is repeatable and a resumed run matches an uninterrupted one.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import random
@@ -152,13 +153,15 @@ class Timeout(Exception):
 
 
 def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float):
-    """fn(*args, **kwargs) on a daemon thread, waited for `timeout` seconds: its result, or it raises what fn
-    raised, or Timeout (the thread is left to finish on its own: Python cannot stop it)."""
+    """fn(*args, **kwargs) on a daemon thread (an async fn run to completion there), waited for `timeout`
+    seconds: its result, or it raises what fn raised, or Timeout (the thread is left to finish on its own:
+    Python cannot stop it)."""
     box: dict[str, Any] = {}
 
     def target():
         try:
-            box["value"] = fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
+            box["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value  # TRL's async tools
         except SystemExit as e:  # a tool must not end the run: it is an error the model reads
             box["error"] = RuntimeError(f"called sys.exit({e.code!r})")
         except Exception as e:  # handed back to the caller, which decides

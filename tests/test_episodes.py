@@ -272,14 +272,15 @@ def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are
     from grpo_cli.trainer import train
 
     Scripted.SCRIPT = [call("broken", x=1) + "\n" + call("slow", x=1) + "\n" + call("numbers", n=3) + "\n"
-                       + call("nope") + "\n<tool_call>{oops</tool_call>\n" + call("quits", x=1), "5"]
+                       + call("nope") + "\n<tool_call>{oops</tool_call>\n" + call("quits", x=1) + "\n"
+                       + call("fetch", key="k"), "5"]
     cfg = small_cfg(tmp_path, qwen_dir, tools=["trl_env.py:broken", "trl_env.py:slow", "trl_env.py:numbers",
-                                               "trl_env.py:quits"],
+                                               "trl_env.py:quits", "trl_env.py:fetch"],
                     timeout_s=0.3, max_tokens=1000)
     cfg.trainer.steps, cfg.sampler.max_new_tokens = 1, 600
     train(cfg, tmp_path, Console(progress=False))
     (r,) = metric_rows(tmp_path, training=True)
-    assert r["env/tool_calls"] == 6 and r["env/errors"] == 4 and r["env/timeouts"] == 1 and r["env/non_string"] == 1
+    assert r["env/tool_calls"] == 7 and r["env/errors"] == 4 and r["env/timeouts"] == 1 and r["env/non_string"] == 1
     assert r["env/turns"] == 2 and r["env/seconds"] >= 0.3 * 4  # each of 4 episodes waited out the slow tool
     tool_messages = [m["content"] for m in read_jsonl(tmp_path / "completions.jsonl")[0]["messages"] if m["role"] == "tool"]
     assert tool_messages[0] == str({"error": "cannot handle 1"})  # TRL's wording
@@ -288,6 +289,7 @@ def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are
     assert tool_messages[3] == str({"error": "Tool nope not found."})
     assert tool_messages[4].startswith("{'error': ") and "malformed tool call" in tool_messages[4]
     assert tool_messages[5] == str({"error": "called sys.exit(1)"})  # a tool cannot end the run
+    assert tool_messages[6] == "value of k"  # an async tool is awaited
 
 
 def test_a_step_environment_plays_turns_until_done_on_plain_prompts(qwen_dir, scripted, tmp_path):

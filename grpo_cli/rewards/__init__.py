@@ -79,8 +79,12 @@ class Reward:
         def term(batch: Batch) -> list:
             if batch.episodes is None:
                 raise GrpoError(f"The {name} reward needs episodes; it is scored only with env.factory set.")
-            return [ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
-                    for ep in batch.episodes]
+            import asyncio
+            import inspect
+
+            values = [ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
+                      for ep in batch.episodes]
+            return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward
 
         term.user_code, term.max_value = True, max_value
         self.terms[name] = term

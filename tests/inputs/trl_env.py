@@ -2,6 +2,7 @@
 used unchanged by tests/test_episodes.py: typed functions with Google-style docstrings, and a class with
 `reset(**row)`, public methods as tools and `get_reward()`."""
 
+import asyncio
 import random
 import sys
 import time
@@ -34,6 +35,16 @@ def slow(x: int) -> str:
     """
     time.sleep(30)
     return "late"
+
+
+async def fetch(key: str) -> str:
+    """An async tool, as TRL accepts them.
+
+    Args:
+        key: What to fetch.
+    """
+    await asyncio.sleep(0)
+    return f"value of {key}"
 
 
 def quits(x: int) -> str:
@@ -79,7 +90,7 @@ class Counter:
         """The counter's value."""
         return self.value
 
-    def get_reward(self) -> float:
+    async def get_reward(self) -> float:  # TRL accepts an async get_reward (an LLM judge, say)
         return float(self.value == self.target)
 
 
