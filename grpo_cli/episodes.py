@@ -404,11 +404,9 @@ class EpisodeGenerator:
                 ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
                 ep.turns += 1
                 self._after_turn(ep, ids, finished, turn, env_tokens)
-            live = [ep for ep in live if not ep.done]
+            live = [ep for ep in live if not ep.done]  # the last turn ends every episode (_after_turn)
             if not live:
                 break
-        for ep in live:  # out of turns while the environment still had more to say
-            ep.done, ep.cut = True, "turns"
         return self._rollout(prompts, G, episodes, with_logprobs, eos, model)
 
     def _after_turn(self, ep: Episode, ids: list[int], finished: bool, turn: int, env_tokens: EnvTokens) -> None:
