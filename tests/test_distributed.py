@@ -71,13 +71,14 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, lora, at
     assert not (tmp_path / "two" / "checkpoints" / ".tmp-step-3").exists()
 
 
-def test_tool_episodes_on_two_ranks_match_one_process(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_tool_episodes_on_two_ranks_match_one_process(strategy, tmp_path):
     """experiment=tool_use: each rank runs its own prompts' episodes (calculator calls included), seeded by
     the prompt's place in the global batch, so two ranks sample the episodes one process samples and the
     update is the same; tolerance as above."""
     args = ["experiment=tool_use", "trainer.steps=2"]
     one_process(tmp_path / "one", *args)
-    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, *args])
+    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, *args, f"trainer.strategy={strategy}"])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert_same_run(tmp_path / "one", tmp_path / "two", atol=1e-5)
     assert all(r["env/tool_calls"] > 0 for r in rows(tmp_path / "two"))  # the episodes did call the tool
