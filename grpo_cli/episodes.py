@@ -475,6 +475,21 @@ class EpisodeGenerator:
         )
 
 
+def context_note(cfg, model, tokenizer, prompts: list[str], chat_template: bool) -> str | None:
+    """A warning when the longest prompt plus env.max_tokens runs past the model's positions (an episode
+    that long is scored where the model was never trained), or None."""
+    from grpo_cli.generation import encode_prompts
+
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not positions or not prompts:
+        return None
+    longest = max(len(ids) for ids in encode_prompts(tokenizer, list(prompts), chat_template))
+    if longest + cfg.max_tokens <= positions:
+        return None
+    return (f"the longest prompt ({longest} tokens) plus env.max_tokens={cfg.max_tokens} exceeds the model's "
+            f"{positions} positions; lower env.max_tokens to {max(positions - longest, 1)} or less.")
+
+
 def reset_arguments(row: dict) -> dict:
     """What reset(**row) gets: the dataset row's columns, the prompt as the user wrote it (chat messages on
     conversational data, as TRL passes the example) rather than rendered by the chat template."""

@@ -23,8 +23,8 @@ from grpo_cli.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff
 from grpo_cli.checks import check_train, env_active
 from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
-from grpo_cli.distributed import SINGLE, Dist, is_sharded
-from grpo_cli.episodes import environment
+from grpo_cli.distributed import SINGLE, Dist, is_sharded, unwrap
+from grpo_cli.episodes import context_note, environment
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
@@ -210,6 +210,10 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
     train_rows = data["train"]
     console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
+    note = env and context_note(cfg.env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field],
+                                cfg.data.chat_template)
+    if note:
+        console.warn(note)
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
                           (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
     reward_fn = build_reward(cfg.reward)

@@ -411,3 +411,14 @@ def test_episodes_train_under_lora_and_off_policy(extra, tmp_path):
     assert all(math.isfinite(r["kl_behaviour"]) and r["kl_behaviour"] >= 0 for r in rows)
     if "model.lora.r=4" in extra:
         assert (tmp_path / "final" / "adapter" / "adapter_config.json").exists()
+
+
+def test_episodes_longer_than_the_model_s_positions_are_warned_about_before_training(tmp_path, capsys):
+    """builtin:tiny-tools has 256 positions; a longest prompt of 8 tokens plus env.max_tokens=300 does not fit."""
+    assert grpo("train", f"output_dir={tmp_path}", *TOOL_RUN, "trainer.steps=1", "env.max_tokens=300",
+                "data.num_train=50", "data.num_test=10") == 0
+    err = capsys.readouterr().err
+    assert "plus env.max_tokens=300 exceeds the model's 256 positions; lower env.max_tokens to 248 or less." in err
+    assert grpo("train", f"output_dir={tmp_path / 'fits'}", *TOOL_RUN, "trainer.steps=1", "data.num_train=50",
+                "data.num_test=10") == 0
+    assert "exceeds the model's" not in capsys.readouterr().err
