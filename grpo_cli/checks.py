@@ -68,6 +68,12 @@ def check_generator(p: Problems, g, model) -> None:
                                     "use generator=hf or a LoRA run without quantize")
 
 
+def user_file(path: str, base: str | None) -> str:
+    """Where a file the config names is: relative to `base` (reward.fn_dir, env.fn_dir), else to the
+    directory grpo runs in."""
+    return os.path.normpath(os.path.join(os.path.abspath(base or os.getcwd()), os.path.expanduser(path)))
+
+
 def env_active(env) -> bool:
     """Whether the env group makes samples multi-turn episodes (tools or an environment named)."""
     return bool(env.tools) or bool(env.factory)
@@ -83,8 +89,7 @@ def check_env(p: Problems, env, data) -> None:
     for key, spec in specs:
         p.need(":" in spec or "." in spec, f"{key}={spec} names no function or class; write it as mod:name or file.py:name")
         if is_file_spec(spec):
-            where = os.path.normpath(os.path.join(os.path.abspath(env.fn_dir or os.getcwd()),
-                                                  os.path.expanduser(spec.partition(":")[0])))
+            where = user_file(spec.partition(":")[0], env.fn_dir)
             p.need(os.path.isfile(where), f"{key}={spec}: there is no file {where}; give the path to your file (relative "
                                           "to the directory grpo runs in)")
     p.need(not env.tools or data.chat_template, "env.tools needs the chat template to show tools and render their "
@@ -147,7 +152,7 @@ def check_reward(p: Problems, r) -> None:
     specs = term_specs(r)
     files = {spec.partition(":")[0] for _, kind, spec in specs if kind == "python" and spec and is_file_spec(spec)}
     for file in sorted(files):  # a reward file that is not there: refused before torch is imported
-        where = os.path.normpath(os.path.join(os.path.abspath(r.fn_dir or os.getcwd()), os.path.expanduser(file)))
+        where = user_file(file, r.fn_dir)
         p.need(os.path.isfile(where), f"reward.fn names {file}, but there is no file {where}; give the path to your "
                                       "rewards file (relative to the directory grpo runs in)")
     if fns is not None or r.name == "combo":

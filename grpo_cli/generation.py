@@ -184,13 +184,13 @@ def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, c
     )
 
 
-def continuations(tokens: Tensor, logps: Tensor | None, eos_ids: list[int], finished: Tensor | None = None):
+def continuations(tokens: Tensor, logps: Tensor | None, eos_ids: list[int]):
     """Rows of generated ids cut after their first EOS: [(ids, log-probs or None, ended with EOS)]."""
     if tokens.shape[1] == 0:
         return [([], [] if logps is not None else None, False) for _ in range(tokens.shape[0])]
     mask, no_eos = completion_mask(tokens, eos_ids)
     lengths = mask.sum(1).tolist()
-    ended = (~no_eos if finished is None else finished).tolist()
+    ended = (~no_eos).tolist()
     rows, lps = tokens.tolist(), logps.tolist() if logps is not None else None
     return [(rows[i][:n], lps[i][:n] if lps is not None else None, bool(ended[i])) for i, n in enumerate(lengths)]
 
@@ -238,14 +238,7 @@ class HFGenerator(PromptIds):
         seeds = self.group_seeds(prompts, sampling, seeds)
         prompt_ids = self.encode(prompts)
         eos = eos_token_ids(model, self.tokenizer)
-        was_training = model.training
-        model.eval()  # and so no gradient checkpointing, which would turn the cache off
-        try:
-            with self.precision.autocast():
-                completion_ids, logps = decode(model, prompt_ids, group_size, sampling, eos_ids=eos,
-                                               pad_id=self.tokenizer.pad_token_id, seeds=seeds, with_logprobs=with_logprobs)
-        finally:
-            model.train(was_training)
+        completion_ids, logps = self._decode(model, prompt_ids, group_size, sampling, seeds, with_logprobs, eos)
         return assemble(prompts, prompt_ids, group_size, completion_ids, eos, self.tokenizer, logps)
 
     def complete(self, model, contexts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None, *,
@@ -253,15 +246,20 @@ class HFGenerator(PromptIds):
         """One continuation of each context (token ids, e.g. an episode so far; episodes.py), seeded per row:
         (its ids up to and including EOS, their sampling log-probs or None, whether it ended with EOS)."""
         eos = eos_token_ids(model, self.tokenizer)
+        return continuations(*self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos), eos)
+
+    def _decode(self, model, ids: list[list[int]], group_size: int, sampling: Sampling, seeds, with_logprobs: bool,
+                eos: list[int]):
+        """decode() in eval mode (so no gradient checkpointing, which would turn the cache off) under the
+        run's autocast, the model's mode restored after."""
         was_training = model.training
         model.eval()
         try:
             with self.precision.autocast():
-                tokens, logps = decode(model, contexts, 1, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
-                                       seeds=seeds, with_logprobs=with_logprobs)
+                return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
+                              seeds=seeds, with_logprobs=with_logprobs)
         finally:
             model.train(was_training)
-        return continuations(tokens, logps, eos)
 
     def update(self, model) -> None:
         """Nothing to do: generation reads the model's current weights."""
