@@ -291,6 +291,8 @@ def check_train(cfg) -> None:
         p.choice("trainer.trackers", name, TRACKERS)
     p.at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
     p.at_least("trainer.micro_batch_size", t.micro_batch_size, 1)
+    p.at_least("trainer.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch, 0)
+    p.at_least("trainer.memory_gib", t.memory_gib, 0)
     p.at_least("trainer.seed", t.seed, 0)
     p.at_least("trainer.log_every", t.log_every, 1)
     p.at_least("trainer.save_every", t.save_every, 1)

@@ -158,6 +158,9 @@ class TrainerConfig:
     steps: int = 300
     prompts_per_step: int = 32
     micro_batch_size: int = 64
+    packing: bool = True
+    max_tokens_per_micro_batch: int = 0
+    memory_gib: float = 0.0
     seed: int = 0
     log_every: int = 1
     save_every: int = 100

@@ -28,6 +28,9 @@ from grpo_cli.precision import Precision
 from grpo_cli.rollout import Rollout, completion_mask
 
 NEG_INF = float("-inf")
+# Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
+# the KV cache, so it waits until a quarter of the batch has finished.
+DROP_FINISHED_AT = 0.75
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
         n_live = int(live.sum())
         if t + 1 == T or n_live == 0:
             return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
-        if n_live <= 0.75 * live.numel():  # drop finished rows once a quarter of the batch is done
+        if n_live <= DROP_FINISHED_AT * live.numel():  # finished rows leave the batch
             host_keep = live.nonzero().squeeze(-1)
             keep = host_keep.to(device)
             cache.batch_select_indices(keep)

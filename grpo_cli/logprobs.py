@@ -16,12 +16,21 @@ backward pass.
 Models whose forward transforms logits after the head (Gemma's soft-capping, Cohere's and Granite's
 scaling) are scored through their own full forward instead (`logits_to_keep`), which is exact but
 keeps [B, T, vocab] logits.
+
+Packing (`packing=True`, docs/math.md "Packed batches"): no pad token enters the forward. Each row's real
+tokens (attention mask 1) are laid end to end in bins, with position ids restarting at 0 for every row;
+transformers reads the restarts as sequence boundaries (its packed-sequence support: a block-diagonal
+causal mask for sdpa and eager, variable-length kernels for flash attention), so a token attends to
+its own row only and sees exactly the positions the padded forward gives it. A bin holds up to the
+longest row's tokens (first-fit decreasing), so attention never costs more than one padded row; flash
+attention takes the whole micro-batch as one bin. Only the states that predict a completion token go
+through the head, and the results are scattered back to [B, T] (0 where the row has no token).
 """
 
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -40,6 +49,21 @@ class LogProbRequest:
     with_entropy: bool = False
     entropy_grad: bool = False  # the entropy with its gradient (an entropy bonus); else a constant
     chunk_tokens: int | None = None  # positions per head chunk; None = CHUNK_LOGITS // vocab
+    packed: "Packed | None" = None  # set: input_ids are packed bins, and these states predict these targets
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch's rows laid end to end in bins (see the module docstring)."""
+
+    input_ids: Tensor  # [bins, capacity]
+    position_ids: Tensor  # [bins, capacity]: each row's from 0; filler restarts too, so it is a sequence of its own
+    states: Tensor  # [K] flat index (into bins * capacity) of the state that predicts each scored token
+    targets: Tensor  # [K] the token ids scored
+    rows: Tensor  # [K] row of each scored token in the [B, T] result
+    cols: Tensor  # [K] its column
+    shape: tuple[int, int]  # (B, T)
+    real_tokens: int  # tokens in the bins that are not filler
 
 
 def enable_logprob_forward(model) -> None:
@@ -55,22 +79,29 @@ def _forward(self, *args, logprobs: LogProbRequest | None = None, **kwargs):
     return _logprob_forward(self, logprobs, **kwargs)
 
 
-def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                     **_ignored) -> tuple[Tensor, Tensor | None]:
+def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_mask: Tensor | None,
+                     position_ids: Tensor, **_ignored) -> tuple[Tensor, Tensor | None]:
     T = req.completion_len
+    if req.packed is not None:  # attention_mask None: transformers finds the rows from the position ids
+        hidden = self.base_model(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state  # [bins, capacity, H]
+        states = hidden.reshape(-1, hidden.shape[-1])[req.packed.states]  # [K, H]
+        return _from_head(self.get_output_embeddings(), states, req.packed.targets, req)
     targets = input_ids[:, -T:]  # [B, T]
     if any(getattr(self.config, key, None) is not None for key in LOGIT_TRANSFORMS):
         logits = type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                     use_cache=False, logits_to_keep=T + 1).logits[:, :-1]  # [B, T, V]
-        return _from_head(lambda x: x, logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), req, T)
-    hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False).last_hidden_state  # [B, L, H]
-    states = hidden[:, -T - 1 : -1].reshape(-1, hidden.shape[-1])  # [B*T, H]: the states predicting each token
-    return _from_head(self.get_output_embeddings(), states, targets.reshape(-1), req, T)
+        logp, entropy = _from_head(lambda x: x, logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), req)
+    else:
+        hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state  # [B, L, H]
+        states = hidden[:, -T - 1 : -1].reshape(-1, hidden.shape[-1])  # [B*T, H]: the states predicting each token
+        logp, entropy = _from_head(self.get_output_embeddings(), states, targets.reshape(-1), req)
+    return logp.view(-1, T), entropy.view(-1, T) if entropy is not None else None
 
 
-def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest, T: int):
-    """log pi(target) (and entropy) of each position, `head` applied a chunk of positions at a time."""
+def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest):
+    """log pi(target) (and entropy) of each position, `head` applied a chunk of positions at a time: [K] each."""
     vocab = getattr(head, "out_features", None) or states.shape[-1]
     chunk = req.chunk_tokens or max(1, CHUNK_LOGITS // vocab)
     lean = torch.is_grad_enabled() and states.requires_grad
@@ -80,8 +111,10 @@ def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest, T: in
         logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if lean else _chunk(*args)
         logps.append(logp)
         entropies.append(entropy)
-    logp = torch.cat(logps).view(-1, T)
-    return logp, torch.cat(entropies).view(-1, T) if req.with_entropy else None
+    if not logps:  # nothing to score (a packed micro-batch without completion tokens)
+        empty = states.new_zeros(0, dtype=torch.float32)
+        return empty, empty if req.with_entropy else None
+    return torch.cat(logps), torch.cat(entropies) if req.with_entropy else None
 
 
 def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False):
@@ -98,9 +131,63 @@ def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entro
     return logp, entropy
 
 
+# Attention implementations that read packed rows from position ids (transformers' packed-sequence support).
+PACKABLE_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def lm_config(model):
+    """The innermost causal LM's config, through DDP (.module) and PEFT (attribute forwarding)."""
+    return getattr(getattr(model, "module", model), "config", None)
+
+
+def can_pack(model) -> bool:
+    """Whether `model`'s forward can take packed rows: an attention that reads position-id restarts, and
+    a head whose logits are not transformed after it (those models go through their own full forward)."""
+    config = lm_config(model)
+    return (config is not None and getattr(config, "_attn_implementation", None) in PACKABLE_ATTENTION
+            and not any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS))
+
+
+def one_bin(model) -> bool:
+    """Variable-length kernels take the whole micro-batch as one sequence of rows."""
+    return str(getattr(lm_config(model), "_attn_implementation", "")).startswith(("flash", "flex"))
+
+
+def pack(input_ids: Tensor, attention_mask: Tensor, completion_len: int, *, pad_id: int = 0,
+         one_bin: bool = False) -> Packed:
+    """Rows' real tokens laid end to end in bins (first-fit decreasing, bins as long as the longest row,
+    or one bin), position ids restarting per row as the padded forward counts them (cumsum of the mask
+    - 1), and where the state predicting each real completion token lands."""
+    B, L = attention_mask.shape
+    T, device = completion_len, input_ids.device
+    real = attention_mask.bool()
+    lengths = real.sum(1).tolist()
+    capacity = max(sum(lengths) if one_bin else max(lengths), 1)
+    fill, start = [], [0] * B  # each bin's tokens so far; each row's flat offset
+    for i in sorted(range(B), key=lambda i: (-lengths[i], i)):
+        b = next((b for b, f in enumerate(fill) if f + lengths[i] <= capacity), len(fill))
+        if b == len(fill):
+            fill.append(0)
+        start[i], fill[b] = b * capacity + fill[b], fill[b] + lengths[i]
+    rank = real.long().cumsum(1) - 1  # [B, L] each real token's position in its row
+    dest = torch.tensor(start, device=device)[:, None] + rank  # [B, L] its flat place (valid where real)
+    n_bins = len(fill)
+    # Filler counts from 0 after each bin's rows: a sequence of its own, attended by nothing real.
+    positions = torch.arange(capacity, device=device).repeat(n_bins, 1) - torch.tensor(fill, device=device)[:, None]
+    positions = positions.flatten().clamp(min=0)
+    ids = torch.full((n_bins * capacity,), pad_id, dtype=input_ids.dtype, device=device)
+    ids[dest[real]] = input_ids[real]
+    positions[dest[real]] = rank[real]
+    scored = real[:, L - T :] & (rank[:, L - T :] >= 1)  # a row's first token has no state before it
+    rows, cols = scored.nonzero(as_tuple=True)
+    return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity),
+                  states=dest[:, L - T :][rows, cols] - 1, targets=input_ids[:, L - T :][rows, cols], rows=rows,
+                  cols=cols, shape=(B, T), real_tokens=sum(lengths))
+
+
 def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_len: int, *,
                    temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                   chunk_tokens: int | None = None) -> tuple[Tensor, Tensor | None]:
+                   chunk_tokens: int | None = None, packing: bool = False) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) for the last `completion_len` tokens of each row: [B, T] float32.
 
     `model` is anything whose innermost causal LM had `enable_logprob_forward` (load_model does it):
@@ -108,7 +195,21 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_
     `entropy_grad` (an entropy bonus differentiates it). The policy is the sampler's tempered
     distribution softmax(logits / temperature). Positions count real tokens only, as generation
     does with left padding.
+
+    With `packing` (and a model that `can_pack`), the rows are packed (`pack`): no pad token is computed,
+    and positions without a real token get 0.
     """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     request = LogProbRequest(completion_len, temperature, with_entropy or entropy_grad, entropy_grad, chunk_tokens)
+    if packing and can_pack(model):
+        packed = pack(input_ids, attention_mask, completion_len, one_bin=one_bin(model))
+        flat_logp, flat_entropy = model(input_ids=packed.input_ids, attention_mask=None,
+                                        position_ids=packed.position_ids, logprobs=replace(request, packed=packed))
+        return _unflatten(flat_logp, packed), _unflatten(flat_entropy, packed) if flat_entropy is not None else None
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logprobs=request)
+
+
+def _unflatten(values: Tensor, packed: Packed) -> Tensor:
+    """[K] scored values back to [B, T], 0 where a row has no token (differentiably)."""
+    out = values.new_zeros(packed.shape)
+    return out.index_put((packed.rows, packed.cols), values)

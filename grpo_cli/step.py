@@ -84,6 +84,8 @@ class StepSettings:
     micro_batch_size: int
     max_grad_norm: float
     judge: Judge
+    packing: bool = False  # rows packed without padding in every forward (logprobs.py), where the model can
+    max_tokens: int = 0  # micro-batches by token count (real tokens per micro-batch); 0 = micro_batch_size rows
 
     @classmethod
     def of(cls, cfg, reward_fn=None) -> "StepSettings":
@@ -91,19 +93,48 @@ class StepSettings:
         return cls(algo=frozen(cfg.algo), group_size=s.group_size, micro_batch_size=cfg.trainer.micro_batch_size,
                    sampling=Sampling(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                                      top_k=s.top_k),
-                   max_grad_norm=cfg.optimizer.max_grad_norm, judge=Judge(cfg.reward, reward_fn))
+                   max_grad_norm=cfg.optimizer.max_grad_norm, judge=Judge(cfg.reward, reward_fn),
+                   packing=cfg.trainer.packing, max_tokens=cfg.trainer.max_tokens_per_micro_batch)
 
 
-def score(model, roll: Rollout, temperature: float, micro_batch_size: int, precision: Precision):
+def micro_batches(roll: Rollout, settings: StepSettings, dist: Dist = SINGLE) -> list[torch.Tensor]:
+    """The rows of each micro-batch. By default `micro_batch_size` consecutive rows. With a token budget
+    (`max_tokens`), as few micro-batches as keep each one's real tokens within it (a row longer than the
+    budget goes alone), the same number on every rank (the largest any rank needs), rows spread so the
+    micro-batches hold about equal tokens (longest first, each to the lightest). The loss is the whole
+    batch's either way: every normaliser is global (docs/math.md, "Aggregation")."""
+    B = roll.input_ids.shape[0]
+    if not settings.max_tokens:
+        return [torch.arange(s, min(s + settings.micro_batch_size, B)) for s in range(0, B, settings.micro_batch_size)]
+    lengths = roll.attention_mask.sum(1).tolist()
+
+    def spread(k: int) -> list[list[int]]:
+        parts, loads = [[] for _ in range(k)], [0] * k
+        for i in sorted(range(B), key=lambda i: (-lengths[i], i)):
+            j = min(range(k), key=lambda j: (loads[j], j))
+            parts[j].append(i)
+            loads[j] += lengths[i]
+        return parts
+
+    def fits(parts) -> bool:
+        return all(len(p) == 1 or sum(lengths[i] for i in p) <= settings.max_tokens for p in parts)
+
+    k = min(max(1, math.ceil(sum(lengths) / settings.max_tokens)), B)
+    while k < B and not fits(spread(k)):
+        k += 1
+    k = min(int(dist.all_max(float(k))), B)  # every rank holds B rows (topped up), so k <= B fits everywhere
+    return [torch.tensor(sorted(p), dtype=torch.long) for p in spread(k) if p]
+
+
+def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision, dist: Dist = SINGLE):
     """Token log-probabilities of the rollout under `model`, without gradients: [B, T]."""
+    out = torch.zeros(roll.completion_mask.shape, device=roll.input_ids.device)
     with torch.no_grad(), precision.autocast():
-        return torch.cat([
-            token_logprobs(
-                model, roll.input_ids[s : s + micro_batch_size], roll.attention_mask[s : s + micro_batch_size],
-                roll.completion_len, temperature=temperature,
-            )[0]
-            for s in range(0, roll.input_ids.shape[0], micro_batch_size)
-        ])
+        for rows in micro_batches(roll, settings, dist):
+            rows = rows.to(out.device)
+            out[rows] = token_logprobs(model, roll.input_ids[rows], roll.attention_mask[rows], roll.completion_len,
+                                       temperature=temperature, packing=settings.packing)[0].float()
+    return out
 
 
 def loss_mask(roll: Rollout, mask_truncated: bool) -> torch.Tensor:
@@ -133,22 +164,23 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     as they were. The gradient norm is global (DDP all-reduces the gradients first), so every rank
     decides alike without a collective.
     """
-    algo, mb, temperature = settings.algo, settings.micro_batch_size, settings.sampling.temperature
+    algo, temperature = settings.algo, settings.sampling.temperature
     full_mask = loss_mask(roll, algo.mask_truncated)
     B, T = full_mask.shape
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
     total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
     optimizer.zero_grad(set_to_none=True)
-    starts = list(range(0, B, mb))
+    parts = micro_batches(roll, settings, dist)
     # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
     # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
     with precision.autocast():
-        for i, s in enumerate(starts):
-            rows, mask = slice(s, s + mb), full_mask[s : s + mb]
-            with dist.no_sync(policy, last=i == len(starts) - 1):  # gradients all-reduced once, after the last
+        for i, rows in enumerate(parts):
+            rows = rows.to(full_mask.device)
+            mask = full_mask[rows]
+            with dist.no_sync(policy, last=i == len(parts) - 1):  # gradients all-reduced once, after the last
                 logp, entropy = token_logprobs(policy, roll.input_ids[rows], roll.attention_mask[rows], T,
                                                temperature=temperature, with_entropy=with_entropy,
-                                               entropy_grad=algo.entropy_coef != 0)
+                                               entropy_grad=algo.entropy_coef != 0, packing=settings.packing)
                 with precision.outside_autocast():
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
                     old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
@@ -303,7 +335,7 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     precision = precision or Precision("fp32")
     policy = policies.policy
     device = next(policy.parameters()).device
-    algo, mb, temp = settings.algo, settings.micro_batch_size, settings.sampling.temperature
+    algo, temp = settings.algo, settings.sampling.temperature
     # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
     with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
@@ -316,13 +348,13 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
         # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
         with record_function(PHASES[1]):
             if policies.behaviour is not None:
-                roll.old_logp = score(sampler_model, roll, temp, mb, precision)
+                roll.old_logp = score(sampler_model, roll, temp, settings, precision, dist)
     with record_function(PHASES[1]):
         if policies.behaviour is None and algo.num_iterations > 1:
-            roll.old_logp = score(policy, roll, temp, mb, precision)
+            roll.old_logp = score(policy, roll, temp, settings, precision, dist)
         if policies.reference is not None:
             with policies.reference() as reference:
-                roll.ref_logp = score(reference, roll, temp, mb, precision)
+                roll.ref_logp = score(reference, roll, temp, settings, precision, dist)
         roll.advantages = advantages(roll, algo, dist)
     t_score = clock(device)
 
