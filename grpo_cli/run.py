@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import os
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,9 @@ from grpo_cli.episodes import context_note, environment
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
+from grpo_cli.generation import encode_prompts
 from grpo_cli.lora import merged_copy
+from grpo_cli.memory import planned
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import Precision, check_pure_bf16_lr, training_precision
@@ -163,6 +165,7 @@ class Run:
         save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
             "optimizer": {} if is_sharded(self.policy) else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "config": asdict(self.cfg), "held_out_before": self.held_out_before, **self.policies.state_dict(),
+            "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
         }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
 
 
@@ -201,15 +204,18 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
     tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
+    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
+    train_rows = data["train"]
+    console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
+    plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
+                               precision, world, state.get("max_tokens_per_micro_batch"))  # before any model loads
+    console.print(escape(plan.line()), highlight=False)
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
                   f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
     generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
                                device=device, world_size=world, seed=t.seed, env=env, system_prompt=cfg.data.system_prompt)
-    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
-    train_rows = data["train"]
-    console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
     note = env and context_note(cfg.env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field],
                                 cfg.data.chat_template)
     if note:
@@ -228,7 +234,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
     for log in (metrics, samples_log):
         log.truncate(resumed_at)  # rows past the checkpoint are redone, not duplicated
-    settings = StepSettings.of(cfg, reward_fn)
+    settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=max_tokens)
     held_out = HeldOut(cfg, data["test"], generator, policy, reward_fn, settings.judge, dist, console, metrics)
     if t.eval_before_after and not state.get("held_out_before"):
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")

@@ -26,6 +26,7 @@ from grpo_cli.episodes import episode_metrics
 from grpo_cli.generation import Sampling
 from grpo_cli.generators import generate
 from grpo_cli.logprobs import token_logprobs
+from grpo_cli.memory import GIB, peak_bytes
 from grpo_cli.metrics import StepMetrics
 from grpo_cli.objective import POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
@@ -373,11 +374,17 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     weights = real_rows(roll)
     lengths = roll.completion_mask.sum(1).double() * weights.double()
     metrics.mean("completion_len", lengths.sum(), weights.sum())
+    real = weights.bool()
+    metrics.min("completion_len_min", torch.where(real, lengths, lengths.amax()).amin())  # no host sync
+    metrics.max("completion_len_max", lengths.amax())  # padding rows' lengths are already 0
+    # The share of a padded [rows, prompt + completion] batch that is padding: what packing leaves out.
+    metrics.mean("padding_frac", roll.attention_mask.numel() - roll.attention_mask.sum(), roll.attention_mask.numel())
     metrics.sum("completion_tokens", lengths.sum())
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
     for name, seconds in (("gen_s", t_gen - t0), ("score_s", t_score - t_gen), ("update_s", t_end - t_score),
                           ("seconds", t_end - t0)):
         metrics.max(name, seconds)  # the slowest rank's: the step waits for it
+    metrics.max("peak_memory_gib", peak_bytes(device) / GIB)  # the largest rank's (memory.py)
     row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
     row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
     row["completion_tokens"] = int(row["completion_tokens"])

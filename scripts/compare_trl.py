@@ -4,6 +4,7 @@
     python scripts/compare_trl.py                      # both workloads, 1 round each
     python scripts/compare_trl.py --task default --rounds 2
     python scripts/compare_trl.py --task qwen-shape --precision fp32 bf16
+    python scripts/compare_trl.py --task long          # SmolLM2-135M-Instruct (make smollm2), lengths up to 1,024
 
 Workloads:
   default     the built-in tiny model on the built-in arithmetic task, the training defaults
@@ -16,6 +17,16 @@ Workloads:
               emit EOS), a seeded random 0/1 reward, beta 0.04, --qwen-steps steps of which the first
               --qwen-warmup are not timed; at each --precision (fp32; bf16 = TRL's bf16=True autocast vs grpo-cli's
               trainer.precision=bf16-mixed).
+  long        SmolLM2-135M-Instruct (`make smollm2`; no hub), chat prompts alternating short-answer questions
+              and open-ended requests (every step: one of each), 2 prompts x G=8 sampled at temperature 1 with up to 1,024 new tokens,
+              so a step's lengths spread from a few tokens to the cap; a seeded random 0/1 reward, beta 0.04,
+              micro-batches of 8 completions on both sides (TRL's per_device_train_batch_size=8 padded,
+              grpo-cli's micro_batch_size=8 packed), --long-steps steps of which the first --long-warmup are
+              not timed. The length distribution of both is printed.
+
+Both sides run with gradient checkpointing off (TRL 1.16 defaults it on; --gradient-checkpointing on sets
+it on for both) and TRL's use_bias_correction_kl=False (its default True multiplies the KL term by the
+importance ratio, a different gradient from the DeepSeekMath KL grpo-cli uses); the header prints both.
 
 Each run is a fresh child process (so peak RSS is its own), with --threads torch threads; rounds
 alternate TRL and grpo-cli so a busy machine slows both alike. Phases: TRL's generation phase is its
@@ -47,6 +58,12 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 STEPS_DEFAULT = 300
 QWEN_PROMPT_LEN, QWEN_NEW_TOKENS = 16, 64
+LONG_NEW_TOKENS, LONG_PROMPTS, LONG_G, LONG_MICRO = 1024, 2, 8, 4
+SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct"
+# Every step asks the same pair (so both trainers see the same prompts whatever their data order): one
+# question answered in a few tokens and one request that runs on, often to the cap.
+LONG_ASKS = ["What is the chemical symbol for gold?",
+             "Write a detailed story about a lighthouse keeper who finds a message in a bottle."]
 
 
 def usage() -> dict:
@@ -105,6 +122,11 @@ def qwen_prompts(n: int) -> list[dict]:
     return [{"prompt": p, "answer": ""} for p in random_prompts(n, QWEN_PROMPT_LEN, QWEN_PAD_ID, 0)]
 
 
+def long_prompts(n: int) -> list[dict]:
+    """n chat prompts: LONG_ASKS in turn."""
+    return [{"prompt": [{"role": "user", "content": LONG_ASKS[i % 2]}], "answer": ""} for i in range(n)]
+
+
 REWARD_MODULE = '''
 import random
 from grpo_cli.rewards.exact_match import exact_match_reward
@@ -124,7 +146,7 @@ def coin(prompts, completions, **kwargs):
 # --- one run in a child -----------------------------------------------------------------------------
 
 
-def run_trl(task: str, precision: str, steps: int, work: Path) -> dict:
+def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -138,11 +160,17 @@ def run_trl(task: str, precision: str, steps: int, work: Path) -> dict:
         model, data, reward = resolve_path("builtin:tiny"), default_prompts(steps), rewards.exact
         shape = dict(num_generations=8, per_device_train_batch_size=64, gradient_accumulation_steps=4,
                      max_completion_length=6, learning_rate=3e-4)
+    elif task == "long":
+        model, data, reward = str(SMOLLM2), long_prompts(LONG_PROMPTS * steps), rewards.coin
+        shape = dict(num_generations=LONG_G, per_device_train_batch_size=LONG_MICRO,
+                     gradient_accumulation_steps=LONG_PROMPTS * LONG_G // LONG_MICRO,
+                     max_completion_length=LONG_NEW_TOKENS, learning_rate=1e-6)
     else:
         model, data, reward = str(qwen_dir(work.parent)), qwen_prompts(2 * steps), rewards.coin
         shape = dict(num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=1,
                      max_completion_length=QWEN_NEW_TOKENS, learning_rate=1e-6)
     args = GRPOConfig(
+        gradient_checkpointing=checkpointing, use_bias_correction_kl=False,  # TRL 1.16 defaults: True, True
         output_dir=str(work), max_steps=steps, beta=0.04, epsilon=0.2, loss_type="grpo", scale_rewards="group",
         temperature=1.0, top_p=1.0, top_k=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, seed=0, shuffle_dataset=False,
@@ -173,26 +201,46 @@ def run_trl(task: str, precision: str, steps: int, work: Path) -> dict:
     trainer.train()
     logs = [h for h in trainer.state.log_history if "reward" in h]
     step_s = [end - start for start, end, _ in times]
+    lengths = []
+    if task == "long":  # the last step's completions (TRL keeps one generation batch), re-tokenised as grpo-cli's
+        tok = trainer.processing_class
+        texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in trainer._logs["completion"]]
+        lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     return {"rewards": [h["reward"] for h in logs], "step_s": step_s, "gen_s": [g for *_, g in times],
-            "tokens": [h.get("completions/mean_length") for h in logs], "threads": torch.get_num_threads(), **usage()}
+            "tokens": [h.get("completions/mean_length") for h in logs],
+            "min_len": [h.get("completions/min_length") for h in logs],
+            "max_len": [h.get("completions/max_length") for h in logs], "lengths": lengths,
+            "texts": texts[:4] if task == "long" else [],
+            "threads": torch.get_num_threads(), **usage()}
 
 
-def run_grpo(task: str, precision: str, steps: int, work: Path) -> dict:
+def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: bool = False, budget: int = 0) -> dict:
     import torch
 
     from grpo_cli.cli import main
 
     common = [f"output_dir={work}", f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_before_after=false",
-              "trainer.eval_every=0", "trainer.log_completions_every=0", f"trainer.save_every={steps + 1}",
-              "algo.std=sample", "algo.beta=0.04", f"trainer.threads={torch.get_num_threads()}"]
+              "trainer.eval_every=0", f"trainer.save_every={steps + 1}",
+              "algo.std=sample", "algo.beta=0.04", f"trainer.threads={torch.get_num_threads()}",
+              f"model.gradient_checkpointing={str(checkpointing).lower()}", f"trainer.max_tokens_per_micro_batch={budget}"]
     if task == "default":
-        extra = []
+        extra = ["trainer.log_completions_every=0"]
+    elif task == "long":
+        prompts = work.parent / "long_prompts.jsonl"  # the pair: each step draws both
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in long_prompts(2)))
+        extra = [f"model.path={SMOLLM2}", "data=files", f"data.train_file={prompts}", f"data.test_file={prompts}",
+                 "data.chat_template=true", "reward=python", "reward.fn=compare_rewards:coin",
+                 f"trainer.prompts_per_step={LONG_PROMPTS}", f"sampler.group_size={LONG_G}",
+                 f"sampler.max_new_tokens={LONG_NEW_TOKENS}", f"trainer.micro_batch_size={LONG_MICRO}",
+                 "optimizer.lr=1e-6", "optimizer.warmup_steps=0", "trainer.log_completions_every=1",
+                 f"trainer.log_completions_groups={LONG_PROMPTS}"]
     else:
         prompts = work.parent / "qwen_prompts.jsonl"
         prompts.write_text("".join(json.dumps(r) + "\n" for r in qwen_prompts(2 * steps)))
         extra = [f"model.path={qwen_dir(work.parent)}", "data=files", f"data.train_file={prompts}", "data.test_size=2",
                  "reward=python", "reward.fn=compare_rewards:coin", "trainer.prompts_per_step=2", "sampler.group_size=4",
                  f"sampler.max_new_tokens={QWEN_NEW_TOKENS}", "trainer.micro_batch_size=8", "optimizer.lr=1e-6",
+                 "trainer.log_completions_every=0",
                  f"trainer.precision={'bf16-mixed' if precision == 'bf16' else 'fp32'}"]
     try:
         main(["train", *common, *extra])
@@ -201,9 +249,19 @@ def run_grpo(task: str, precision: str, steps: int, work: Path) -> dict:
             raise
     rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "reward_mean" in r]
+    lengths = []
+    if task == "long":  # every completion's length, its text re-tokenised (the EOS token is not in the text)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(SMOLLM2)
+        logged = [json.loads(line) for line in (work / "completions.jsonl").read_text().splitlines()]
+        lengths = [len(tok(r["completion"], add_special_tokens=False)["input_ids"]) for r in logged]
     return {"rewards": [r["reward_mean"] for r in rows], "step_s": [r["seconds"] for r in rows],
             "gen_s": [r["gen_s"] + r["score_s"] for r in rows], "tokens": [r["completion_len"] for r in rows],
-            "threads": torch.get_num_threads(), **usage()}
+            "min_len": [r["completion_len_min"] for r in rows], "max_len": [r["completion_len_max"] for r in rows],
+            "padding_frac": [r["padding_frac"] for r in rows], "phases": [[r["gen_s"], r["score_s"], r["update_s"]]
+                                                                          for r in rows],
+            "lengths": lengths, "threads": torch.get_num_threads(), **usage()}
 
 
 def child(args) -> None:
@@ -213,7 +271,8 @@ def child(args) -> None:
     work = Path(args.work)
     sys.path.insert(0, str(work.parent))
     fn = run_trl if args.child == "trl" else run_grpo
-    result = fn(args.task, args.precision[0], args.steps, work)
+    result = fn(args.task, args.precision[0], args.steps, work, args.gradient_checkpointing == "on",
+                *([args.budget] if args.child == "grpo" else []))
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -249,12 +308,14 @@ def first_reaching(rewards: list[float], target: float = 0.9, window: int = 20) 
     return None
 
 
-def spawn(who: str, task: str, precision: str, steps: int, threads: int, root: Path, tag: str) -> dict:
+def spawn(who: str, task: str, precision: str, steps: int, threads: int, root: Path, tag: str,
+          checkpointing: str = "off", budget: int = 0) -> dict:
     work, result = root / f"{who}-{task}-{precision}-{tag}", root / f"{who}-{task}-{precision}-{tag}.json"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, __file__, "--child", who, "--task", task, "--precision", precision, "--steps", str(steps),
-           "--threads", str(threads), "--work", str(work), "--result", str(result)]
+           "--threads", str(threads), "--work", str(work), "--result", str(result),
+           "--gradient-checkpointing", checkpointing, "--budget", str(budget), "--long-new-tokens", str(LONG_NEW_TOKENS)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -285,8 +346,9 @@ def summarise(runs: list[dict], skip: int) -> dict:
 
 
 def main(argv=None) -> int:
+    global LONG_NEW_TOKENS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape"])
+    p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape", "long"])
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT, help="default task: steps per run")
     p.add_argument("--qwen-steps", type=int, default=4,
@@ -294,12 +356,21 @@ def main(argv=None) -> int:
     p.add_argument("--qwen-warmup", type=int, default=2,
                    help="qwen-shape: untimed steps (default 2: AdamW's state is allocated in the first, and grpo-cli's "
                         "heap settles over the first two)")
+    p.add_argument("--long-steps", type=int, default=2, help="long: steps per run (default 2)")
+    p.add_argument("--long-warmup", type=int, default=0, help="long: untimed steps (default 0)")
+    p.add_argument("--long-new-tokens", type=int, default=LONG_NEW_TOKENS, help="long: max new tokens (default 1024)")
+    p.add_argument("--long-budget", type=int, default=1024,
+                   help="long: also run grpo-cli with micro-batches of at most this many tokens (0 = not)")
+    p.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--gradient-checkpointing", choices=["off", "on"], default="off",
+                   help="on both sides (default off; TRL 1.16's own default is on)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--work", default=None, help="where runs and the random model go (default: a temporary dir)")
     p.add_argument("--child", choices=["trl", "grpo"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    LONG_NEW_TOKENS = args.long_new_tokens
     if not 0 <= args.qwen_warmup < args.qwen_steps:
         p.error("--qwen-warmup must be >= 0 and below --qwen-steps")
     if args.child:
@@ -318,20 +389,68 @@ def main(argv=None) -> int:
 
     peak = matmul_peak(args.threads)
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{args.threads} thread(s); matmul 2048^3 peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s")
+          f"{args.threads} thread(s); matmul 2048^3 peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s; "
+          f"CPU {cpu_name()} ({torch.backends.cpu.get_cpu_capability()})")
+    print(f"both sides: gradient checkpointing {args.gradient_checkpointing}; TRL use_bias_correction_kl=False "
+          "(grpo-cli's KL term is DeepSeekMath's, without the importance ratio)")
     workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []
     if "qwen-shape" in args.task:
         workloads += [("qwen-shape", pr, args.qwen_steps, args.qwen_warmup) for pr in args.precision]
         qwen_dir(root)
+    if "long" in args.task:
+        if not (SMOLLM2 / "config.json").exists():
+            sys.exit(f"The long workload needs SmolLM2-135M-Instruct in {SMOLLM2}: run `make smollm2` first.")
+        workloads += [("long", pr, args.long_steps, args.long_warmup) for pr in args.precision]
     table = []
     for task, precision, steps, skip in workloads:
-        runs = {"trl": [], "grpo": []}
+        runs = {"trl": [], "grpo": [], "budget": []}
+        budget = args.long_budget if task == "long" else 0
         for r in range(args.rounds):
-            for who in (("trl", "grpo") if r % 2 == 0 else ("grpo", "trl")):
-                runs[who].append(spawn(who, task, precision, steps, args.threads, root, f"r{r}"))
+            order = ("trl", "grpo", "budget") if r % 2 == 0 else ("budget", "grpo", "trl")
+            for who in order[:2] if not budget else order:
+                runs[who].append(spawn("grpo" if who == "budget" else who, task, precision, steps, args.threads, root,
+                                       f"r{r}" + ("-budget" if who == "budget" else ""), args.gradient_checkpointing,
+                                       budget if who == "budget" else 0))
         table.append((task, precision, summarise(runs["trl"], skip), summarise(runs["grpo"], skip)))
+        if budget:  # the same update in micro-batches of at most `budget` tokens: memory, not maths
+            table.append((f"{task} ({budget}-token micro-batches)", precision, table[-1][2],
+                          summarise(runs["budget"], skip)))
+        if task == "long":
+            print_lengths(runs, skip)
     print_tables(table, peak)
     return 0
+
+
+def cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown CPU"
+
+
+def print_lengths(runs: dict, skip: int) -> None:
+    """The long workload's completion lengths (both trainers' per-step min / mean / max, grpo-cli's every
+    completion) and grpo-cli's phases and padding share (the positions a padded batch would compute)."""
+    import statistics
+
+    for who, name in (("trl", "TRL"), ("grpo", "grpo-cli")):
+        for r, run in enumerate(runs[who]):
+            steps = ", ".join(f"{lo:.0f}/{mean:.0f}/{hi:.0f}" for lo, mean, hi in
+                              zip(run["min_len"], run["tokens"], run["max_len"]) if lo is not None)
+            print(f"{name} round {r}: completion length min/mean/max per step: {steps}", file=sys.stdout)
+    for r, run in enumerate(runs["grpo"] + runs["budget"]):
+        lengths = sorted(run["lengths"])
+        if lengths:
+            q = statistics.quantiles(lengths, n=10)
+            print(f"grpo-cli round {r}: {len(lengths)} completions, tokens (re-tokenised text): min {lengths[0]}, "
+                  f"p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, p90 {q[-1]:.0f}, max {lengths[-1]}; "
+                  f"at the cap: {sum(n >= LONG_NEW_TOKENS - 1 for n in lengths)}", file=sys.stdout)
+        for i, ((g, s, u), pad) in enumerate(zip(run["phases"], run["padding_frac"])):
+            print(f"grpo-cli round {r} step {i + 1}: generation {g:.1f} s, scoring {s:.1f} s, update {u:.1f} s; "
+                  f"a padded batch would be {pad:.0%} padding", file=sys.stdout)
 
 
 def flops_per_step(task: str) -> tuple[float, float] | None:

@@ -1,0 +1,253 @@
+"""The memory planner: peak memory by part, estimated from the config and the model's config before
+any weights load, and the token budget that fits `trainer.memory_gib`.
+
+Peak = what stays all run + the larger of the two phases:
+- all run: the process itself (measured: Python, torch, transformers, the data), the policy's weights,
+  a frozen reference (beta != 0, not under LoRA) or behaviour copy, and AdamW's two moments;
+- generation: the KV cache of every row of the step at its full length (prompt + max_new_tokens), and
+  the sampler's per-row [vocab] temporaries;
+- the update: the gradients, the activations autograd keeps for backward (per token and layer, counted
+  from a Llama-style block: two RMSNorms 2h each, q, k, v, the attention output and o_proj's input, h
+  each, with k and v repeated to every head when a mask is in play, the MLP's four [intermediate]
+  tensors, the attention mask's row when rows are packed or padded), the head's logits chunk (logits,
+  softmax and their gradient, at most logprobs.CHUNK_LOGITS positions x vocab) and one layer's
+  gradients in flight. With gradient checkpointing a layer keeps only its input, plus one layer's
+  activations while it is recomputed.
+
+Activations are counted at the compute dtype's width and multiplied by ALLOCATOR_SLACK, the heap's
+overhead measured on CPU (glibc keeps freed blocks below its mmap threshold). The count is checked
+against measured peaks in tests/test_memory.py (within 20% on three shapes). It assumes every row runs
+to max_new_tokens, so it is an upper bound for runs whose completions stop early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.logprobs import CHUNK_LOGITS
+
+GIB = float(1 << 30)
+ALLOCATOR_SLACK = 1.15  # resident heap per byte of live activations (fp32, CPU, glibc), measured
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate reads of a decoder: sizes per layer and the parameter counts."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    parameters: int  # all of the policy's
+    trainable: int  # the ones AdamW updates (all, or a LoRA adapter's)
+
+
+@dataclass
+class Plan:
+    """Bytes by part; `tokens` the micro-batch size in tokens the activations are counted for."""
+
+    persistent: dict[str, float]
+    generation: dict[str, float]
+    update: dict[str, float]
+    tokens: int
+    per_token: float  # activation bytes per token of a micro-batch
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return sum(self.persistent.values()) + max(sum(self.generation.values()), sum(self.update.values()))
+
+    def line(self) -> str:
+        """One line: the total, then each part in GiB."""
+        def parts(d):
+            return ", ".join(f"{k} {v / GIB:.2f}" for k, v in d.items() if v >= 0.005 * GIB)
+
+        return (f"memory plan: peak {self.total / GIB:.2f} GiB = all run ({parts(self.persistent)}) + the larger of "
+                f"generation ({parts(self.generation)}) and the update ({parts(self.update)}; "
+                f"{self.per_token / 2**10:.0f} KiB per token, {self.tokens:,} tokens per micro-batch) [GiB]")
+
+
+def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
+    """The decoder's sizes from its config.json, and exact parameter counts from the model built on the
+    meta device (no weights are read or allocated); under LoRA the adapter is added there too."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_cli.models import resolve_path
+
+    config = AutoConfig.from_pretrained(resolve_path(path), trust_remote_code=trust_remote_code)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable = parameters
+    if lora is not None and lora.r:
+        from grpo_cli.lora import add_adapter
+
+        with torch.device("meta"):
+            model = add_adapter(model, lora)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    heads = text.num_attention_heads
+    hidden = text.hidden_size
+    return Shape(layers=text.num_hidden_layers, hidden=hidden,
+                 intermediate=getattr(text, "intermediate_size", None) or 4 * hidden, heads=heads,
+                 kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+                 head_dim=getattr(text, "head_dim", None) or hidden // heads, vocab=text.vocab_size,
+                 parameters=parameters, trainable=trainable)
+
+
+def resident_bytes() -> float:
+    """This process's resident memory now (Linux /proc; 0 where it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def peak_resident_bytes() -> float:
+    """This process's peak resident memory so far (VmHWM; 0 where it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def peak_bytes(device: torch.device) -> float:
+    """The peak so far: CUDA's allocated tensors on a GPU, the process's resident memory on CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    return peak_resident_bytes()
+
+
+def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpointing: bool) -> float:
+    """Activation bytes autograd keeps per token of a micro-batch (see the module docstring)."""
+    kv = s.kv_heads * s.head_dim
+    q = s.heads * s.head_dim
+    # norms 2 x 2h; q, k and v (repeated to every head under a mask); attention output and o_proj's input;
+    # the residual stream's width for o_proj's output; the MLP's gate, its activation, up and their product;
+    # the float attention mask's row.
+    k_and_v = 2 * q if kv < q else 2 * kv
+    per_layer = (4 * s.hidden + q + k_and_v + 2 * q + 4 * s.intermediate) * act_bytes + 4 * row_len
+    if checkpointing:  # each layer keeps its input; one layer's full set lives while it is recomputed
+        return (s.layers * s.hidden * act_bytes + per_layer) * ALLOCATOR_SLACK
+    return s.layers * per_layer * ALLOCATOR_SLACK
+
+
+def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
+         world_size: int = 1, runtime: float | None = None) -> Plan:
+    """The estimate for this config (see the module docstring). `longest_prompt` in tokens."""
+    t, s, algo = cfg.trainer, cfg.sampler, cfg.algo
+    lora = cfg.model.lora.r > 0
+    P = shape.parameters
+    row_len = longest_prompt + s.max_new_tokens
+    if env_tokens := getattr(getattr(cfg, "env", None), "max_tokens", 0):
+        if getattr(cfg.env, "tools", None) or getattr(cfg.env, "factory", None):
+            row_len = longest_prompt + max(s.max_new_tokens, env_tokens)  # an episode's tokens after its prompt
+    persistent = {"runtime": resident_bytes() if runtime is None else runtime,
+                  "weights": P * (frozen_bytes if lora else param_bytes)}
+    if lora:
+        persistent["weights"] += shape.trainable * 4  # the adapter is float32
+    if algo.beta != 0 and not lora:
+        persistent["reference"] = P * frozen_bytes
+    if algo.behaviour in ("frozen", "lagged") and not lora:
+        persistent["behaviour"] = P * frozen_bytes
+    trainable_bytes = 4 if lora else param_bytes
+    persistent["optimizer"] = 2 * shape.trainable * trainable_bytes  # AdamW's two moments
+    rows = t.prompts_per_step // max(world_size, 1) * s.group_size
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * act_bytes
+    generation = {"KV cache": rows * row_len * kv_per_token,
+                  "sampling": rows * shape.vocab * 4 * 4}  # logits, scores, noise, log-softmax: [rows, vocab] fp32
+    per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
+    tokens = t.max_tokens_per_micro_batch or min(t.micro_batch_size, rows) * row_len
+    tokens = max(tokens, row_len)  # a row longer than the budget still runs, alone
+    completion = min(tokens, max(rows, 1) * s.max_new_tokens)
+    head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
+    update = {"gradients": shape.trainable * trainable_bytes,
+              "activations": tokens * per_token,
+              "logits": 3 * head_positions * shape.vocab * 4,
+              "backward": tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4}
+    if act_bytes < param_bytes and not lora:  # bf16-mixed: autocast keeps a bf16 copy of the weights it cast
+        update["cast weights"] = P * act_bytes
+    return Plan(persistent=persistent, generation=generation, update=update, tokens=int(tokens), per_token=per_token)
+
+
+def fit(cfg, p: Plan, longest_prompt: int) -> int:
+    """The token budget per micro-batch that keeps the plan within trainer.memory_gib, or a GrpoError
+    naming the knob when nothing fits (or the budget the config sets does not)."""
+    t, s = cfg.trainer, cfg.sampler
+    limit = t.memory_gib * GIB
+    fixed = sum(p.persistent.values())
+    gen = sum(p.generation.values())
+    if fixed + gen > limit:
+        raise GrpoError(
+            f"trainer.memory_gib={t.memory_gib:g} cannot hold generation: the weights, optimizer state and process "
+            f"need {fixed / GIB:.2f} GiB and the KV cache of {t.prompts_per_step} prompts x {s.group_size} completions "
+            f"{gen / GIB:.2f} GiB more; lower trainer.prompts_per_step or sampler.max_new_tokens, use model.lora, or "
+            f"raise trainer.memory_gib.")
+    room = limit - fixed - sum(v for k, v in p.update.items() if k not in ("activations", "backward"))
+    per_token = p.per_token + (p.update["backward"] / max(p.tokens, 1))
+    budget = int(room // per_token) if room > 0 else 0
+    row_len = longest_prompt + s.max_new_tokens
+    if t.max_tokens_per_micro_batch:
+        if t.max_tokens_per_micro_batch > budget:
+            raise GrpoError(
+                f"trainer.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} does not fit in "
+                f"trainer.memory_gib={t.memory_gib:g} (room for {max(budget, 0):,} tokens); lower it, or leave it at 0 "
+                "and the planner picks the budget.")
+        return t.max_tokens_per_micro_batch
+    if budget < row_len:
+        raise GrpoError(
+            f"trainer.memory_gib={t.memory_gib:g} leaves room for {max(budget, 0):,} tokens per micro-batch, fewer than "
+            f"one completion with the longest prompt ({row_len:,}); raise trainer.memory_gib, lower "
+            "sampler.max_new_tokens, or set model.gradient_checkpointing=true.")
+    return budget
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return DTYPE_BYTES.get(dtype, 4)
+
+
+def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_size: int = 1,
+            resumed_budget: int | None = None) -> tuple[Plan, int]:
+    """(the plan, the token budget per micro-batch to run with: trainer.max_tokens_per_micro_batch, or the
+    one memory_gib picks). Raises GrpoError when trainer.memory_gib cannot be met. A resumed run keeps the
+    budget its checkpoint ran with (`resumed_budget`) while memory_gib is still set, so it batches, and
+    so computes, exactly as the uninterrupted run would."""
+    m = cfg.model
+    shape = model_shape(m.path, m.trust_remote_code, m.lora if m.lora.r else None)
+    longest = max((len(p) for p in tokenizer_prompts), default=0) if tokenizer_prompts else 0
+    compute = precision.frozen_dtype  # the compute dtype
+    kwargs = dict(longest_prompt=longest, param_bytes=dtype_bytes(precision.param_dtype),
+                  frozen_bytes=dtype_bytes(precision.frozen_dtype), act_bytes=dtype_bytes(compute),
+                  world_size=world_size)
+    p = plan(cfg, shape, **kwargs)
+    budget = cfg.trainer.max_tokens_per_micro_batch
+    if cfg.trainer.memory_gib:
+        budget = resumed_budget if resumed_budget and not cfg.trainer.max_tokens_per_micro_batch else fit(cfg, p, longest)
+        cfg_budget = _with_budget(cfg, budget)
+        p = plan(cfg_budget, shape, runtime=p.persistent["runtime"], **kwargs)
+    return p, budget
+
+
+def _with_budget(cfg, budget: int):
+    """A copy of cfg whose trainer.max_tokens_per_micro_batch is `budget` (the config itself is untouched)."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.trainer.max_tokens_per_micro_batch = budget
+    return out
+
+
