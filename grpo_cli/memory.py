@@ -14,10 +14,13 @@ Peak = what stays all run + the larger of the two phases:
   gradients in flight. With gradient checkpointing a layer keeps only its input, plus one layer's
   activations while it is recomputed.
 
-Activations are counted at the compute dtype's width and multiplied by ALLOCATOR_SLACK, the heap's
-overhead measured on CPU (glibc keeps freed blocks below its mmap threshold). The count is checked
-against measured peaks in tests/test_memory.py (within 20% on three shapes). It assumes every row runs
-to max_new_tokens, so it is an upper bound for runs whose completions stop early.
+Activations are counted at the compute dtype's width. The update's transient tensors (activations,
+logits, backward) are multiplied by ALLOCATOR_SLACK, the resident memory the process holds per byte
+of them, measured once on a calibration shape that is not among the tests' (hidden 320, 6 layers,
+vocabulary 8,000, 8 rows of 336 tokens, fp32 on CPU: glibc keeps freed blocks mapped, and the
+backward's gradients land in fresh ones). The estimate is checked against measured peaks in
+tests/test_memory.py (within 20% on three other shapes). It assumes every row runs to max_new_tokens,
+so it is an upper bound for runs whose completions stop early.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.logprobs import CHUNK_LOGITS
 
 GIB = float(1 << 30)
-ALLOCATOR_SLACK = 1.15  # resident heap per byte of live activations (fp32, CPU, glibc), measured
+ALLOCATOR_SLACK = 1.6  # resident bytes per byte of the update's transient tensors (fp32, CPU, glibc), measured
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 
@@ -142,13 +145,14 @@ def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpoin
     k_and_v = 2 * q if kv < q else 2 * kv
     per_layer = (4 * s.hidden + q + k_and_v + 2 * q + 4 * s.intermediate) * act_bytes + 4 * row_len
     if checkpointing:  # each layer keeps its input; one layer's full set lives while it is recomputed
-        return (s.layers * s.hidden * act_bytes + per_layer) * ALLOCATOR_SLACK
-    return s.layers * per_layer * ALLOCATOR_SLACK
+        return s.layers * s.hidden * act_bytes + per_layer
+    return s.layers * per_layer
 
 
 def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
-         world_size: int = 1, runtime: float | None = None) -> Plan:
-    """The estimate for this config (see the module docstring). `longest_prompt` in tokens."""
+         world_size: int = 1, runtime: float | None = None, budget: int | None = None) -> Plan:
+    """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
+    given, stands for trainer.max_tokens_per_micro_batch."""
     t, s, algo = cfg.trainer, cfg.sampler, cfg.algo
     lora = cfg.model.lora.r > 0
     P = shape.parameters
@@ -171,49 +175,58 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     generation = {"KV cache": rows * row_len * kv_per_token,
                   "sampling": rows * shape.vocab * 4 * 4}  # logits, scores, noise, log-softmax: [rows, vocab] fp32
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
-    tokens = t.max_tokens_per_micro_batch or min(t.micro_batch_size, rows) * row_len
+    tokens = (budget if budget is not None else t.max_tokens_per_micro_batch) or min(t.micro_batch_size, rows) * row_len
     tokens = max(tokens, row_len)  # a row longer than the budget still runs, alone
-    completion = min(tokens, max(rows, 1) * s.max_new_tokens)
+    completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
     head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
+    slack = ALLOCATOR_SLACK
     update = {"gradients": shape.trainable * trainable_bytes,
-              "activations": tokens * per_token,
-              "logits": 3 * head_positions * shape.vocab * 4,
-              "backward": tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4}
+              "activations": slack * tokens * per_token,
+              "logits": slack * 3 * head_positions * shape.vocab * 4,
+              "backward": slack * tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4}
     if act_bytes < param_bytes and not lora:  # bf16-mixed: autocast keeps a bf16 copy of the weights it cast
         update["cast weights"] = P * act_bytes
-    return Plan(persistent=persistent, generation=generation, update=update, tokens=int(tokens), per_token=per_token)
+    return Plan(persistent=persistent, generation=generation, update=update, tokens=int(tokens),
+                per_token=slack * per_token)
 
 
-def fit(cfg, p: Plan, longest_prompt: int) -> int:
-    """The token budget per micro-batch that keeps the plan within trainer.memory_gib, or a GrpoError
+def fit(cfg, shape: Shape, **plan_args) -> int:
+    """The largest token budget per micro-batch whose plan stays within trainer.memory_gib, or a GrpoError
     naming the knob when nothing fits (or the budget the config sets does not)."""
     t, s = cfg.trainer, cfg.sampler
     limit = t.memory_gib * GIB
-    fixed = sum(p.persistent.values())
-    gen = sum(p.generation.values())
+    row_len = plan_args["longest_prompt"] + s.max_new_tokens
+
+    def total(tokens: int) -> float:
+        return plan(cfg, shape, budget=tokens, **plan_args).total
+
+    smallest = plan(cfg, shape, budget=1, **plan_args)
+    fixed, gen = sum(smallest.persistent.values()), sum(smallest.generation.values())
     if fixed + gen > limit:
         raise GrpoError(
             f"trainer.memory_gib={t.memory_gib:g} cannot hold generation: the weights, optimizer state and process "
             f"need {fixed / GIB:.2f} GiB and the KV cache of {t.prompts_per_step} prompts x {s.group_size} completions "
             f"{gen / GIB:.2f} GiB more; lower trainer.prompts_per_step or sampler.max_new_tokens, use model.lora, or "
             f"raise trainer.memory_gib.")
-    room = limit - fixed - sum(v for k, v in p.update.items() if k not in ("activations", "backward"))
-    per_token = p.per_token + (p.update["backward"] / max(p.tokens, 1))
-    budget = int(room // per_token) if room > 0 else 0
-    row_len = longest_prompt + s.max_new_tokens
+    low, high = 0, 1
+    while total(high) <= limit and high < 1 << 40:  # the plan grows with the budget: bisect its last fit
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if total(mid) <= limit else (low, mid)
     if t.max_tokens_per_micro_batch:
-        if t.max_tokens_per_micro_batch > budget:
+        if t.max_tokens_per_micro_batch > low:
             raise GrpoError(
                 f"trainer.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} does not fit in "
-                f"trainer.memory_gib={t.memory_gib:g} (room for {max(budget, 0):,} tokens); lower it, or leave it at 0 "
-                "and the planner picks the budget.")
+                f"trainer.memory_gib={t.memory_gib:g} (room for {low:,} tokens); lower it, or leave it at 0 and the "
+                "planner picks the budget.")
         return t.max_tokens_per_micro_batch
-    if budget < row_len:
+    if low < row_len:
         raise GrpoError(
-            f"trainer.memory_gib={t.memory_gib:g} leaves room for {max(budget, 0):,} tokens per micro-batch, fewer than "
-            f"one completion with the longest prompt ({row_len:,}); raise trainer.memory_gib, lower "
+            f"trainer.memory_gib={t.memory_gib:g} leaves room for {low:,} tokens per micro-batch, fewer than one "
+            f"completion with the longest prompt ({row_len:,}); raise trainer.memory_gib, lower "
             "sampler.max_new_tokens, or set model.gradient_checkpointing=true.")
-    return budget
+    return low
 
 
 def dtype_bytes(dtype: torch.dtype) -> int:
@@ -233,21 +246,10 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     kwargs = dict(longest_prompt=longest, param_bytes=dtype_bytes(precision.param_dtype),
                   frozen_bytes=dtype_bytes(precision.frozen_dtype), act_bytes=dtype_bytes(compute),
                   world_size=world_size)
-    p = plan(cfg, shape, **kwargs)
+    kwargs["runtime"] = resident_bytes()  # once, so every plan below counts the same process
     budget = cfg.trainer.max_tokens_per_micro_batch
     if cfg.trainer.memory_gib:
-        budget = resumed_budget if resumed_budget and not cfg.trainer.max_tokens_per_micro_batch else fit(cfg, p, longest)
-        cfg_budget = _with_budget(cfg, budget)
-        p = plan(cfg_budget, shape, runtime=p.persistent["runtime"], **kwargs)
-    return p, budget
-
-
-def _with_budget(cfg, budget: int):
-    """A copy of cfg whose trainer.max_tokens_per_micro_batch is `budget` (the config itself is untouched)."""
-    import copy
-
-    out = copy.deepcopy(cfg)
-    out.trainer.max_tokens_per_micro_batch = budget
-    return out
+        budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)
+    return plan(cfg, shape, budget=budget or None, **kwargs), budget
 
 
