@@ -234,7 +234,7 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_size: int = 1,
-            resumed_budget: int | None = None) -> tuple[Plan, int]:
+            resumed_budget: int | None = None, device: torch.device | None = None) -> tuple[Plan, int]:
     """(the plan, the token budget per micro-batch to run with: trainer.max_tokens_per_micro_batch, or the
     one memory_gib picks). Raises GrpoError when trainer.memory_gib cannot be met. A resumed run keeps the
     budget its checkpoint ran with (`resumed_budget`) while memory_gib is still set, so it batches, and
@@ -246,7 +246,9 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     kwargs = dict(longest_prompt=longest, param_bytes=dtype_bytes(precision.param_dtype),
                   frozen_bytes=dtype_bytes(precision.frozen_dtype), act_bytes=dtype_bytes(compute),
                   world_size=world_size)
-    kwargs["runtime"] = resident_bytes()  # once, so every plan below counts the same process
+    # The process, measured once so every plan below counts the same; on a GPU the plan is of CUDA's
+    # allocations, which the process's own memory is not part of.
+    kwargs["runtime"] = 0.0 if device is not None and device.type == "cuda" else resident_bytes()
     budget = cfg.trainer.max_tokens_per_micro_batch
     if cfg.trainer.memory_gib:
         budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)

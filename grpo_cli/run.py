@@ -198,18 +198,12 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     open_run_dir(run_dir, dist)
     set_seed(t.seed)
     resume_from, state, run_dir = resume_point(cfg, run_dir, console)
-    claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
     precision, why = training_precision(t.precision, device)
     if why:
         console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
-    tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
-                 else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
-    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
+    tokenizer, data, max_tokens = load_inputs(cfg, resume_from, state, precision, env, world, device, console)
     train_rows = data["train"]
-    console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
-    plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
-                               precision, world, state.get("max_tokens_per_micro_batch"))  # before any model loads
-    console.print(escape(plan.line()), highlight=False)
+    claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
@@ -251,6 +245,21 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                prompts=prompts,
                metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
                first_step=resumed_at + 1)
+
+
+def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):
+    """The tokenizer, the data and the memory plan (tokenizer, data splits, token budget per micro-batch):
+    before any model loads, and before the run directory is claimed, so a config that cannot fit leaves
+    the directory as it was."""
+    tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
+                 else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
+    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
+    train_rows = data["train"]
+    console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
+    plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
+                               precision, world, state.get("max_tokens_per_micro_batch"), device)
+    console.print(escape(plan.line()), highlight=False)
+    return tokenizer, data, max_tokens
 
 
 def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist, command: str | None) -> None:

@@ -225,8 +225,8 @@ def test_a_run_says_what_it_loads_in_order_before_step_1(tmp_path):
                        "sampler.group_size=2", "trainer.progress=false", "data.max_operand=9", "data.num_test=8",
                        "trainer.eval_prompts=8", check_rc=0)
     lines = out.stderr.splitlines()
-    order = ["grpo train: the config is checked", "loaded torch", "loaded the model builtin:tiny",
-             "data=arithmetic:", "scoring 8 held-out prompts before training", "step 1: sampling 4 prompts x 2"]
+    order = ["grpo train: the config is checked", "loaded torch", "data=arithmetic:", "loaded the model builtin:tiny",
+             "scoring 8 held-out prompts before training", "step 1: sampling 4 prompts x 2"]  # data first: the plan needs it
     where = [next(i for i, line in enumerate(lines) if phrase in line) for phrase in order]
     assert where == sorted(where) and where[0] == 0, lines
     seconds = [float(lines[i].split("s ")[0]) for i in where]

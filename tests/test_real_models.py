@@ -91,7 +91,7 @@ def test_bf16_mixed_loss_and_gradients_agree_with_fp32_within_bf16_tolerance():
     roll = rollout(fp32, tok, cfg)
     # ratios scattered around 1 (some clipped), so the loss is not zero by the advantages' symmetry
     noise = torch.empty(roll.completion_mask.shape).uniform_(-0.4, 0.4, generator=torch.Generator().manual_seed(0))
-    roll.old_logp = step.score(fp32, roll, 1.0, 8, Precision("fp32")) + noise
+    roll.old_logp = step.score(fp32, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32")) + noise
     grads, losses = {}, {}
     for name in ("fp32", "bf16-mixed"):
         model = copy.deepcopy(fp32).train()
