@@ -61,7 +61,7 @@ def child(args) -> dict:
     torch.manual_seed(0)
     if (SMOLLM2 / "config.json").exists():
         config = transformers.AutoConfig.from_pretrained(SMOLLM2)
-        policy = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, torch_dtype=torch.float32)
+        policy = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
     else:
         config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                           num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
