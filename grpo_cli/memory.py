@@ -25,7 +25,7 @@ so it is an upper bound for runs whose completions stop early.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -62,7 +62,6 @@ class Plan:
     update: dict[str, float]
     tokens: int
     per_token: float  # activation bytes per token of a micro-batch
-    notes: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> float:
