@@ -105,26 +105,25 @@ def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
                  parameters=parameters, trainable=trainable)
 
 
-def resident_bytes() -> float:
-    """This process's resident memory now (Linux /proc; 0 where it cannot be read)."""
+def _status_bytes(field: str) -> float:
+    """A memory figure of this process from Linux's /proc/self/status, in bytes (0 where it cannot be read)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return float(line.split()[1]) * 1024
     except OSError:
         pass
     return 0.0
+
+
+def resident_bytes() -> float:
+    """This process's resident memory now."""
+    return _status_bytes("VmRSS")
 
 
 def peak_resident_bytes() -> float:
-    """This process's peak resident memory so far (VmHWM; 0 where it cannot be read)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0.0
+    """This process's peak resident memory so far (its high-water mark)."""
+    return _status_bytes("VmHWM")
 
 
 def peak_bytes(device: torch.device) -> float:
