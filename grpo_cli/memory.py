@@ -147,6 +147,15 @@ def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpoin
     return s.layers * per_layer
 
 
+def row_length(cfg, longest_prompt: int) -> int:
+    """The longest row a step can hold: the longest prompt and max_new_tokens, or an episode's env.max_tokens."""
+    after = cfg.sampler.max_new_tokens
+    env = getattr(cfg, "env", None)
+    if env is not None and (env.tools or env.factory):
+        after = max(after, env.max_tokens)  # an episode's tokens after its prompt
+    return longest_prompt + after
+
+
 def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
          world_size: int = 1, runtime: float | None = None, budget: int | None = None) -> Plan:
     """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
@@ -154,10 +163,7 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     t, s, algo = cfg.trainer, cfg.sampler, cfg.algo
     lora = cfg.model.lora.r > 0
     P = shape.parameters
-    row_len = longest_prompt + s.max_new_tokens
-    if env_tokens := getattr(getattr(cfg, "env", None), "max_tokens", 0):
-        if getattr(cfg.env, "tools", None) or getattr(cfg.env, "factory", None):
-            row_len = longest_prompt + max(s.max_new_tokens, env_tokens)  # an episode's tokens after its prompt
+    row_len = row_length(cfg, longest_prompt)
     persistent = {"runtime": resident_bytes() if runtime is None else runtime,
                   "weights": P * (frozen_bytes if lora else param_bytes)}
     if lora:
@@ -193,7 +199,7 @@ def fit(cfg, shape: Shape, **plan_args) -> int:
     naming the knob when nothing fits (or the budget the config sets does not)."""
     t, s = cfg.trainer, cfg.sampler
     limit = t.memory_gib * GIB
-    row_len = plan_args["longest_prompt"] + s.max_new_tokens
+    row_len = row_length(cfg, plan_args["longest_prompt"])
 
     def total(tokens: int) -> float:
         return plan(cfg, shape, budget=tokens, **plan_args).total

@@ -127,11 +127,13 @@ def micro_batches(roll: Rollout, settings: StepSettings, dist: Dist = SINGLE) ->
     return [torch.tensor(sorted(p), dtype=torch.long) for p in spread(k) if p]
 
 
-def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision, dist: Dist = SINGLE):
-    """Token log-probabilities of the rollout under `model`, without gradients: [B, T]."""
+def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision, dist: Dist = SINGLE,
+          parts: list[torch.Tensor] | None = None):
+    """Token log-probabilities of the rollout under `model`, without gradients: [B, T]; over `parts` (the
+    step's micro-batches, formed once) or micro_batches()."""
     out = torch.zeros(roll.completion_mask.shape, device=roll.input_ids.device)
     with torch.no_grad(), precision.autocast():
-        for rows in micro_batches(roll, settings, dist):
+        for rows in parts if parts is not None else micro_batches(roll, settings, dist):
             rows = rows.to(out.device)
             out[rows] = token_logprobs(model, roll.input_ids[rows], roll.attention_mask[rows], roll.completion_len,
                                        temperature=temperature, packing=settings.packing)[0].float()
@@ -155,7 +157,7 @@ def real_rows(roll: Rollout) -> torch.Tensor:
 
 
 def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
-             with_entropy: bool = False, dist: Dist = SINGLE) -> tuple[bool, float]:
+             with_entropy: bool = False, dist: Dist = SINGLE, parts: list[torch.Tensor] | None = None) -> tuple[bool, float]:
     """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with
     its KL term and entropy bonus, over the whole (global) rollout batch, accumulated
     over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
@@ -171,7 +173,7 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
     total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
     optimizer.zero_grad(set_to_none=True)
-    parts = micro_batches(roll, settings, dist)
+    parts = parts if parts is not None else micro_batches(roll, settings, dist)
     # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
     # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
     with precision.autocast():
@@ -346,16 +348,17 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
                                                  StepMetrics(device), dist)
             generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
         t_gen = clock(device)
+        parts = micro_batches(roll, settings, dist)  # once: every pass below runs the same micro-batches
         # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
         with record_function(PHASES[1]):
             if policies.behaviour is not None:
-                roll.old_logp = score(sampler_model, roll, temp, settings, precision, dist)
+                roll.old_logp = score(sampler_model, roll, temp, settings, precision, dist, parts)
     with record_function(PHASES[1]):
         if policies.behaviour is None and algo.num_iterations > 1:
-            roll.old_logp = score(policy, roll, temp, settings, precision, dist)
+            roll.old_logp = score(policy, roll, temp, settings, precision, dist, parts)
         if policies.reference is not None:
             with policies.reference() as reference:
-                roll.ref_logp = score(reference, roll, temp, settings, precision, dist)
+                roll.ref_logp = score(reference, roll, temp, settings, precision, dist, parts)
         roll.advantages = advantages(roll, algo, dist)
     t_score = clock(device)
 
@@ -364,7 +367,7 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
         for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
             last = i == algo.num_iterations - 1
             failed, grad_norm = optimise(policy, optimizer, roll, settings, precision, record=metrics if last else None,
-                                         with_entropy=i == 0, dist=dist)
+                                         with_entropy=i == 0, dist=dist, parts=parts)
             skipped += failed
         if generator.needs_weights and policies.behaviour is None:  # the engine samples the next step: push the update
             with dist.full_model(policy) as full:
