@@ -17,6 +17,7 @@ from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DAT
                               TOOL_FORMATS)
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
+from grpo_cli.health import HEALTH_MODES
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
 from grpo_cli.rewards import REWARDS, term_specs
 from grpo_cli.rewards.python_fn import is_file_spec
@@ -180,6 +181,16 @@ def check_reward(p: Problems, r) -> None:
         p.need(bool(DEVICE.match(str(r.model_device))), f"reward.model_device={r.model_device!r} must be auto, cpu, cuda or cuda:N")
     if "python" in terms:
         p.need(bool(r.fn), "reward=python needs reward.fn, your function such as my_rewards.py:score or mypkg.rewards:score")
+    if "code" in terms:
+        p.need(bool(r.tests_field), "reward=code needs reward.tests_field, the dataset column holding each row's tests")
+        p.finite("reward.code_cpu_s", r.code_cpu_s, 0, 600, low_open=True)
+        p.at_least("reward.code_memory_mib", r.code_memory_mib, 32)
+        p.at_least("reward.code_output_kib", r.code_output_kib, 1)
+        p.at_least("reward.code_processes", r.code_processes, 1)
+    p.at_least("reward.workers", r.workers, 0)
+    p.finite("reward.timeout_s", r.timeout_s, 0, low_open=True)
+    p.finite("reward.max_failed_fraction", r.max_failed_fraction, 0, 1)
+    p.finite("reward.worker_memory_gib", r.worker_memory_gib, 0)
 
 
 def check_data(p: Problems, d) -> None:
@@ -196,6 +207,8 @@ def check_data(p: Problems, d) -> None:
         distinct = 10 ** (2 * max(d.digits, 0)) // 2
         p.need(d.num_train + d.num_test <= distinct, f"data.num_train + data.num_test = {d.num_train + d.num_test} must be "
                                                      f"at most {distinct}, half the distinct problems of data.digits={d.digits}")
+    if d.name == "code":
+        p.need(0 < d.num_test < 62, f"data.num_test={d.num_test} must be between 1 and 61, of the 62 problems of data=code")
     if d.name == "files":
         p.need(bool(d.train_file), "data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file)")
     if d.name == "hub":
@@ -301,6 +314,7 @@ def check_train(cfg) -> None:
     p.at_least("trainer.log_completions_every", t.log_completions_every, 0)
     p.at_least("trainer.log_completions_groups", t.log_completions_groups, 0)
     p.at_least("trainer.zero_variance_warn_steps", t.zero_variance_warn_steps, 1)
+    p.choice("trainer.health", t.health, HEALTH_MODES)
     p.at_least("trainer.threads", t.threads, 0)
     p.at_least("trainer.nonfinite_patience", t.nonfinite_patience, 1)
     p.choice("trainer.strategy", t.strategy, STRATEGIES)

@@ -53,6 +53,15 @@ class RewardConfig:
     fn_dir: Optional[str] = None
     correct: str = "reward"
     correct_threshold: Optional[float] = None
+    tests_field: str = "tests"
+    code_cpu_s: float = 2.0
+    code_memory_mib: int = 512
+    code_output_kib: int = 1024
+    code_processes: int = 16
+    workers: int = 0
+    timeout_s: float = 30.0
+    max_failed_fraction: float = 0.1
+    worker_memory_gib: float = 4.0
 
 
 @dataclass
@@ -167,6 +176,7 @@ class TrainerConfig:
     eval_before_after: bool = True
     eval_prompts: int = 200
     zero_variance_warn_steps: int = 5
+    health: str = "warn"
     progress: bool = True
     keep_last: int = 0
     eval_every: int = 50

@@ -165,7 +165,8 @@ class Console:
             table.add_column(col, justify="left" if col == "completion" else "right")
         for completion, (r, times) in list(distinct.items())[:limit]:
             text = completion if "messages" in r else repr(completion)  # an episode's transcript: a line per message
-            table.add_row(escape(text), str(times), f"{r['reward']:.3f}", f"{r['advantage']:+.3f}")
+            table.add_row(escape(text), str(times), "none" if r["reward"] is None else f"{r['reward']:.3f}",
+                          f"{r['advantage']:+.3f}")
         self.rich.print(escape(heading))
         self.rich.print(table)
 

@@ -297,6 +297,10 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
         data = arithmetic_problems(cfg.max_operand, cfg.num_test, cfg.seed)
     elif cfg.name == "long_addition":
         data = long_addition_problems(cfg.digits, cfg.num_train, cfg.num_test, cfg.seed)
+    elif cfg.name == "code":
+        from grpo_cli.code_tasks import code_problems
+
+        data = code_problems(cfg.num_test, cfg.seed)
     elif cfg.name == "files":
         data = read_files(cfg)
     elif cfg.name == "hub":

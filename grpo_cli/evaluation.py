@@ -119,6 +119,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         console.print(f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f} (correct: {judge.label})", highlight=False)
         generator.close()  # a vLLM engine's memory goes before the next model's engine is built
         del model
+    reward_fn.close()  # its worker processes, if any
     result = {"split": cfg.split, "data": cfg.data.name, "num_prompts": rows[0]["num_prompts"],
               "samples": cfg.samples, "k": ks, "correct": judge.label, "rows": rows}
     try:

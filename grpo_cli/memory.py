@@ -126,6 +126,13 @@ def peak_resident_bytes() -> float:
     return _status_bytes("VmHWM")
 
 
+def current_bytes(device: torch.device) -> float:
+    """Memory in use now: CUDA's allocated tensors on a GPU, the process's resident memory on CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.memory_allocated(device))
+    return resident_bytes()
+
+
 def peak_bytes(device: torch.device) -> float:
     """The peak so far: CUDA's allocated tensors on a GPU, the process's resident memory on CPU."""
     if device.type == "cuda":

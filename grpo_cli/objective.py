@@ -23,6 +23,7 @@ __all__ = [
     "POLICY_LOSSES",
     "RATIO_LEVELS",
     "STD_KINDS",
+    "flat_groups",
     "group_advantages",
     "policy_loss",
     "token_kl",
@@ -44,6 +45,14 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+def flat_groups(rewards: Tensor) -> Tensor:
+    """[n] True for a group with no signal: fewer than two scores (NaN is no score), or all of them equal."""
+    scored = ~torch.isnan(rewards)
+    top = torch.where(scored, rewards, torch.full_like(rewards, -math.inf)).amax(dim=1)
+    bottom = torch.where(scored, rewards, torch.full_like(rewards, math.inf)).amin(dim=1)
+    return (top == bottom) | (scored.sum(dim=1) < 2)
+
+
 def group_advantages(
     rewards: Tensor, *, scale: str = "group", std: str = "population", eps: float = 1e-6, all_sum=None
 ) -> Tensor:
@@ -57,6 +66,10 @@ def group_advantages(
     ``all_sum`` sums a tensor over data-parallel ranks (default: none), so ``scale="batch"`` uses the
     statistics of the whole batch when each rank holds part of it. The result is detached: advantages
     are stop-gradient.
+
+    A NaN reward is "no score" (a reward that returned None, or failed; TRL's convention): it is left
+    out of every mean, sigma and count, and its advantage is 0. A group with fewer than two scores
+    carries no signal and gets 0 throughout, as a group of equal rewards does.
     """
     _check_choice("advantage scale", scale, ADVANTAGE_SCALES)
     _check_choice("std kind", std, STD_KINDS)
@@ -68,32 +81,35 @@ def group_advantages(
         )
     if eps < 0:
         raise ValueError(f"eps must be non-negative, got {eps}.")
+    ddof = 1 if std == "sample" else 0
+    if scale == "group" and rewards.shape[1] - ddof < 1:
+        raise ValueError(
+            f"std='sample' needs at least two rewards per group to estimate a spread, got {rewards.shape[1]}."
+        )
     rewards = rewards.detach().to(_compute_dtype(rewards))  # [n, G]
-
+    scored = ~torch.isnan(rewards)
+    values = torch.where(scored, rewards, torch.zeros_like(rewards))  # no-score rewards add nothing to a sum
+    count = scored.sum(dim=1, keepdim=True)  # [n, 1]
     # A float mean of identical values can miss them by an ulp, which sigma ~ eps would blow
-    # up; a flat group carries no signal, so its advantages are set to exactly zero.
-    flat = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)  # [n, 1]
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    centred = torch.where(flat, torch.zeros_like(centred), centred)
+    # up; a flat group (or one with under two scores) carries no signal: its advantages are exactly zero.
+    flat = flat_groups(rewards)[:, None]  # [n, 1]
+    centred = values - values.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    centred = torch.where(flat | ~scored, torch.zeros_like(centred), centred)
     if scale == "none":
         return centred
 
-    ddof = 1 if std == "sample" else 0
     if scale == "group":
-        count = rewards.shape[1]
         sum_sq = centred.pow(2).sum(dim=1, keepdim=True)  # [n, 1]
+        sigma = torch.sqrt(sum_sq / (count - ddof).clamp(min=1) + eps**2)  # a group under two scores is flat
     else:
         all_sum = all_sum or (lambda t: t)
-        total, count = all_sum(torch.stack([rewards.sum(), rewards.new_tensor(float(rewards.numel()))])).tolist()
-        sum_sq = all_sum((rewards - total / count).pow(2).sum())
-    if count - ddof < 1:
-        raise ValueError(
-            f"std='sample' needs at least two rewards per {scale} to estimate a spread, "
-            f"got {count}."
-        )
-    sigma = torch.sqrt(sum_sq / (count - ddof) + eps**2)
+        total, n = all_sum(torch.stack([values.sum(), scored.sum().to(rewards.dtype)])).tolist()
+        if n - ddof < 1:
+            raise ValueError(f"std='sample' needs at least two rewards per batch to estimate a spread, got {n:g}.")
+        sum_sq = all_sum(torch.where(scored, rewards - total / n, torch.zeros_like(rewards)).pow(2).sum())
+        sigma = torch.sqrt(sum_sq / (n - ddof) + eps**2)
     # With eps = 0 a flat group would be 0 / 0.
-    return torch.where(flat, torch.zeros_like(centred), centred / sigma)
+    return torch.where(flat | ~scored, torch.zeros_like(centred), centred / sigma)
 
 
 def token_kl(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:

@@ -35,7 +35,7 @@ from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.publish import check_push, push, write_model_card
-from grpo_cli.rewards import build_reward, load_user_rewards
+from grpo_cli.rewards import build_reward, check_reward_columns, load_user_rewards
 from grpo_cli.runtime import prepare_process
 from grpo_cli.step import StepSettings
 from grpo_cli.trackers import check_trackers, open_trackers
@@ -255,6 +255,7 @@ def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world:
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
     data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
     train_rows = data["train"]
+    check_reward_columns(cfg.reward, train_rows.column_names)
     console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
     plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
                                precision, world, state.get("max_tokens_per_micro_batch"), device)
@@ -325,6 +326,8 @@ def finish_run(run: Run, seconds: float) -> dict:
         "reward_first": rows[0]["reward_mean"] if rows else None,
         "reward_last20": sum(r["reward_mean"] for r in last) / len(last) if last else None,
         "seconds": seconds,
+        "health": ", ".join(dict.fromkeys(k.split("/", 1)[1] for r in rows for k in r if k.startswith("health/")))
+                  or ("not checked" if t.health == "off" else "no rule fired"),
         "run_dir": str(run.run_dir),
     }
     if after is not None:

@@ -20,7 +20,7 @@ from grpo_cli.generators import check_available, generate, make_generator
 from grpo_cli.lora import is_adapter_dir
 from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.precision import DTYPES, Precision
-from grpo_cli.rewards import PROMPT_MESSAGES, build_reward
+from grpo_cli.rewards import PROMPT_MESSAGES, build_reward, no_score_none
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -110,6 +110,8 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
             if reward is not None and source.get("answer") is not None:
                 score(reward, group, source, ids[i * G : (i + 1) * G], episodes)
             rows += group
+    if reward is not None:
+        reward.close()  # its worker processes, if any
     show(rows, G, path, console)
     if cfg.output:
         out = Path(cfg.output).expanduser()
@@ -134,9 +136,9 @@ def score(reward, group: list[dict], source: dict, completion_ids=None, episodes
                                 completion_tokens=[r["tokens"] for r in group], columns=columns,
                                 completion_ids=completion_ids, episodes=episodes)
     for j, r in enumerate(group):
-        r.update(answer=answer, reward=total[j])
+        r.update(answer=answer, reward=no_score_none(total[j]))  # None: no term scored it
         if len(terms) > 1:
-            r.update({f"reward/{name}": values[j] for name, values in terms.items()})
+            r.update({f"reward/{name}": no_score_none(values[j]) for name, values in terms.items()})
 
 
 def show(rows: list[dict], group_size: int, path: str, console) -> None:

@@ -70,6 +70,7 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
         if advance:
             advance(len(p))
     n = max(len(prompts), 1)
+    scored = [r for r in rewards if not math.isnan(r)]  # a completion no term scored (None) is left out, as TRL
     multi_turn = {}
     if episodes:  # how the model used its environment: turns, and the share of episodes calling a tool
         multi_turn = {"turns": sum(ep.turns for ep in episodes) / n,
@@ -78,12 +79,19 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
     return {
         **multi_turn,
         "accuracy": sum(correct) / n,
-        "reward_mean": sum(rewards) / n,
-        **{f"reward/{name}": sum(values) / n for name, values in terms.items()},
+        "reward_mean": nanmean(rewards),
+        **({"reward_none_frac": 1 - len(scored) / n} if len(scored) < len(rewards) else {}),
+        **{f"reward/{name}": nanmean(values) for name, values in terms.items()},
         "completion_len": sum(lengths) / n,
         "truncated_frac": sum(truncated) / n,
         "num_prompts": len(prompts),
     }
+
+
+def nanmean(values: list[float]) -> float:
+    """The mean of the scored values (NaN is no score), 0 when none is."""
+    scored = [v for v in values if not math.isnan(v)]
+    return sum(scored) / len(scored) if scored else 0.0
 
 
 def vote_key(completion: str, target: str, answer_of) -> str:

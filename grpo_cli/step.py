@@ -26,11 +26,11 @@ from grpo_cli.episodes import episode_metrics
 from grpo_cli.generation import Sampling
 from grpo_cli.generators import generate
 from grpo_cli.logprobs import token_logprobs
-from grpo_cli.memory import GIB, peak_bytes
+from grpo_cli.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.objective import POLICY_LOSSES, flat_groups, group_advantages, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
-from grpo_cli.rewards import Judge, score_batch
+from grpo_cli.rewards import Judge, no_score_none, score_batch
 from grpo_cli.rollout import Rollout, concat_rollouts
 
 
@@ -275,20 +275,23 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
             )
             if roll.episodes is not None:
                 episode_metrics(roll.episodes, metrics)
-            rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)
+            rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)  # NaN: no score
             terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
             correct = judge(total, roll.completions, per_completion(batch.answers))
-            metrics.mean("reward_mean", rewards.sum(), rewards.numel())
-            metrics.mean("reward_sq", rewards.pow(2).sum(), rewards.numel())  # for the std, over ranks too
+            scored, flat = ~rewards.isnan(), flat_groups(rewards)
+            metrics.mean("reward_mean", rewards.nansum(), scored.sum())  # over the scored completions, as TRL
+            metrics.mean("reward_sq", rewards.pow(2).nansum(), scored.sum())  # for the std, over ranks too
+            metrics.mean("reward_none_frac", (~scored).sum(), rewards.numel())  # no score: advantage 0
+            metrics.mean("reward_failed_frac", len(getattr(reward_fn, "failed", ())), rewards.numel())  # workers'
             metrics.mean("accuracy", sum(correct), len(correct))
-            metrics.mean("zero_var_frac", (rewards.amax(1) == rewards.amin(1)).sum(), rewards.shape[0])
+            metrics.mean("zero_var_frac", flat.sum(), rewards.shape[0])
             for k, v in terms.items():
-                metrics.mean(f"reward/{k}", v.double().sum(), v.numel())
+                metrics.mean(f"reward/{k}", v.double().nansum(), (~v.isnan()).sum())
             if not algo.dynamic_sampling:
                 roll.rewards, roll.extra["reward_terms"] = rewards, terms  # float64: logs show the rewards given
                 metrics.mean("dropped_frac", 0.0, rewards.shape[0])
                 return roll, list(batch.answers), metrics
-            groups = (rewards.amax(1) != rewards.amin(1)).nonzero().flatten().tolist()[: n - have()]
+            groups = (~flat).nonzero().flatten().tolist()[: n - have()]
             metrics.mean("dropped_frac", rewards.shape[0] - len(groups), rewards.shape[0])
             if groups:
                 kept.append(roll.select_groups(groups))
@@ -388,6 +391,7 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
                           ("seconds", t_end - t0)):
         metrics.max(name, seconds)  # the slowest rank's: the step waits for it
     metrics.max("peak_memory_gib", peak_bytes(device) / GIB)  # the largest rank's (memory.py)
+    metrics.max("memory_gib", current_bytes(device) / GIB)  # in use at the step's end (health.py: memory_growth)
     row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
     row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
     row["completion_tokens"] = int(row["completion_tokens"])
@@ -404,7 +408,7 @@ def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | Non
     rows = [
         {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
          "answer": str(answers[g]),
-         "reward": float(roll.rewards[g, j]), "advantage": float(roll.advantages[g * G + j])}
+         "reward": no_score_none(float(roll.rewards[g, j])), "advantage": float(roll.advantages[g * G + j])}
         for g in range(min(groups, len(roll.prompts))) for j in range(G)
     ]
     if roll.episodes is not None:  # the whole transcript: every turn, tool call and result

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import closing
 from pathlib import Path
 
 from grpo_cli.console import Console
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
+from grpo_cli.health import Health, stop_run
 from grpo_cli.run import Run, finish_run, start_run
 from grpo_cli.step import completion_rows, grpo_step, shown_group
 from grpo_cli.stopping import GracefulStop, Stopped
@@ -30,12 +32,14 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     run = start_run(cfg, Path(run_dir), console, dist, command)
     t = cfg.trainer
     watch, start = Watch(t, console), time.perf_counter()
+    health = Health(cfg, console.warn, t.health)  # every rank sees the same reduced rows, so all stop together
 
     def announce(signum: int) -> None:
         console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      "(press Ctrl-C again to stop at once)")
 
-    with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop:
+    with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop, \
+            closing(run.reward_fn):  # its worker processes end with the loop, however it ends
         for step in range(run.first_step, t.steps + 1):
             run.policy.train()
             batch = run.prompts.share(step)  # 1.
@@ -46,15 +50,17 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
             run.scheduler.step()
             run.policies.refresh(step)
             row = {"step": step, **row, "lr": lr}
+            unhealthy = health.check(step, row)  # adds health/<rule> to the row
             log_step(run, step, row, roll)  # 4.
             if t.eval_every and step % t.eval_every == 0:  # 5.
                 run.held_out.during(step)
-            watch.rewards(row)
             signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together
-            if step % t.save_every == 0 or step == t.steps or signum:
+            if step % t.save_every == 0 or step == t.steps or signum or unhealthy:
                 run.save(step)
             if signum:
                 raise Stopped(signum, step, resume_command(command, run.run_dir))
+            if unhealthy:  # trainer.health=stop
+                raise stop_run(unhealthy, resume_command(command, run.run_dir))
     return finish_run(run, time.perf_counter() - start)
 
 
@@ -86,12 +92,12 @@ def log_step(run: Run, step: int, row: dict, roll) -> None:
 
 
 class Watch:
-    """The run's health between steps: non-finite updates in a row stop it; groups that all scored
-    alike for trainer.zero_variance_warn_steps in a row get a warning."""
+    """Non-finite updates between steps: skipped with a warning; trainer.nonfinite_patience in a row stop
+    the run (the other health checks: health.py)."""
 
     def __init__(self, trainer, console: Console):
         self.t, self.console = trainer, console
-        self.skipped, self.zero_variance = 0, 0
+        self.skipped = 0
 
     def updates(self, step: int, row: dict) -> None:
         self.skipped = self.skipped + 1 if row["skipped"] else 0
@@ -104,13 +110,4 @@ class Watch:
                 f"{self.skipped} updates in a row had a non-finite loss or gradient (step {step}), so training "
                 "stopped with the weights of the last finite update; lower optimizer.lr, check that the reward "
                 "is bounded, or resume from the last checkpoint with resume=auto."
-            )
-
-    def rewards(self, row: dict) -> None:
-        self.zero_variance = self.zero_variance + 1 if row["zero_var_frac"] == 1.0 else 0
-        if self.zero_variance == self.t.zero_variance_warn_steps:
-            self.console.warn(
-                f"every group has had zero reward variance for {self.zero_variance} steps, so the advantages "
-                "and the loss are zero and nothing learns; raise sampler.temperature or group_size, or use "
-                "an easier task or a denser reward."
             )

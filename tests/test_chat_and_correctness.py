@@ -199,8 +199,9 @@ def test_a_reward_function_written_for_trl_runs_unchanged_and_none_means_no_scor
         assert grpo("train", f"output_dir={run}", *ONE_STEP, "trainer.eval_before_after=false", "reward=python",
                     f"reward.fn={fn}", "trainer.log_completions_every=1") == 0
         rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
-        if fn.endswith("reward_len"):  # None scored 0; the others as returned (0.5 + their token count)
-            assert [r["reward"] == 0.0 for r in rows] == [i % 2 == 0 for i in range(len(rows))], rows
+        if fn.endswith("reward_len"):  # None is no score (null, advantage 0); the others as returned
+            assert [r["reward"] is None for r in rows] == [i % 2 == 0 for i in range(len(rows))], rows
+            assert all(r["advantage"] == 0.0 for r in rows[0::2])
             assert all(r["reward"] >= 1.5 for r in rows[1::2])
         else:
             assert all(r["reward"] == float(r["completion"].strip() == r["answer"]) for r in rows)

@@ -26,12 +26,13 @@ BUILDERS: dict[str, Callable | str] = {
     "length": "grpo_cli.rewards.length:build",
     "model": "grpo_cli.rewards.reward_model:build",
     "python": "grpo_cli.rewards.python_fn:build",
+    "code": "grpo_cli.rewards.code:build",
 }
 REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
 PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
-MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0}
+MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0, "code": 1.0}
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Batch:
     completion_ids: Optional[list[list[int]]] = None  # each completion's token ids, when the caller has them
     prompt_messages: Optional[list] = None  # conversational data: each prompt as its chat messages (TRL's format)
     episodes: Optional[list] = None  # multi-turn: each completion's episodes.Episode (its messages, its environment)
+    first: int = 0  # the index of this batch's first completion in the step's (messages name completions by it)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -59,6 +61,7 @@ class Batch:
             None if self.completion_ids is None else [self.completion_ids[i]],
             None if self.prompt_messages is None else [self.prompt_messages[i]],
             None if self.episodes is None else [self.episodes[i]],
+            self.first + i,
         )
 
 
@@ -68,8 +71,10 @@ TermFn = Callable[[Batch], Sequence[float]]
 class Reward:
     """Named, checked terms and their weights; calling it gives the weighted sum per completion."""
 
-    def __init__(self, terms: dict[str, TermFn], weights: dict[str, float]):
+    def __init__(self, terms: dict[str, TermFn], weights: dict[str, float], pool=None, max_failed_fraction: float = 1.0):
         self.terms, self.weights = terms, weights
+        self.pool, self.max_failed_fraction = pool, max_failed_fraction  # reward_pool.RewardPool, or in-process
+        self.failed: list = []  # the last batch's completions that a worker could not score (reward_pool.Failure)
 
     def add_environment_term(self, name: str, max_value: float | None = 1.0) -> None:
         """The environment's own reward as one more term of weight 1, named after its class (TRL's rule for
@@ -87,6 +92,7 @@ class Reward:
             return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward
 
         term.user_code, term.max_value = True, max_value
+        term.in_process = True  # it reads the episodes' live environments
         self.terms[name] = term
         self.weights[name] = 1.0
 
@@ -101,16 +107,43 @@ class Reward:
 
     def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None,
               episodes=None):
-        """(weighted sum per completion, {term: its values}) for one batch."""
+        """(weighted sum per completion, {term: its values}) for one batch. A term's NaN is no score (a
+        None from user code, or a completion a worker could not score): the sum is over the terms that
+        scored it, as TRL's nansum, and NaN when none did. `self.failed` lists the worker failures; more
+        than `max_failed_fraction` of the batch stops the run with one sentence."""
         messages = (columns or {}).get(PROMPT_MESSAGES)
         batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
                       None if completion_tokens is None else [int(n) for n in completion_tokens],
                       {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")}, completion_ids,
                       None if messages is None else list(messages), episodes)
-        values = {name: run_term(name, fn, batch, user_code=getattr(fn, "user_code", False),
-                                 none_is_no_score=getattr(fn, "user_code", False)) for name, fn in self.terms.items()}
-        total = [sum(self.weights[name] * values[name][i] for name in values) for i in range(len(batch))]
+        pooled = [name for name, fn in self.terms.items()
+                  if self.pool is not None and not getattr(fn, "in_process", False)]
+        values, self.failed = self.pool.score(pooled, batch) if pooled else ({}, [])
+        for name, fn in self.terms.items():
+            if name not in values:
+                values[name] = run_term(name, fn, batch, user_code=getattr(fn, "user_code", False),
+                                        none_is_no_score=getattr(fn, "user_code", False))
+        values = {name: values[name] for name in self.terms}
+        if len(self.failed) > self.max_failed_fraction * len(batch):
+            raise GrpoError(self._failed_sentence(pooled, batch))
+        total = []
+        for i in range(len(batch)):
+            scored = [self.weights[name] * values[name][i] for name in values if not math.isnan(values[name][i])]
+            total.append(sum(scored) if scored else math.nan)
         return total, values
+
+    def close(self) -> None:
+        """End the worker processes, if any (a new score() starts them again)."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def _failed_sentence(self, names: list[str], batch: Batch) -> str:
+        first = self.failed[0]
+        label = names[0] if len(names) == 1 else "+".join(names)
+        return (f"Reward {label!r} could not score {len(self.failed)} of {len(batch)} completions, more than "
+                f"reward.max_failed_fraction={self.max_failed_fraction:g}: completion {first.index} "
+                f"({_short(batch.completions[first.index])}) {first.why}; fix the reward, or raise "
+                "reward.timeout_s or reward.worker_memory_gib.")
 
     def __call__(self, prompts, completions, answers, *, completion_tokens=None, columns=None,
                  completion_ids=None, episodes=None) -> list[float]:
@@ -146,8 +179,18 @@ def load_user_rewards(cfg) -> None:
             load_function(spec, getattr(cfg, "fn_dir", None))
 
 
-def build_reward(cfg) -> Reward:
-    """The reward group's `Reward`, every term built (and its options checked) before any work starts."""
+def check_reward_columns(cfg, columns: list[str]) -> None:
+    """The dataset columns the reward reads (reward=code: its tests) are there, before any model loads."""
+    if any(kind == "code" for _, kind, _ in term_specs(cfg)) and cfg.tests_field not in columns:
+        raise GrpoError(f"reward=code reads each row's tests from the dataset column {cfg.tests_field!r}, which this "
+                        f"data does not have (its columns: {', '.join(sorted(c for c in columns if not c.startswith('_')))});"
+                        " set reward.tests_field, or use data with tests.")
+
+
+def build_reward(cfg, workers: bool = True) -> Reward:
+    """The reward group's `Reward`, every term built (and its options checked) before any work starts;
+    with `reward.workers` > 0 (and `workers`) its terms are scored in that many worker processes
+    (reward_pool.py), started when first needed. Close it (`reward.pool.close()`) when done."""
     import copy
 
     specs = term_specs(cfg)  # the terms, checked in checks.check_reward
@@ -161,7 +204,13 @@ def build_reward(cfg) -> Reward:
             term_cfg = copy.copy(cfg)
             term_cfg.fn = spec
         terms[label] = load(BUILDERS[kind])(term_cfg)
-    return Reward(terms, dict(zip([label for label, _, _ in specs], map(float, weights))))
+    pool = None
+    if workers and getattr(cfg, "workers", 0) > 0:
+        from grpo_cli.reward_pool import RewardPool
+
+        pool = RewardPool(cfg, cfg.workers, cfg.timeout_s, cfg.worker_memory_gib)
+    return Reward(terms, dict(zip([label for label, _, _ in specs], map(float, weights))), pool,
+                  getattr(cfg, "max_failed_fraction", 1.0))
 
 
 class Judge:
@@ -192,6 +241,11 @@ class Judge:
         return [v == 1.0 for v in self._answer(None, completions, answers)]
 
 
+def no_score_none(x: float) -> float | None:
+    """A reward as it is written out: None (JSON null) for no score."""
+    return None if math.isnan(x) else x
+
+
 def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=None, columns=None,
                 completion_ids=None, episodes=None):
     """(totals, per-term values) of any reward: a `Reward`, or a plain fn(prompts, completions, answers)."""
@@ -204,10 +258,12 @@ def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=N
 def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool, none_is_no_score: bool = False) -> list[float]:
     """fn(batch) as finite floats, one per completion, or a GrpoError naming the reward (and, when
     `user_code` raised, the completion); an exception from a built-in term propagates unchanged.
-    With `none_is_no_score` (reward=python, TRL's convention) a None is 0: no score from this term."""
+    With `none_is_no_score` (user code, TRL's convention) a None is NaN: no score from this term."""
     try:
         values = fn(batch)
     except GrpoError:
+        raise
+    except MemoryError:  # not the user's mistake: in a worker (reward_pool), a failed sample; here, a trace
         raise
     except SystemExit as e:  # a reward that exits would end the run with its code and no word
         if not user_code:
@@ -234,8 +290,8 @@ def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool, none_is_no
         )
     out = []
     for i, v in enumerate(values):
-        if v is None and none_is_no_score:  # "no score" (TRL's convention): adds nothing, as TRL's nansum
-            out.append(0.0)
+        if v is None and none_is_no_score:  # "no score" (TRL's convention): NaN, left out of every statistic
+            out.append(math.nan)
             continue
         try:
             x = None if isinstance(v, (str, bytes)) else float(v)
@@ -243,7 +299,7 @@ def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool, none_is_no
             x = None
         if x is None or not math.isfinite(x):
             raise GrpoError(
-                f"Reward {name!r} returned {v!r} for completion {i} ({_short(batch.completions[i])}); "
+                f"Reward {name!r} returned {v!r} for completion {batch.first + i} ({_short(batch.completions[i])}); "
                 "rewards must be finite floats."
             )
         out.append(x)
@@ -253,12 +309,12 @@ def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool, none_is_no
 def _failing_row(fn: TermFn, batch: Batch) -> str:
     """' on completion i (...)' for the first completion that fails alone, or '' if none does."""
     if len(batch) == 1:
-        return f" on completion 0 ({_short(batch.completions[0])})"
+        return f" on completion {batch.first} ({_short(batch.completions[0])})"
     for i in range(len(batch)):
         try:
             fn(batch.row(i))
         except Exception:
-            return f" on completion {i} ({_short(batch.completions[i])})"
+            return f" on completion {batch.first + i} ({_short(batch.completions[i])})"
     return ""
 
 

@@ -44,4 +44,5 @@ def build(cfg):
             scores += model(**enc).logits[:, 0].float().tolist()
         return scores
 
+    reward.in_process = True  # batched forwards on the trainer's device; a worker per completion would lose both
     return reward

@@ -1,0 +1,139 @@
+"""Health checks (`trainer.health`: warn | stop | off): rules over the metrics every step already logs,
+each with a documented threshold and the knob that fixes what it sees.
+
+A broken run rarely crashes; it learns nothing for hours. Each rule reads the step's metrics row and
+the rows before it:
+
+| rule | fires when | usual fix |
+| --- | --- | --- |
+| truncation | over half the completions hit sampler.max_new_tokens, 3 steps running | raise max_new_tokens, or a length penalty |
+| zero_variance | every group's rewards are equal, trainer.zero_variance_warn_steps steps running | temperature, group size, an easier task |
+| reward_constant | every completion of the batch has the same reward, 5 steps running | the reward does not look at the completion |
+| reward_missing | over half the completions have no score (None, or a worker failure), 2 steps running | the reward |
+| sampler_mismatch | the sampler's log-probs differ from the trainer's by over 0.1 nats a token (or the behaviour's KL is over 0.1) | algo.sampler_correction=tis, generator precision |
+| kl_explode | the KL to the reference is over 1 nat a token | lower optimizer.lr, raise algo.beta |
+| entropy_collapse | entropy under 0.01 nats a token while under half the completions are correct, 3 steps running | raise sampler.temperature or algo.entropy_coef |
+| entropy_explode | entropy over 3x its first value and over 2 nats a token above it, 3 steps running | lower optimizer.lr |
+| memory_growth | memory (resident on CPU, allocated on CUDA) rose at every one of the last 8 steps, by over 64 MiB, after 5 warm-up steps | a leak: a reward or callback keeping references |
+
+`warn` prints one line per rule, once, naming the knob; `stop` saves a checkpoint and stops the run with
+that sentence; `off` checks nothing. A row gets `health/<rule>: 1` at every step its rule holds, and the
+run summary lists the rules that fired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from grpo_cli.errors import GrpoError
+
+HEALTH_MODES = ("warn", "stop", "off")
+TRUNCATED_FRAC, TRUNCATED_STEPS = 0.5, 3
+CONSTANT_STEPS = 5
+MISSING_FRAC, MISSING_STEPS = 0.5, 2
+SAMPLER_NATS = 0.1
+KL_NATS = 1.0
+ENTROPY_FLOOR, ENTROPY_STEPS, ENTROPY_ACCURACY = 0.01, 3, 0.5
+ENTROPY_FACTOR, ENTROPY_RISE = 3.0, 2.0
+MEMORY_WARMUP, MEMORY_STEPS, MEMORY_GROWTH_GIB = 5, 8, 64 / 1024
+
+
+@dataclass
+class Rule:
+    name: str
+    holds: Callable[[list[dict]], bool]  # the rows so far, the newest last
+    sentence: Callable[[list[dict]], str]  # what it saw and the knob, for the newest row
+
+
+def _running(rows: list[dict], steps: int, test: Callable[[dict], bool]) -> bool:
+    return len(rows) >= steps and all(test(r) for r in rows[-steps:])
+
+
+def _memory_grew(rows: list[dict]) -> bool:
+    seen = [r["memory_gib"] for r in rows[MEMORY_WARMUP:] if "memory_gib" in r]
+    if len(seen) < MEMORY_STEPS + 1:
+        return False
+    last = seen[-(MEMORY_STEPS + 1):]
+    return all(b > a for a, b in zip(last, last[1:])) and last[-1] - last[0] > MEMORY_GROWTH_GIB
+
+
+def rules(cfg) -> list[Rule]:
+    s, t = cfg.sampler, cfg.trainer
+    zero_steps = t.zero_variance_warn_steps
+    return [
+        Rule("truncation", lambda rows: _running(rows, TRUNCATED_STEPS, lambda r: r["truncated_frac"] > TRUNCATED_FRAC),
+             lambda rows: f"{rows[-1]['truncated_frac']:.0%} of completions hit sampler.max_new_tokens={s.max_new_tokens} "
+                          f"for {TRUNCATED_STEPS} steps, so their rewards judge unfinished answers; raise "
+                          "sampler.max_new_tokens, or add a length penalty (reward=combo with length)"),
+        Rule("zero_variance", lambda rows: _running(rows, zero_steps, lambda r: r["zero_var_frac"] == 1.0),
+             lambda rows: f"every group has had zero reward variance for {zero_steps} steps, so the advantages and the "
+                          "loss are zero and nothing learns; raise sampler.temperature or sampler.group_size, or use an "
+                          "easier task or a denser reward"),
+        Rule("reward_constant", lambda rows: _running(rows, CONSTANT_STEPS, lambda r: r["reward_std"] == 0.0
+                                                      and r.get("reward_none_frac", 0.0) < 1.0),
+             lambda rows: f"every completion has scored {rows[-1]['reward_mean']:g} for {CONSTANT_STEPS} steps; check that "
+                          "the reward reads the completion (reward.fn, reward.extract, data.answer_field)"),
+        Rule("reward_missing", lambda rows: _running(rows, MISSING_STEPS, lambda r: r.get("reward_none_frac", 0.0) > MISSING_FRAC),
+             lambda rows: f"{rows[-1]['reward_none_frac']:.0%} of completions had no score (None, or a reward worker "
+                          "failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"),
+        Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS
+             or rows[-1].get("kl_behaviour", 0.0) > SAMPLER_NATS,
+             lambda rows: f"the sampler's log-probs differ from the trainer's by {rows[-1].get('sampler/logp_diff', 0.0):.3f} "
+                          f"nats a token (behaviour KL {rows[-1].get('kl_behaviour', 0.0):.3f}), over {SAMPLER_NATS}; set "
+                          "algo.sampler_correction=tis, or sample in the training precision"),
+        Rule("kl_explode", lambda rows: rows[-1].get("kl", 0.0) > KL_NATS,
+             lambda rows: f"the KL to the reference is {rows[-1]['kl']:.2f} nats a token, over {KL_NATS:g}: the policy is "
+                          "running away; lower optimizer.lr or raise algo.beta"),
+        Rule("entropy_collapse", lambda rows: _running(rows, ENTROPY_STEPS, lambda r: r.get("entropy", 1.0) < ENTROPY_FLOOR
+                                                       and r.get("accuracy", 0.0) < ENTROPY_ACCURACY),
+             lambda rows: f"the policy's entropy is {rows[-1]['entropy']:.4f} nats a token while {rows[-1]['accuracy']:.0%} "
+                          "of completions are correct: it samples one answer and cannot explore; raise "
+                          "sampler.temperature or algo.entropy_coef"),
+        Rule("entropy_explode", lambda rows: "entropy" in rows[0] and _running(
+                 rows, ENTROPY_STEPS, lambda r: r["entropy"] > max(ENTROPY_FACTOR * rows[0]["entropy"],
+                                                                    rows[0]["entropy"] + ENTROPY_RISE)),
+             lambda rows: f"the policy's entropy rose from {rows[0]['entropy']:.2f} to {rows[-1]['entropy']:.2f} nats a "
+                          "token: its outputs are turning to noise; lower optimizer.lr"),
+        Rule("memory_growth", _memory_grew,
+             lambda rows: f"memory has grown at each of the last {MEMORY_STEPS} steps, to {rows[-1]['memory_gib']:.2f} GiB: "
+                          "something keeps a reference every step (a reward or callback that stores completions?)"),
+    ]
+
+
+@dataclass
+class Health:
+    """The rules of one run, the rows they have seen, and the rules that fired."""
+
+    cfg: object
+    warn: Callable[[str], None]
+    mode: str = "warn"
+    rows: list[dict] = field(default_factory=list)
+    fired: list[str] = field(default_factory=list)  # in the order they first fired
+
+    def __post_init__(self):
+        self.rules = rules(self.cfg) if self.mode != "off" else []
+
+    def check(self, step: int, row: dict) -> str | None:
+        """Adds `health/<rule>: 1.0` to the row for each rule that holds; warns once per rule; under `stop`,
+        returns the sentence to stop with (the caller saves a checkpoint first)."""
+        self.rows.append({k: v for k, v in row.items() if isinstance(v, (int, float))})
+        stop = None
+        for rule in self.rules:
+            if not rule.holds(self.rows):
+                continue
+            row[f"health/{rule.name}"] = 1.0
+            if rule.name in self.fired:
+                continue
+            self.fired.append(rule.name)
+            sentence = rule.sentence(self.rows)
+            if self.mode == "stop":
+                stop = stop or f"Health check {rule.name!r} at step {step}: {sentence}."
+            else:
+                self.warn(f"health: {rule.name} at step {step}: {sentence} (trainer.health=stop stops such a run; "
+                          "off silences this).")
+        return stop
+
+
+def stop_run(sentence: str, resume: str) -> GrpoError:
+    return GrpoError(f"{sentence[:-1]}; a checkpoint was saved, so `{resume}` goes on from it.")

@@ -1,0 +1,64 @@
+"""A reward worker process (reward_pool.py starts it as `python -m grpo_cli.reward_worker FD`): it
+limits itself, builds the reward's terms from the config it is sent, and scores one completion per
+message on the socket FD until the trainer closes it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.rewards import build_reward, run_term
+
+
+def _limit_process(memory_gib: float) -> None:
+    """The worker's own limits: its address space, death with its parent, Ctrl-C left to the trainer."""
+    import resource
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":  # elsewhere the pipe's EOF still ends an idle worker
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed trainer takes its workers along
+    if memory_gib > 0:
+        limit = int(memory_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _serve(conn) -> None:
+    """A worker: read its settings, build the terms, say ready, then score one completion per message
+    until the pipe closes. Replies: ("ok", {term: value, NaN = no score}), ("error", sentence) for the
+    user's mistake, ("oom", words) when the address space ran out, ("bug", traceback) for anything else."""
+    path, cfg, memory_gib = conn.recv()
+    sys.path[:] = path  # the trainer's: the user's modules are found as they were there
+    _limit_process(memory_gib)
+    try:
+        reward = build_reward(cfg, workers=False)
+    except GrpoError as e:
+        conn.send(("error", str(e)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            names, batch = conn.recv()
+        except EOFError:
+            return
+        try:
+            values = {}
+            for name in names:
+                user = getattr(reward.terms[name], "user_code", False)
+                values[name] = run_term(name, reward.terms[name], batch, user_code=user, none_is_no_score=user)[0]
+            conn.send(("ok", values))
+        except GrpoError as e:
+            conn.send(("error", str(e)))
+        except MemoryError:
+            conn.send(("oom", f"ran out of memory (reward.worker_memory_gib={memory_gib:g})"))
+            return  # its heap may be in pieces: a fresh worker takes over
+        except BaseException:  # noqa: BLE001 - a built-in term's bug: sent back with its trace
+            conn.send(("bug", traceback.format_exc()))
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])))

@@ -1,0 +1,164 @@
+"""reward=code: the share of a row's tests that the completion's program passes, each test run in a
+sandboxed process.
+
+The program is the last fenced block of the completion (```python ... ```); a completion with none is
+read up to its first closing fence (the prompt opened the block), else whole. The tests are the
+dataset column `reward.tests_field`, one entry per row, in any of these forms (or as a JSON string of
+one of them):
+- stdin/stdout pairs: `[{"input": "3 4\\n", "output": "7\\n"}, ...]`, or APPS's
+  `{"inputs": [...], "outputs": [...]}`: the program reads the input and must print the output
+  (compared line by line, trailing whitespace aside);
+- assert statements: `["assert add(1, 2) == 3", ...]`, each run after the program.
+
+Each test is a fresh `python -I -S` process (standard library only) in a fresh temporary directory, with
+an empty environment, stdout and stderr going to files there, and the limits `reward.code_cpu_s` (CPU
+seconds; the wall clock allows twice that plus a second), `reward.code_memory_mib` (address space),
+`reward.code_output_kib` (any file, so stdout too) and `reward.code_processes`; rewards/sandbox_child.py
+applies them, then a network namespace where the OS allows, and an audit hook refusing sockets, new
+processes, native code and writes outside the directory. A test that breaks a limit fails; the process
+group is killed when the test ends, so nothing it started outlives it. Tests run in parallel threads,
+one per core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from grpo_cli.errors import GrpoError
+
+CHILD = Path(__file__).with_name("sandbox_child.py")
+FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
+NOBODY = 65534
+
+
+def extract_program(completion: str) -> str:
+    """The last fenced block; else the text before a closing fence (the prompt opened it); else all of it."""
+    blocks = FENCED.findall(completion)
+    if blocks:
+        return blocks[-1]
+    return completion.split("```", 1)[0]
+
+
+def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str | None]]:
+    """A row's tests as (kind, stdin or assert, expected stdout) triples: kind "io" or "assert"."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = [value]  # one assert statement
+    if isinstance(value, dict) and "inputs" in value and "outputs" in value:  # APPS / TACO
+        value = [{"input": i, "output": o} for i, o in zip(value["inputs"], value["outputs"])]
+    tests = []
+    for t in value if isinstance(value, (list, tuple)) else [None]:
+        if isinstance(t, dict) and "input" in t and "output" in t:
+            tests.append(("io", _text(t["input"]), _text(t["output"])))
+        elif isinstance(t, str) and t.strip():
+            tests.append(("assert", t, None))
+        else:
+            raise GrpoError(f"Row {row}'s {field} holds {t!r}, not a test; give a list of {{\"input\": ..., "
+                            "\"output\": ...}} pairs or of assert statements (reward=code).")
+    if not tests:
+        raise GrpoError(f"Row {row}'s {field} is empty; every row needs at least one test (reward=code).")
+    return tests
+
+
+def _text(v) -> str:
+    return "\n".join(map(str, v)) + "\n" if isinstance(v, list) else str(v)
+
+
+def _same_output(got: str, want: str) -> bool:
+    strip = lambda s: [line.rstrip() for line in s.strip().splitlines()]  # noqa: E731
+    return strip(got) == strip(want)
+
+
+def nobody_can_run_python() -> bool:
+    """Whether `nobody` could run this interpreter's standard library: every directory above it searchable
+    by others (not so under /root, where pyenv puts it)."""
+    path = Path(os.__file__).resolve().parent
+    for d in [path, *path.parents]:
+        if not d.stat().st_mode & stat.S_IXOTH:
+            return False
+    return bool(path.stat().st_mode & stat.S_IROTH)
+
+
+class Sandbox:
+    """Runs one program against one test under the limits (rewards/sandbox_child.py)."""
+
+    def __init__(self, cpu_s: float, memory_mib: int, output_kib: int, processes: int):
+        self.settings = {"cpu_s": max(1, int(cpu_s + 0.999)), "memory_bytes": int(memory_mib) * 2**20,
+                         "file_bytes": int(output_kib) * 2**10, "processes": int(processes),
+                         "drop_user": os.getuid() == 0 and nobody_can_run_python()}
+        self.wall_s = 2 * cpu_s + 1
+
+    def passes(self, program: str, kind: str, given: str, want: str | None) -> bool:
+        home = tempfile.mkdtemp(prefix="grpo-sandbox-")
+        try:
+            (Path(home) / "program.py").write_text(program)
+            if self.settings["drop_user"]:
+                os.chown(home, NOBODY, NOBODY)
+            token = secrets.token_hex(16)
+            settings = {**self.settings, "assertion": given if kind == "assert" else None}
+            with open(os.path.join(home, "stdout"), "wb") as out, open(os.path.join(home, "stderr"), "wb") as err:
+                proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), json.dumps(settings)], cwd=home,
+                                        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.PIPE,
+                                        stdout=out, stderr=err, start_new_session=True)
+                try:
+                    proc.communicate((token + "\n" if kind == "assert" else given).encode(), timeout=self.wall_s)
+                    late = False
+                except subprocess.TimeoutExpired:
+                    late = True  # a test that outlives the wall clock fails
+                finally:
+                    _kill_group(proc)
+            if late or proc.returncode != 0:
+                return False
+            got = Path(home, "stdout").read_text(errors="replace")
+            return got.rstrip("\n").rsplit("\n", 1)[-1] == token if kind == "assert" else _same_output(got, want)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """The test's whole process group, whatever it started, and the test itself reaped."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # already gone, every member
+        pass
+    proc.wait()
+
+
+def build(cfg):
+    """The term: for each completion, the share of its row's tests passed."""
+    field = cfg.tests_field
+    sandbox = Sandbox(cfg.code_cpu_s, cfg.code_memory_mib, cfg.code_output_kib, cfg.code_processes)
+    threads = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+    def reward(batch):
+        if field not in batch.columns:
+            raise GrpoError(f"reward=code reads each row's tests from the dataset column {field!r}, which this data "
+                            f"does not have (its columns: {', '.join(sorted(batch.columns)) or 'none'}); set "
+                            "reward.tests_field.")
+        jobs = []  # (completion, test) pairs
+        for i, (text, tests) in enumerate(zip(batch.completions, batch.columns[field])):
+            program = extract_program(text)
+            jobs += [(i, program, *t) for t in parse_tests(tests, batch.first + i, field)]
+        with ThreadPoolExecutor(threads) as pool:  # each thread waits on its process: the GIL is free
+            passed = list(pool.map(lambda job: sandbox.passes(*job[1:]), jobs))
+        counts, totals = [0] * len(batch), [0] * len(batch)
+        for (i, *_), ok in zip(jobs, passed):
+            counts[i] += ok
+            totals[i] += 1
+        return [c / t for c, t in zip(counts, totals)]
+
+    reward.max_value = 1.0
+    return reward

@@ -1,0 +1,97 @@
+"""The sandbox's first code, run as `python -I -S sandbox_child.py SETTINGS` in a fresh temporary
+directory (rewards/code.py): it confines its own process, then runs the model's program.
+
+In this order, each before any of the program's code runs:
+1. resource limits: CPU seconds, address space, file size (stdout is a file, so a flood of output
+   is a file growing past it), open files, no core dumps;
+2. a network namespace of its own, with no interface but a down loopback, where the OS allows it
+   (root, or user namespaces); the audit hook below refuses sockets either way;
+3. when started as root, and `nobody` can read the interpreter's standard library: the groups, group
+   and user of `nobody`, so the process-count limit holds (it does not bind root) and the machine's files
+   are not the program's to change (code.py decides; where the interpreter lives under a private
+   directory such as /root, the process keeps its user, and the hook and the kill of its whole process
+   group when it ends stand in);
+4. a Python audit hook (PEP 578) refusing sockets, new processes (fork, exec, spawn, subprocess,
+   os.system), native code (ctypes), and opening for writing, removing or renaming outside the
+   directory. An audit hook cannot be removed from Python code, and the OS limits above hold
+   even against what it does not see.
+Then the program runs as `__main__`, with the test's input on stdin (stdin/stdout tests), or followed
+by one assert statement, after which the harness prints the line it was given on stdin before the
+program started (assert tests: a program that exits early never prints it). This confines, it does not
+prove honesty: a program that read that line out of the harness's frames could forge a pass.
+"""
+
+import json
+import os
+import resource
+import sys
+
+CLONE_NEWNET = 0x40000000
+NOBODY = 65534
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def limit(settings: dict) -> None:
+    cpu, memory, size = settings["cpu_s"], settings["memory_bytes"], settings["file_bytes"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if sys.platform == "linux":  # returns -1 without CAP_SYS_ADMIN: then the audit hook alone refuses sockets
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
+    if settings["drop_user"]:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
+
+
+def audit(home: str):
+    """The hook: refuse what a test program has no business doing."""
+    home = os.path.realpath(home)
+    refused = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
+               "os.system", "os.kill", "os.killpg", "ctypes.", "pty.", "os.chmod", "os.chown", "os.link", "os.symlink")
+
+    def inside(path) -> bool:
+        if isinstance(path, int):  # an open descriptor: already checked when it was opened
+            return True
+        return os.path.realpath(os.fsdecode(path)).startswith(home + os.sep)
+
+    def hook(event: str, args) -> None:
+        if event.startswith(refused):
+            raise PermissionError(f"the sandbox refuses {event}")
+        if event == "open" and args[0] is not None:
+            path, mode, flags = args[0], args[1] or "", args[2] or 0
+            writing = any(c in str(mode) for c in "wax+") or flags & WRITE_FLAGS
+            if writing and not inside(path):
+                raise PermissionError(f"the sandbox refuses writing {path}")
+        elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.utime", "shutil.rmtree"):
+            paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
+            if not all(inside(p) for p in paths):
+                raise PermissionError(f"the sandbox refuses {event} outside its directory")
+
+    return hook
+
+
+def main() -> None:
+    settings = json.loads(sys.argv[1])
+    token = sys.stdin.readline().strip() if settings["assertion"] is not None else None
+    with open("program.py") as f:  # read before the user changes
+        source = f.read()
+    limit(settings)
+    sys.addaudithook(audit(os.getcwd()))
+    code = compile(source, "program.py", "exec")
+    check = compile(settings["assertion"], "test", "exec") if settings["assertion"] is not None else None
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    exec(code, namespace)
+    if check is not None:
+        exec(check, namespace)
+        sys.stdout.write(token + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""reward=code: the share of a row's tests passed by the completion's program, each test in a sandboxed
+process. A correct program scores 1; programs that loop, fork without end, eat memory, write outside
+their directory, open a connection or print 100 MB each score 0, and leave the machine as it was: no
+file outside the sandbox, no process left running, no sandbox directory left behind."""
+
+import glob
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_cli.config import RewardConfig
+from grpo_cli.errors import GrpoError
+from grpo_cli.rewards import build_reward
+from grpo_cli.rewards.code import extract_program, parse_tests
+
+ADD_IO = [{"input": "3 4\n", "output": "7\n"}, {"input": "10 -2\n", "output": "8\n"}, {"input": "0 0\n", "output": "0\n"}]
+ADD_ASSERTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(5, 5) == 10"]
+
+
+def fenced(program: str) -> str:
+    return f"Here is my program:\n```python\n{program}\n```\nIt reads the input."
+
+
+def code_reward(**settings):
+    return build_reward(RewardConfig(name="code", code_cpu_s=1.0, code_memory_mib=256, code_output_kib=64,
+                                     **settings))
+
+
+def score(reward, programs: list[str], tests) -> list[float]:
+    total, _ = reward.score(["p"] * len(programs), [fenced(p) for p in programs], [""] * len(programs),
+                            columns={"tests": [tests] * len(programs)})
+    return total
+
+
+def sandbox_processes() -> list[str]:
+    """Processes still running the sandbox's harness."""
+    found = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # a process that ended while being listed
+            continue
+        if "sandbox_child.py" in text:
+            found.append(text)
+    return found
+
+
+def test_a_correct_program_scores_1_and_a_partly_right_one_its_share():
+    reward = code_reward()
+    right = "a, b = map(int, input().split())\nprint(a + b)"
+    half = "a, b = map(int, input().split())\nprint(abs(a) + abs(b))"  # right on 2 of the 3
+    assert score(reward, [right, half, "print(7)"], ADD_IO) == [1.0, pytest.approx(2 / 3), pytest.approx(1 / 3)]
+    good, bad = "def add(a, b):\n    return a + b", "def add(a, b):\n    return a * b"
+    assert score(reward, [good, bad], ADD_ASSERTS) == [1.0, 0.0]  # 1*2 != 3, -1*1 != 0, 5*5 != 10
+
+
+def test_tests_may_be_apps_style_or_a_json_string():
+    reward = code_reward()
+    apps = {"inputs": ["3 4\n", "1 1\n"], "outputs": ["7\n", "2\n"]}
+    right = "a, b = map(int, input().split())\nprint(a + b)"
+    assert score(reward, [right], apps) == [1.0]
+    assert score(reward, [right], json.dumps(ADD_IO)) == [1.0]
+
+
+@pytest.mark.parametrize("name, program", [
+    ("an infinite loop", "while True:\n    pass"),
+    ("a sleep past the wall clock", "import time\ntime.sleep(1000)"),
+    ("a fork bomb", "import os\nwhile True:\n    os.fork()"),
+    ("a fork bomb through subprocess", "import subprocess, sys\nwhile True:\n    subprocess.Popen([sys.executable, '-c', 'pass'])"),
+    ("a memory bomb", "hoard = []\nwhile True:\n    hoard.append(bytearray(10**7))"),
+    ("a write outside its directory", "open({escape!r}, 'w').write('escaped')\nprint(7)"),
+    ("a network connection", "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\nprint(7)"),
+    ("a 100 MB print", "import sys\nsys.stdout.write('7\\n' * 50_000_000)"),
+    ("native code", "import ctypes\nctypes.CDLL(None).system(b'true')\nprint(7)"),
+])
+def test_a_hostile_program_scores_0_and_leaves_the_machine_as_it_was(name, program, tmp_path):
+    escape = tmp_path / "escaped.txt"
+    program = program.format(escape=str(escape))
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo-sandbox-*")))
+    start = time.monotonic()
+    total = score(code_reward(), [program], [{"input": "", "output": "7\n"}])
+    assert total == [0.0], name
+    assert time.monotonic() - start < 10, f"{name}: one test is bounded by 2 x code_cpu_s + 1 s"
+    assert not escape.exists() and not glob.glob("/tmp/grpo-escaped*")
+    assert sandbox_processes() == [], f"{name} left processes running"
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo-sandbox-*"))) <= before, "a sandbox directory was left"
+
+
+def test_the_program_is_the_last_fenced_block_or_what_precedes_a_closing_fence():
+    assert extract_program("```python\nx = 1\n```\ntext\n```py\nprint(2)\n```") == "print(2)\n"
+    assert extract_program("print(3)\n```\nthat was it") == "print(3)\n"  # the prompt opened the block
+    assert extract_program("print(4)") == "print(4)"
+
+
+def test_bad_tests_are_named_with_the_row_and_the_fix():
+    with pytest.raises(GrpoError, match=r"Row 3's tests holds 5, not a test"):
+        parse_tests([5], 3, "tests")
+    with pytest.raises(GrpoError, match=r"Row 0's tests is empty"):
+        parse_tests([], 0, "tests")
+    reward = code_reward(tests_field="cases")
+    with pytest.raises(GrpoError, match=r"dataset column 'cases', which this data does not have .*set reward.tests_field"):
+        score(reward, ["print(1)"], ADD_IO)
+
+
+def test_every_built_in_code_problems_reference_program_passes_its_tests_in_the_sandbox():
+    from grpo_cli.code_tasks import code_problems
+
+    data = code_problems()
+    rows = [r for split in ("train", "test") for r in data[split]]
+    assert len(rows) == 62 and len({r["prompt"] for r in rows}) == 62
+    assert not {r["prompt"] for r in data["test"]} & {r["prompt"] for r in data["train"]}
+    reward = code_reward()
+    total, _ = reward.score([r["prompt"] for r in rows], [fenced(r["answer"]) for r in rows], [""] * len(rows),
+                            columns={"tests": [r["tests"] for r in rows]})
+    assert total == [1.0] * len(rows)
+    wrong, _ = reward.score([rows[0]["prompt"]], [fenced("print(0)")], [""], columns={"tests": [rows[0]["tests"]]})
+    assert wrong[0] < 1.0
