@@ -10,8 +10,8 @@ the rows before it:
 | zero_variance | every group's rewards are equal, trainer.zero_variance_warn_steps steps running | temperature, group size, an easier task |
 | reward_constant | every completion of the batch has the same reward, 5 steps running | the reward does not look at the completion |
 | reward_missing | over half the completions have no score (None, or a worker failure), 2 steps running | the reward |
-| sampler_mismatch | the sampler's log-probs differ from the trainer's by over 0.1 nats a token (or the behaviour's KL is over 0.1) | algo.sampler_correction=tis, generator precision |
-| kl_explode | the KL to the reference is over 1 nat a token | lower optimizer.lr, raise algo.beta |
+| sampler_mismatch | the sampler's own log-probs (vLLM, or algo.sampler_correction=tis) differ from the trainer's by over 0.1 nats a token | algo.sampler_correction=tis, generator precision |
+| kl_explode | the KL to the reference is over 2 nats a token | lower optimizer.lr, raise algo.beta |
 | entropy_collapse | entropy under 0.01 nats a token while under half the completions are correct, 3 steps running | raise sampler.temperature or algo.entropy_coef |
 | entropy_explode | entropy over 3x its first value and over 2 nats a token above it, 3 steps running | lower optimizer.lr |
 | memory_growth | memory (resident on CPU, allocated on CUDA) rose at every one of the last 8 steps, by over 64 MiB, after 5 warm-up steps | a leak: a reward or callback keeping references |
@@ -33,7 +33,7 @@ TRUNCATED_FRAC, TRUNCATED_STEPS = 0.5, 3
 CONSTANT_STEPS = 5
 MISSING_FRAC, MISSING_STEPS = 0.5, 2
 SAMPLER_NATS = 0.1
-KL_NATS = 1.0
+KL_NATS = 2.0  # the default tiny run peaks at 0.74
 ENTROPY_FLOOR, ENTROPY_STEPS, ENTROPY_ACCURACY = 0.01, 3, 0.5
 ENTROPY_FACTOR, ENTROPY_RISE = 3.0, 2.0
 MEMORY_WARMUP, MEMORY_STEPS, MEMORY_GROWTH_GIB = 5, 8, 64 / 1024
@@ -77,10 +77,9 @@ def rules(cfg) -> list[Rule]:
         Rule("reward_missing", lambda rows: _running(rows, MISSING_STEPS, lambda r: r.get("reward_none_frac", 0.0) > MISSING_FRAC),
              lambda rows: f"{rows[-1]['reward_none_frac']:.0%} of completions had no score (None, or a reward worker "
                           "failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"),
-        Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS
-             or rows[-1].get("kl_behaviour", 0.0) > SAMPLER_NATS,
-             lambda rows: f"the sampler's log-probs differ from the trainer's by {rows[-1].get('sampler/logp_diff', 0.0):.3f} "
-                          f"nats a token (behaviour KL {rows[-1].get('kl_behaviour', 0.0):.3f}), over {SAMPLER_NATS}; set "
+        Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
+             lambda rows: f"the sampler's log-probs differ from the trainer's by {rows[-1]['sampler/logp_diff']:.3f} "
+                          f"nats a token, over {SAMPLER_NATS}: the sampled tokens are not the policy's; set "
                           "algo.sampler_correction=tis, or sample in the training precision"),
         Rule("kl_explode", lambda rows: rows[-1].get("kl", 0.0) > KL_NATS,
              lambda rows: f"the KL to the reference is {rows[-1]['kl']:.2f} nats a token, over {KL_NATS:g}: the policy is "

@@ -178,6 +178,8 @@ CASES = [
     (TRAIN + " reward.weights=[1.0]", "reward.weights is only read by reward=combo or a list of functions in reward.fn"),
     (TRAIN + " reward=length reward.overlong_buffer=600", "reward.overlong_buffer=600 must be >= 0 and below"),
     (TRAIN + " reward.correct_threshold=nan", "reward.correct_threshold=nan must be a finite number"),
+    (TRAIN + " trainer.health=loud", "trainer.health='loud' must be one of warn, stop, off"),
+    (TRAIN + " data=code data.num_test=62", "data.num_test=62 must be between 1 and 61"),
     (TRAIN + " reward.workers=-1", "reward.workers=-1 must be >= 0"),
     (TRAIN + " reward.timeout_s=0", "reward.timeout_s=0.0 must be > 0"),
     (TRAIN + " reward.max_failed_fraction=1.5", "reward.max_failed_fraction=1.5 must be >= 0 and <= 1"),

@@ -33,7 +33,7 @@ def fired(rows: list[dict]) -> list[str]:
     ("zero_variance", [dict(zero_var_frac=1.0)] * 5, [dict(zero_var_frac=1.0)] * 4 + [dict(zero_var_frac=0.97)]),
     ("reward_missing", [dict(reward_none_frac=0.75)] * 2, [dict(reward_none_frac=0.75), dict(reward_none_frac=0.5)]),
     ("sampler_mismatch", [{"sampler/logp_diff": 0.2}], [{"sampler/logp_diff": 0.09}]),
-    ("kl_explode", [dict(kl=1.5)], [dict(kl=0.9)]),
+    ("kl_explode", [dict(kl=2.5)], [dict(kl=1.9)]),
     ("entropy_collapse", [dict(entropy=0.005, accuracy=0.2)] * 3,
      [dict(entropy=0.005, accuracy=0.9)] * 3),  # sure of itself and right: it has learned, not collapsed
     ("entropy_explode", [dict(entropy=0.4)] + [dict(entropy=2.5)] * 3, [dict(entropy=0.4)] + [dict(entropy=2.3)] * 3),
