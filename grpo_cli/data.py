@@ -274,7 +274,30 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
             if not keep:
                 raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
             columns = {k: [v[i] for i in keep] for k, v in columns.items()}
-    return Dataset.from_dict(columns)
+    return to_dataset(columns, where)
+
+
+def to_dataset(columns: dict[str, list], where: str) -> Dataset:
+    """The columns as a Dataset, or a GrpoError naming a column whose rows Arrow cannot hold in one type
+    (say, lists of text in some rows and of numbers in others)."""
+    import pyarrow as pa
+
+    try:
+        return Dataset.from_dict(columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        failing = [name for name, values in columns.items() if not _one_arrow_type(values)]
+        raise GrpoError(f"Column {(failing or ['?'])[0]!r} of {where} holds values of different types ({e}); give "
+                        "every row the same type.") from None
+
+
+def _one_arrow_type(values: list) -> bool:
+    import pyarrow as pa
+
+    try:
+        pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
 
 
 def check_conversations(rows: list[dict], cfg, where: str) -> None:

@@ -255,7 +255,8 @@ def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world:
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
     data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
     train_rows = data["train"]
-    check_reward_columns(cfg.reward, train_rows.column_names)
+    for name, split in data.items():
+        check_reward_columns(cfg.reward, split, name)
     console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
     plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
                                precision, world, state.get("max_tokens_per_micro_batch"), device)

@@ -59,6 +59,10 @@ def w(tmp_path_factory):
     (root / "bad.jsonl").write_text('{"prompt": "1+1="\n')
     (root / "noprompt.jsonl").write_text('{"question": "1+1="}\n' * 10)
     (root / "only_header.csv").write_text("prompt,answer\n")
+    (root / "bad_tests.jsonl").write_text('{"prompt": "Write f.", "answer": "", "tests": ["assert f(1) == 1"]}\n' * 9
+                                          + '{"prompt": "Write g.", "answer": "", "tests": ["  "]}\n')
+    (root / "mixed_tests.jsonl").write_text('{"prompt": "Write f.", "answer": "", "tests": ["assert f(1) == 1"]}\n' * 9
+                                            + '{"prompt": "Write g.", "answer": "", "tests": [5]}\n')
     rewards = root / "rewards"
     rewards.mkdir()
     (rewards / "bad_rewards.py").write_text(
@@ -178,6 +182,11 @@ CASES = [
     (TRAIN + " reward.weights=[1.0]", "reward.weights is only read by reward=combo or a list of functions in reward.fn"),
     (TRAIN + " reward=length reward.overlong_buffer=600", "reward.overlong_buffer=600 must be >= 0 and below"),
     (TRAIN + " reward.correct_threshold=nan", "reward.correct_threshold=nan must be a finite number"),
+    ("train output_dir={root}/fresh_tests " + " ".join(FAST) + " reward=code data=files data.train_file={root}/bad_tests.jsonl "
+     "data.test_size=2 trainer.prompts_per_step=2", "split) holds '  ', not a test; give a list of"),
+    ("train output_dir={root}/fresh_tests2 " + " ".join(FAST) + " reward=code data=files "
+     "data.train_file={root}/mixed_tests.jsonl data.test_size=2 trainer.prompts_per_step=2",
+     "Column 'tests' of"),
     (TRAIN + " trainer.health=loud", "trainer.health='loud' must be one of warn, stop, off"),
     (TRAIN + " data=code data.num_test=62", "data.num_test=62 must be between 1 and 61"),
     (TRAIN + " reward.workers=-1", "reward.workers=-1 must be >= 0"),

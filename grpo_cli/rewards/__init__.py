@@ -179,12 +179,19 @@ def load_user_rewards(cfg) -> None:
             load_function(spec, getattr(cfg, "fn_dir", None))
 
 
-def check_reward_columns(cfg, columns: list[str]) -> None:
-    """The dataset columns the reward reads (reward=code: its tests) are there, before any model loads."""
-    if any(kind == "code" for _, kind, _ in term_specs(cfg)) and cfg.tests_field not in columns:
+def check_reward_columns(cfg, rows, split: str = "train") -> None:
+    """The dataset columns the reward reads are there and readable (reward=code: every row's tests), before
+    any model loads. `rows`: a datasets.Dataset, the `split` named in the sentence."""
+    if not any(kind == "code" for _, kind, _ in term_specs(cfg)):
+        return
+    if cfg.tests_field not in rows.column_names:
+        shown = ", ".join(sorted(c for c in rows.column_names if not c.startswith("_")))
         raise GrpoError(f"reward=code reads each row's tests from the dataset column {cfg.tests_field!r}, which this "
-                        f"data does not have (its columns: {', '.join(sorted(c for c in columns if not c.startswith('_')))});"
-                        " set reward.tests_field, or use data with tests.")
+                        f"data does not have (its columns: {shown}); set reward.tests_field, or use data with tests.")
+    from grpo_cli.rewards.code import parse_tests
+
+    for i, tests in enumerate(rows[cfg.tests_field]):
+        parse_tests(tests, i, f"{cfg.tests_field} ({split} split)")
 
 
 def build_reward(cfg, workers: bool = True) -> Reward:

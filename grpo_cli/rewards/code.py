@@ -60,14 +60,14 @@ def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str 
     if isinstance(value, dict) and "inputs" in value and "outputs" in value:  # APPS / TACO
         value = [{"input": i, "output": o} for i, o in zip(value["inputs"], value["outputs"])]
     tests = []
-    for t in value if isinstance(value, (list, tuple)) else [None]:
+    for t in value if isinstance(value, (list, tuple)) else [value]:
         if isinstance(t, dict) and "input" in t and "output" in t:
             tests.append(("io", _text(t["input"]), _text(t["output"])))
         elif isinstance(t, str) and t.strip():
             tests.append(("assert", t, None))
         else:
             raise GrpoError(f"Row {row}'s {field} holds {t!r}, not a test; give a list of {{\"input\": ..., "
-                            "\"output\": ...}} pairs or of assert statements (reward=code).")
+                            "\"output\": ...} pairs or of assert statements (reward=code).")
     if not tests:
         raise GrpoError(f"Row {row}'s {field} is empty; every row needs at least one test (reward=code).")
     return tests
