@@ -61,4 +61,7 @@ def _serve(conn) -> None:
 
 
 if __name__ == "__main__":
-    _serve(Connection(int(sys.argv[1])))
+    try:
+        _serve(Connection(int(sys.argv[1])))
+    except (BrokenPipeError, ConnectionResetError, EOFError):  # the trainer closed the pool or ended: no one to answer
+        sys.exit(0)

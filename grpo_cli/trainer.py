@@ -38,30 +38,30 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
         console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      "(press Ctrl-C again to stop at once)")
 
-    with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop, \
-            closing(run.reward_fn):  # its worker processes end with the loop, however it ends
-        for step in range(run.first_step, t.steps + 1):
-            run.policy.train()
-            batch = run.prompts.share(step)  # 1.
-            row, roll = grpo_step(run.policies.roles(), run.generator, run.optimizer, batch, run.reward_fn,  # 2.
-                                  run.settings, precision=run.precision, refill=run.prompts.refill(step), dist=dist)
-            watch.updates(step, row)
-            lr = run.scheduler.get_last_lr()[0]  # 3.
-            run.scheduler.step()
-            run.policies.refresh(step)
-            row = {"step": step, **row, "lr": lr}
-            unhealthy = health.check(step, row)  # adds health/<rule> to the row
-            log_step(run, step, row, roll)  # 4.
-            if t.eval_every and step % t.eval_every == 0:  # 5.
-                run.held_out.during(step)
-            signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together
-            if step % t.save_every == 0 or step == t.steps or signum or unhealthy:
-                run.save(step)
-            if signum:
-                raise Stopped(signum, step, resume_command(command, run.run_dir))
-            if unhealthy:  # trainer.health=stop
-                raise stop_run(unhealthy, resume_command(command, run.run_dir))
-    return finish_run(run, time.perf_counter() - start)
+    with closing(run.reward_fn):  # the reward's worker processes end with the run, however it ends
+        with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop:
+            for step in range(run.first_step, t.steps + 1):
+                run.policy.train()
+                batch = run.prompts.share(step)  # 1.
+                row, roll = grpo_step(run.policies.roles(), run.generator, run.optimizer, batch, run.reward_fn,  # 2.
+                                      run.settings, precision=run.precision, refill=run.prompts.refill(step), dist=dist)
+                watch.updates(step, row)
+                lr = run.scheduler.get_last_lr()[0]  # 3.
+                run.scheduler.step()
+                run.policies.refresh(step)
+                row = {"step": step, **row, "lr": lr}
+                unhealthy = health.check(step, row)  # adds health/<rule> to the row
+                log_step(run, step, row, roll)  # 4.
+                if t.eval_every and step % t.eval_every == 0:  # 5.
+                    run.held_out.during(step)
+                signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together
+                if step % t.save_every == 0 or step == t.steps or signum or unhealthy:
+                    run.save(step)
+                if signum:
+                    raise Stopped(signum, step, resume_command(command, run.run_dir))
+                if unhealthy:  # trainer.health=stop
+                    raise stop_run(unhealthy, resume_command(command, run.run_dir))
+        return finish_run(run, time.perf_counter() - start)
 
 
 def resume_command(command: str | None, run_dir: Path) -> str:
