@@ -76,7 +76,7 @@ def rules(cfg) -> list[Rule]:
                           "the reward reads the completion (reward.fn, reward.extract, data.answer_field)"),
         Rule("reward_missing", lambda rows: _running(rows, MISSING_STEPS, lambda r: r.get("reward_none_frac", 0.0) > MISSING_FRAC),
              lambda rows: f"{rows[-1]['reward_none_frac']:.0%} of completions had no score (None, or a reward worker "
-                          "failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"),
+                          f"failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"),
         Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
              lambda rows: f"the sampler's log-probs differ from the trainer's by {rows[-1]['sampler/logp_diff']:.3f} "
                           f"nats a token, over {SAMPLER_NATS}: the sampled tokens are not the policy's; set "

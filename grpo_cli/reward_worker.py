@@ -10,7 +10,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards import build_reward, run_term
+from grpo_cli.rewards import build_reward
 
 
 def _limit_process(memory_gib: float) -> None:
@@ -46,11 +46,7 @@ def _serve(conn) -> None:
         except EOFError:
             return
         try:
-            values = {}
-            for name in names:
-                user = getattr(reward.terms[name], "user_code", False)
-                values[name] = run_term(name, reward.terms[name], batch, user_code=user, none_is_no_score=user)[0]
-            conn.send(("ok", values))
+            conn.send(("ok", {name: reward.term_values(name, batch)[0] for name in names}))
         except GrpoError as e:
             conn.send(("error", str(e)))
         except MemoryError:

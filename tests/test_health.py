@@ -57,6 +57,15 @@ def test_under_stop_the_sentence_names_the_rule_the_step_and_the_knob():
                                    "sampler.max_new_tokens=6") and "raise sampler.max_new_tokens" in sentences[2]
 
 
+def test_every_sentence_is_filled_in():
+    rows = [{**HEALTHY, "truncated_frac": 1.0, "zero_var_frac": 1.0, "reward_std": 0.0, "reward_none_frac": 0.9,
+             "sampler/logp_diff": 0.5, "kl": 3.0, "entropy": 0.001, "accuracy": 0.1, "memory_gib": 1.0 + 0.1 * i}
+            for i in range(14)]
+    for rule in health.rules(CFG):
+        sentence = rule.sentence(rows)
+        assert "{" not in sentence and "}" not in sentence, (rule.name, sentence)
+
+
 def test_off_checks_nothing():
     check = Health(CFG, print, "off")
     row = {**HEALTHY, "truncated_frac": 1.0}

@@ -119,10 +119,9 @@ class Reward:
         pooled = [name for name, fn in self.terms.items()
                   if self.pool is not None and not getattr(fn, "in_process", False)]
         values, self.failed = self.pool.score(pooled, batch) if pooled else ({}, [])
-        for name, fn in self.terms.items():
+        for name in self.terms:
             if name not in values:
-                values[name] = run_term(name, fn, batch, user_code=getattr(fn, "user_code", False),
-                                        none_is_no_score=getattr(fn, "user_code", False))
+                values[name] = self.term_values(name, batch)
         values = {name: values[name] for name in self.terms}
         if len(self.failed) > self.max_failed_fraction * len(batch):
             raise GrpoError(self._failed_sentence(pooled, batch))
@@ -131,6 +130,12 @@ class Reward:
             scored = [self.weights[name] * values[name][i] for name in values if not math.isnan(values[name][i])]
             total.append(sum(scored) if scored else math.nan)
         return total, values
+
+    def term_values(self, name: str, batch: Batch) -> list[float]:
+        """One term's checked values for the batch, here (the training process or a reward worker)."""
+        fn = self.terms[name]
+        user = getattr(fn, "user_code", False)  # user code: its errors are the user's, its None no score
+        return run_term(name, fn, batch, user_code=user, none_is_no_score=user)
 
     def close(self) -> None:
         """End the worker processes, if any (a new score() starts them again)."""
