@@ -69,6 +69,23 @@ def check_generator(p: Problems, g, model) -> None:
                                     "use generator=hf or a LoRA run without quantize")
 
 
+def check_worker(p: Problems, cfg) -> None:
+    """The generation worker's keys (rollout_worker.py) and what it cannot do yet."""
+    t, g, a = cfg.trainer, cfg.generator, cfg.algo
+    p.at_least("trainer.max_staleness", t.max_staleness, 0)
+    p.at_least("generator.threads", g.threads, 0)
+    p.finite("generator.timeout_s", g.timeout_s, 0, low_open=True)
+    if not (t.max_staleness > 0 or g.worker):
+        return
+    why = "the generation worker (trainer.max_staleness > 0 or generator.worker=true)"
+    p.need(a.behaviour == "current", f"{why} samples with the policy's own pushed weights, so algo.behaviour="
+                                     f"{a.behaviour} has no place in it; set algo.behaviour=current or trainer.max_staleness=0")
+    p.need(not a.dynamic_sampling, f"{why} samples each step's prompts ahead, once, so algo.dynamic_sampling (which "
+                                   "refills dropped groups) needs trainer.max_staleness=0 and generator.worker=false")
+    p.need(not env_active(cfg.env), f"{why} does not run multi-turn episodes yet (env.tools, env.factory); set "
+                                    "trainer.max_staleness=0 and generator.worker=false")
+
+
 def user_file(path: str, base: str | None) -> str:
     """Where a file the config names is: relative to `base` (reward.fn_dir, env.fn_dir), else to the
     directory grpo runs in."""
@@ -318,6 +335,7 @@ def check_train(cfg) -> None:
     p.at_least("trainer.threads", t.threads, 0)
     p.at_least("trainer.nonfinite_patience", t.nonfinite_patience, 1)
     p.choice("trainer.strategy", t.strategy, STRATEGIES)
+    check_worker(p, cfg)
     if t.eval_before_after or t.eval_every:
         p.at_least("trainer.eval_prompts", t.eval_prompts, 1)
     p.need(t.precision in PRECISIONS,

@@ -147,6 +147,10 @@ class GeneratorConfig:
     max_model_len: Optional[int] = None
     sleep: bool = True
     enforce_eager: bool = False
+    worker: bool = False
+    device: Optional[str] = None
+    threads: int = 0
+    timeout_s: float = 600.0
 
 
 @dataclass
@@ -188,6 +192,7 @@ class TrainerConfig:
     threads: int = 0
     nonfinite_patience: int = 3
     strategy: str = "auto"
+    max_staleness: int = 0
 
 
 @dataclass

@@ -38,6 +38,9 @@ class Rollout:
     ref_logp: Optional[Tensor] = None  # [n*G, T] pi_ref, only when beta != 0
     weight: Optional[Tensor] = _rows(ROW)  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
     sampler_logp: Optional[Tensor] = _rows(COMPLETION)  # [n*G, T] the sampler's own log-probs of its tokens (vLLM), 0 off the mask
+    behaviour_logp: Optional[Tensor] = _rows(COMPLETION)  # [n*G, T] log-probs under the weights that sampled, when those
+    # were older than the policy trained on it (rollout_worker.py: computed there, in the training precision)
+    version: Optional[int] = None  # the pushed weights' version (updates applied) that sampled it; None = the policy itself
     answers: Optional[list] = None  # [n] each group's reference answer, once scored
     episodes: Optional[list] = None  # [n*G] multi-turn: each row's episodes.Episode (messages, counts); None = one turn
     extra: dict = field(default_factory=dict)  # per-term rewards ("reward_terms": {name: [n, G]}) for logging
@@ -59,6 +62,7 @@ class Rollout:
         rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long)
         tensors = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows] for f in ROW_FIELDS}
         return Rollout(prompts=[self.prompts[g] for g in groups], group_size=G, pad_token_id=self.pad_token_id,
+                       version=self.version,
                        completions=[self.completions[i] for i in rows.tolist()],
                        episodes=None if self.episodes is None else [self.episodes[i] for i in rows.tolist()], **tensors)
 
@@ -87,7 +91,9 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
               if (any if f.name == "weight" else all)(getattr(r, f.name) is not None for r in rolls) else None
               for f in ROW_FIELDS}
     episodes = [e for r in rolls for e in r.episodes] if all(r.episodes is not None for r in rolls) else None
+    versions = {r.version for r in rolls}
     return Rollout(prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size, episodes=episodes,
+                   version=versions.pop() if len(versions) == 1 else None,
                    completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id, **joined)
 
 

@@ -35,7 +35,9 @@ from grpo_cli.models import load_model, load_tokenizer, resolve_device
 from grpo_cli.policies import RunPolicies, load_policy
 from grpo_cli.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.publish import check_push, push, write_model_card
+from grpo_cli import rollout_worker
 from grpo_cli.rewards import build_reward, check_reward_columns, load_user_rewards
+from grpo_cli.rollout_worker import Overlap
 from grpo_cli.runtime import prepare_process
 from grpo_cli.step import StepSettings
 from grpo_cli.trackers import check_trackers, open_trackers
@@ -158,6 +160,14 @@ class Run:
     held_out: HeldOut
     held_out_before: dict | None
     first_step: int
+    overlap: Overlap | None = None  # generation in a worker process (rollout_worker.py); None = in this one
+
+    def sampled_ahead(self) -> dict:
+        """Each rank's rollouts sampled ahead and not yet trained on (max_staleness > 0): a resumed run trains
+        on these, as the uninterrupted one would."""
+        if self.overlap is None:
+            return {}
+        return {"sampled_ahead_per_rank": self.dist.gather_objects(self.overlap.worker.state())}
 
     def save(self, step: int) -> None:
         """A checkpoint of this step. No data position: PromptOrder makes every step's prompts a function
@@ -166,6 +176,7 @@ class Run:
             "optimizer": {} if is_sharded(self.policy) else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "config": asdict(self.cfg), "held_out_before": self.held_out_before, **self.policies.state_dict(),
             "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
+            **self.sampled_ahead(),
         }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
 
 
@@ -191,7 +202,9 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         raise GrpoError(f"trainer.prompts_per_step={t.prompts_per_step} must divide by the {world} processes, so each "
                         f"rank samples whole groups; use a multiple of {world}.")
     device = resolve_device(cfg.model.device)
-    prepare_process(t.threads, device, dist.local_world_size)
+    worker_device = rollout_worker.worker_device(cfg, device, dist.local_rank) if t.max_staleness or cfg.generator.worker else None
+    shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
+    threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1))
     trackers = list(dict.fromkeys(t.trackers))
     check_trackers(trackers)  # a missing extra is reported before anything is loaded
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
@@ -234,6 +247,10 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
+    overlap = None
+    if worker_device is not None:
+        overlap = start_overlap(cfg, tokenizer, worker_device, cfg.generator.threads or threads, settings, prompts,
+                                policy, state, resumed_at, dist, console)
     if state:
         rngs = state.get("rng_per_rank") or [state["rng"]]
         set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step
@@ -244,7 +261,33 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
                settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text,
                prompts=prompts,
                metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
-               first_step=resumed_at + 1)
+               first_step=resumed_at + 1, overlap=overlap)
+
+
+def start_overlap(cfg, tokenizer, device, threads: int, settings: StepSettings, prompts: PromptOrder, policy, state: dict,
+                  resumed_at: int, dist: Dist, console: Console) -> Overlap:
+    """Start the generation worker, hand it the rollouts a checkpoint kept, and push the weights the run
+    starts from (rollout_worker.py)."""
+    t = cfg.trainer
+    console.phase(f"starting the generation worker on {device} ({threads} thread{'s' * (threads != 1)}), "
+                  f"max_staleness={t.max_staleness}")
+    worker = rollout_worker.RolloutWorker(cfg, tokenizer, device, threads=threads, max_tokens=settings.max_tokens,
+                                          rank=dist.local_rank)
+    overlap = Overlap(worker, prompts, settings, t.max_staleness, t.steps)
+    kept = state.get("sampled_ahead_per_rank") or []
+    pending = kept[dist.rank] if len(kept) == dist.world_size else {}
+    expected = list(range(resumed_at + 1, min(resumed_at + t.max_staleness, t.steps) + 1)) if state else []
+    missing = [s for s in expected if s not in pending]
+    if missing:
+        console.warn(f"the checkpoint holds no rollouts sampled ahead for step(s) {', '.join(map(str, missing))}, so "
+                     "they are sampled with its weights (staleness 0): from there this run differs from an "
+                     "uninterrupted one")
+    try:
+        overlap.start(policy, resumed_at + 1, {s: r for s, r in pending.items() if s in expected})
+    except BaseException:
+        overlap.close()
+        raise
+    return overlap
 
 
 def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):

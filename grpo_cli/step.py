@@ -356,8 +356,10 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
         with record_function(PHASES[1]):
             if policies.behaviour is not None:
                 roll.old_logp = score(sampler_model, roll, temp, settings, precision, dist, parts)
+            elif roll.behaviour_logp is not None:  # sampled ahead by older weights (rollout_worker.py)
+                roll.old_logp = roll.behaviour_logp
     with record_function(PHASES[1]):
-        if policies.behaviour is None and algo.num_iterations > 1:
+        if roll.old_logp is None and algo.num_iterations > 1:
             roll.old_logp = score(policy, roll, temp, settings, precision, dist, parts)
         if policies.reference is not None:
             with policies.reference() as reference:

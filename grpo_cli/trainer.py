@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import signal
 import time
-from contextlib import closing
+from contextlib import closing, nullcontext
 from pathlib import Path
 
 from grpo_cli.console import Console
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
 from grpo_cli.health import Health, stop_run
+from grpo_cli.rollout_worker import WorkerDied
 from grpo_cli.run import Run, finish_run, start_run
 from grpo_cli.step import completion_rows, grpo_step, shown_group
 from grpo_cli.stopping import GracefulStop, Stopped
@@ -38,13 +39,23 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
         console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      "(press Ctrl-C again to stop at once)")
 
-    with closing(run.reward_fn):  # the reward's worker processes end with the run, however it ends
+    overlap = run.overlap  # generation in a worker process, sampling ahead (rollout_worker.py), or None
+    # The reward's and the generator's worker processes end with the run, however it ends.
+    with closing(run.reward_fn), closing(overlap) if overlap else nullcontext():
         with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), GracefulStop(announce) as stop:
             for step in range(run.first_step, t.steps + 1):
                 run.policy.train()
                 batch = run.prompts.share(step)  # 1.
-                row, roll = grpo_step(run.policies.roles(), run.generator, run.optimizer, batch, run.reward_fn,  # 2.
-                                      run.settings, precision=run.precision, refill=run.prompts.refill(step), dist=dist)
+                try:
+                    if overlap:
+                        overlap.before(step)  # ask the worker for the steps up to step + max_staleness
+                    row, roll = grpo_step(run.policies.roles(), overlap.worker if overlap else run.generator,  # 2.
+                                          run.optimizer, batch, run.reward_fn, run.settings, precision=run.precision,
+                                          refill=run.prompts.refill(step), dist=dist)
+                except WorkerDied as e:
+                    raise worker_stop(run, step - 1, e) from None
+                if roll.version is not None:  # updates between the weights that sampled and the policy trained
+                    row["staleness"] = float(step - 1 - roll.version)
                 watch.updates(step, row)
                 lr = run.scheduler.get_last_lr()[0]  # 3.
                 run.scheduler.step()
@@ -54,6 +65,11 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                 log_step(run, step, row, roll)  # 4.
                 if t.eval_every and step % t.eval_every == 0:  # 5.
                     run.held_out.during(step)
+                try:
+                    if overlap:
+                        overlap.after(step, run.policy)  # the worker samples the coming steps with this update
+                except WorkerDied as e:
+                    raise worker_stop(run, step, e) from None
                 signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together
                 if step % t.save_every == 0 or step == t.steps or signum or unhealthy:
                     run.save(step)
@@ -62,6 +78,18 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                 if unhealthy:  # trainer.health=stop
                     raise stop_run(unhealthy, resume_command(command, run.run_dir))
         return finish_run(run, time.perf_counter() - start)
+
+
+def worker_stop(run: Run, done: int, e: WorkerDied) -> GrpoError:
+    """The run's answer to a dead or stuck generation worker: a checkpoint of the last finished step
+    (with the rollouts received for later steps), then one sentence."""
+    if done >= run.first_step:
+        run.save(done)
+    if done >= 1:
+        where = f"checkpoint step-{done} is saved; continue with: {resume_command(run.command, run.run_dir)}"
+    else:
+        where = "no step had finished, so there is no checkpoint; start the run again"
+    return GrpoError(f"Training stopped at step {done + 1}: {e}; {where}.")
 
 
 def resume_command(command: str | None, run_dir: Path) -> str:
