@@ -180,11 +180,13 @@ class RolloutWorker:
             for t in tensors:
                 _broadcast(self.group, t)
         except RuntimeError as e:
-            if self.process.poll() is None and "timed out" not in str(e).lower():
+            hung = self.process.poll() is None
+            if hung and "timed out" not in str(e).lower():
                 raise
             self.process.kill()
-            raise WorkerDied(f"the generation worker {_death(self.process)} while taking the weights of "
-                             f"update {version}") from None
+            why = (f"did not answer within {self.timeout_s:g} s" if hung else _death(self.process))
+            raise WorkerDied(f"the generation worker {why} while taking the weights of update {version}"
+                             + (" (generator.timeout_s)" if hung else "")) from None
         self.version = version
 
     def request(self, step: int, batch, group_size: int, sampling, with_logprobs: bool) -> None:
@@ -307,6 +309,9 @@ def _serve(conn: Connection) -> None:
     from grpo_cli.step import StepSettings, score
 
     _limit_process()
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # the trainer's console shows what the run does
     _, path, cfg, tokenizer, device, threads, max_tokens, port = pickle.loads(conn.recv_bytes())
     sys.path[:] = path
     device = resolve_device(device, key="generator.device")

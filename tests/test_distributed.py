@@ -73,6 +73,18 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, lora, at
     assert not (tmp_path / "two" / "checkpoints" / ".tmp-step-3").exists()
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_each_with_a_generation_worker_at_staleness_1_match_one_process(strategy, tmp_path):
+    """One worker per rank samples that rank's share a step ahead; the pushes carry each rank's whole
+    model (FSDP2 gathers its shards). The run equals one process with one worker, to the tolerance above."""
+    one_process(tmp_path / "one", "trainer.steps=3", "trainer.max_staleness=1")
+    out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, "trainer.steps=3", f"trainer.strategy={strategy}",
+                    "trainer.max_staleness=1"])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert [r["staleness"] for r in rows(tmp_path / "two")] == [0.0, 1.0, 1.0]
+    assert_same_run(tmp_path / "one", tmp_path / "two", atol=1e-5)
+
+
 def test_packed_token_budget_micro_batches_on_two_ranks_match_one_padded_process(tmp_path):
     """Two DDP ranks, each packing its rows into micro-batches of at most 40 tokens (as many on both ranks),
     against one process with padded micro-batches of 8 rows: the same run, tolerance as above."""

@@ -1,0 +1,197 @@
+"""Generation in a worker process (rollout_worker.py): the same run as in-process when nothing is stale,
+rollouts sampled by exactly the weights one update old at trainer.max_staleness=1 with the ratio taken
+against them, and a worker that dies, hangs, or is left behind by a killed trainer."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_cli import trainer as trainer_module
+from grpo_cli.checkpoint import list_checkpoints, load_state
+from grpo_cli.models import load_model
+from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows
+
+TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "trainer.threads=1", "trainer.log_completions_every=0"]
+
+
+def train(*args):
+    return grpo("train", *TINY, *args)
+
+
+def rows(run: Path, drop=("staleness",)) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in drop} for r in metric_rows(run, timing=False)]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("extra", [[], ["model.lora.r=4", "optimizer.lr=3e-3"]], ids=["full", "lora"])
+def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(extra, tmp_path):
+    """generator.worker=true at max_staleness=0: the worker samples with the pushed weights (all of them,
+    or the LoRA adapter alone), one step after the other, and the run is today's to the bit."""
+    assert train(f"output_dir={tmp_path / 'here'}", "trainer.steps=3", *extra) == 0
+    assert train(f"output_dir={tmp_path / 'worker'}", "trainer.steps=3", "generator.worker=true", *extra) == 0
+    assert rows(tmp_path / "here") == rows(tmp_path / "worker")
+    assert [r["staleness"] for r in metric_rows(tmp_path / "worker")] == [0.0, 0.0, 0.0]
+    assert same_weights(tmp_path / "here" / "final", tmp_path / "worker" / "final")
+
+
+def completion_logp(model, roll, temperature: float) -> list[torch.Tensor]:
+    """Each row's completion-token log-probs under `model`, computed here: the row alone, without its
+    padding, one plain forward, float64 log-softmax."""
+    T, out = roll.completion_len, []
+    for i in range(roll.input_ids.shape[0]):
+        keep = roll.attention_mask[i].bool()
+        ids = roll.input_ids[i][keep][None]
+        n = int(roll.completion_mask[i].sum())
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].double() / temperature
+        logp = logits[:-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+        out.append(logp[-n:] if n else logp[:0])
+        assert int(roll.completion_mask[i, :n].sum()) == n and n <= T
+    return out
+
+
+def test_at_staleness_1_each_update_trains_on_rollouts_of_the_weights_one_update_old(tmp_path, monkeypatch):
+    """Step t's rollouts come tagged with version t-2 (the first two with 0, the weights the run starts
+    from), their behaviour log-probs are those of checkpoint t-2 (computed here from the saved weights,
+    not the trainer's code), and the logged ratio of the first (only) inner pass is the token mean of
+    pi_{t-1} / pi_{t-2}, both from the saved checkpoints."""
+    seen = {}
+    real_step = trainer_module.grpo_step
+
+    def spy(*args, **kwargs):
+        row, roll = real_step(*args, **kwargs)
+        seen[len(seen) + 1] = (row, roll)
+        return row, roll
+
+    monkeypatch.setattr(trainer_module, "grpo_step", spy)
+    run = tmp_path / "run"
+    assert train(f"output_dir={run}", "trainer.steps=4", "trainer.max_staleness=1", "trainer.save_every=1",
+                 "algo.beta=0") == 0
+    assert [seen[t][1].version for t in (1, 2, 3, 4)] == [0, 0, 1, 2]
+    assert [r["staleness"] for r in metric_rows(run)] == [0.0, 1.0, 1.0, 1.0]
+    weights = {0: load_model("builtin:tiny")}
+    for t in (1, 2, 3):
+        weights[t] = load_model(str(run / "checkpoints" / f"step-{t}"))
+    assert seen[1][1].old_logp is None  # step 1 is on-policy: the ratio is 1 by construction, as today
+    for t in (2, 3, 4):
+        row, roll = seen[t]
+        behaviour = completion_logp(weights[t - 2], roll, 1.0)
+        current = completion_logp(weights[t - 1], roll, 1.0)
+        got = [roll.old_logp[i, : len(b)].double() for i, b in enumerate(behaviour)]
+        for b, g in zip(behaviour, got):
+            torch.testing.assert_close(g, b, atol=1e-5, rtol=0)
+        gap = max(float((c - b).abs().max()) for c, b in zip(current, behaviour) if len(b))
+        assert gap > 1e-3, "the two versions must differ, or the check above proves nothing"
+        ratio = torch.cat([(c - b).exp() for c, b in zip(current, behaviour)])
+        assert row["ratio_mean"] == pytest.approx(float(ratio.mean()), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_staleness_1_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(tmp_path):
+    """Each checkpoint holds the rollouts sampled ahead for the next step (by the previous update's weights):
+    a resume trains on them, so a run SIGKILLed after a checkpoint and resumed equals one run straight
+    through, to the bit (weights and every metrics row)."""
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    common = ["trainer.steps=8", "trainer.max_staleness=1", "trainer.save_every=2", "algo.beta=0.04"]
+    assert train(f"output_dir={straight}", *common) == 0
+    kept = load_state(straight / "checkpoints" / "step-2")["sampled_ahead_per_rank"][0]
+    assert list(kept) == [3] and kept[3]["version"] == 1
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={killed}", *common],
+                            env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: (killed / "checkpoints" / "step-2").exists() or proc.poll() is not None)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before the kill: nothing was tested"
+    assert train(f"output_dir={killed}", *common, "resume=auto") == 0
+    assert rows(straight, drop=()) == rows(killed, drop=())
+    assert same_weights(straight / "final", killed / "final")
+
+
+def wait_for(ready, timeout=180.0, poll=0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if ready():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def worker_pid(trainer: subprocess.Popen) -> int | None:
+    children = Path(f"/proc/{trainer.pid}/task/{trainer.pid}/children")
+    for pid in children.read_text().split() if children.exists() else []:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"grpo_cli.rollout_worker" in cmdline:
+            return int(pid)
+    return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def started(run: Path, *args, steps_done: int = 3):
+    """A staleness-1 run in a process of its own, once it has written `steps_done` rows: (process, worker pid)."""
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={run}",
+                             "trainer.steps=400", "trainer.max_staleness=1", "trainer.save_every=1000", *args],
+                            env={**os.environ, **ONE_THREAD}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: (run / "metrics.jsonl").exists()
+                    and len((run / "metrics.jsonl").read_text().splitlines()) >= steps_done or proc.poll() is not None)
+    assert proc.poll() is None, proc.communicate()
+    pid = worker_pid(proc)
+    assert pid is not None
+    return proc, pid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_a_dead_or_stuck_worker_stops_the_run_with_one_sentence_and_a_checkpoint_that_resumes(how, tmp_path):
+    run = tmp_path / "run"
+    proc, pid = started(run, "generator.timeout_s=5")
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 2, out[-2000:] + err[-2000:]
+    assert "Traceback" not in err and took < 30, err
+    why = "was killed by SIGKILL" if how == "kill" else "did not answer within 5 s"
+    line = " ".join(err.split())
+    assert f"the generation worker {why}" in line and "continue with: grpo train" in line, line
+    last = metric_rows(run)[-1]["step"]
+    assert [c.name for c in list_checkpoints(run)] == [f"step-{last}"]
+    assert wait_for(lambda: not alive(pid), timeout=15), "a stuck worker is killed, not left behind"
+    resumed = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={run}",
+                              f"trainer.steps={last + 2}", "trainer.max_staleness=1", "trainer.save_every=1000",
+                              "generator.timeout_s=5", "resume=auto"],
+                             env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=300)
+    # the trainer.steps override is refused by nothing: only the step count differs
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert [r["step"] for r in metric_rows(run)] == list(range(1, last + 3))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_trainer_and_worker_after_a_checkpoint_and_sigkill_takes_the_worker_along(tmp_path):
+    proc, pid = started(tmp_path / "term")
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:] + err[-2000:]
+    assert wait_for(lambda: not alive(pid), timeout=15), "the worker outlived its trainer"
+    assert list_checkpoints(tmp_path / "term") and "Traceback" not in err, err
+    proc, pid = started(tmp_path / "kill")
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not alive(pid), timeout=15), "the worker outlived a SIGKILLed trainer"
