@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from collections import deque
 from dataclasses import replace
@@ -274,9 +275,13 @@ class Overlap:
             self.worker.request(t, self.prompts.share(t), s.group_size, s.sampling, with_logprobs)
             self.asked = t
 
-    def after(self, step: int, policy) -> None:
+    def after(self, step: int, policy) -> float:
+        """Push update `step`'s weights (not after the last step); the seconds the trainer waited, for the
+        worker's answers and the push."""
+        start = time.perf_counter()
         if step < self.last_step:
             self.worker.push(policy, step)
+        return time.perf_counter() - start
 
     def close(self) -> None:
         self.worker.close()
@@ -315,6 +320,9 @@ def _serve(conn: Connection) -> None:
     _, path, cfg, tokenizer, device, threads, max_tokens, port = pickle.loads(conn.recv_bytes())
     sys.path[:] = path
     device = resolve_device(device, key="generator.device")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    cfg.model.device = str(device)  # the model copy lives on the worker's device, not the trainer's
     prepare_process(threads, device)
     precision, _ = training_precision(cfg.trainer.precision, device)
     model = load_policy(cfg, precision)

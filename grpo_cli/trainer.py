@@ -54,8 +54,13 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                                           refill=run.prompts.refill(step), dist=dist)
                 except WorkerDied as e:
                     raise worker_stop(run, step - 1, e) from None
-                if roll.version is not None:  # updates between the weights that sampled and the policy trained
-                    row["staleness"] = float(step - 1 - roll.version)
+                lost = None
+                if overlap:
+                    try:  # the worker samples the coming steps with this update
+                        row["push_s"] = overlap.after(step, run.policy)
+                    except WorkerDied as e:
+                        lost = e  # the step is done: its row is written, then the run stops
+                    row["staleness"] = float(step - 1 - roll.version)  # updates between sampler and policy
                 watch.updates(step, row)
                 lr = run.scheduler.get_last_lr()[0]  # 3.
                 run.scheduler.step()
@@ -65,11 +70,8 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                 log_step(run, step, row, roll)  # 4.
                 if t.eval_every and step % t.eval_every == 0:  # 5.
                     run.held_out.during(step)
-                try:
-                    if overlap:
-                        overlap.after(step, run.policy)  # the worker samples the coming steps with this update
-                except WorkerDied as e:
-                    raise worker_stop(run, step, e) from None
+                if lost:
+                    raise worker_stop(run, step, lost) from None
                 signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together
                 if step % t.save_every == 0 or step == t.steps or signum or unhealthy:
                     run.save(step)
@@ -82,13 +84,18 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
 
 def worker_stop(run: Run, done: int, e: WorkerDied) -> GrpoError:
     """The run's answer to a dead or stuck generation worker: a checkpoint of the last finished step
-    (with the rollouts received for later steps), then one sentence."""
-    if done >= run.first_step:
+    (with the rollouts received for later steps), then one sentence. Under torchrun the other ranks are
+    elsewhere in the step (a save is collective), so this rank names the newest checkpoint and exits, and
+    its exit takes the others down."""
+    from grpo_cli.checkpoint import list_checkpoints
+
+    if done >= run.first_step and run.dist.world_size == 1:
         run.save(done)
-    if done >= 1:
-        where = f"checkpoint step-{done} is saved; continue with: {resume_command(run.command, run.run_dir)}"
+    kept = list_checkpoints(run.run_dir)
+    if kept:
+        where = f"{kept[-1].name} is the newest checkpoint; continue with: {resume_command(run.command, run.run_dir)}"
     else:
-        where = "no step had finished, so there is no checkpoint; start the run again"
+        where = "no checkpoint was written yet; start the run again"
     return GrpoError(f"Training stopped at step {done + 1}: {e}; {where}.")
 
 

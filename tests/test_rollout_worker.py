@@ -172,7 +172,7 @@ def test_a_dead_or_stuck_worker_stops_the_run_with_one_sentence_and_a_checkpoint
     line = " ".join(err.split())
     assert f"the generation worker {why}" in line and "continue with: grpo train" in line, line
     last = metric_rows(run)[-1]["step"]
-    assert [c.name for c in list_checkpoints(run)] == [f"step-{last}"]
+    assert [c.name for c in list_checkpoints(run)] == [f"step-{last}"] and f"step-{last} is the newest" in line
     assert wait_for(lambda: not alive(pid), timeout=15), "a stuck worker is killed, not left behind"
     resumed = subprocess.run([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={run}",
                               f"trainer.steps={last + 2}", "trainer.max_staleness=1", "trainer.save_every=1000",

@@ -243,3 +243,23 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     assert [ep.messages for ep in hf] == [ep.messages for ep in vllm]
     assert [ep.ids for ep in hf] == [ep.ids for ep in vllm] and [ep.action for ep in hf] == [ep.action for ep in vllm]
     assert all(ep.turns == 2 and ep.messages[1]["role"] == "tool" for ep in hf[: len(calling)])
+
+
+def test_a_vllm_engine_in_the_generation_worker_samples_ahead_with_the_pushed_weights(tmp_path):
+    """generator=vllm in the worker process (rollout_worker.py): at max_staleness=0 the engine there gives
+    the completions the engine in the trainer's process gives (equal rewards every step); at 1 each
+    step's rollouts are one update old, their denominators are the worker's recomputation under the
+    weights that sampled (so the engine's own log-probs stay within rounding of them: sampler/logp_diff
+    < 1e-4), and the ratio is not 1."""
+    args = ["generator=vllm", "generator.kv_cache_gib=0.0625", "trainer.steps=4", "trainer.eval_before_after=false",
+            "trainer.progress=false", "trainer.threads=1"]
+    grpo("train", *args, f"output_dir={tmp_path / 'here'}", cwd=tmp_path)
+    grpo("train", *args, "generator.worker=true", f"output_dir={tmp_path / 'worker'}", cwd=tmp_path)
+    here, worker = reward_rows(tmp_path / "here"), reward_rows(tmp_path / "worker")
+    assert [r[:2] for r in here] == [r[:2] for r in worker] and len(here) == 4
+    grpo("train", *args, "trainer.max_staleness=1", f"output_dir={tmp_path / 'stale'}", cwd=tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "stale" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "reward_mean" in r]
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["sampler/logp_diff"] < 1e-4 for r in rows)
+    assert all(r["ratio_mean"] != 1.0 for r in rows[1:])
