@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection, wait
 import torch
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.generators import GENERATORS
 from grpo_cli.rollout import ROW_FIELDS, Rollout
 
 START_TIMEOUT_S = 900.0  # the worker imports torch and loads a model copy before its first answer
@@ -106,12 +107,19 @@ class RolloutWorker:
     """The trainer's end: a Generator (generators.py) whose rollouts were requested ahead (`request`) and
     are sampled in the worker process; `push` sends it the policy's weights."""
 
-    needs_weights = False  # the loop pushes (Overlap.after), once the step's row is written
+    needs_weights = False  # the loop pushes (Overlap.after), with a version, after each update
     takes_columns = True
 
     def __init__(self, cfg, tokenizer, device: torch.device, *, threads: int, max_tokens: int, rank: int = 0):
         import torch.distributed as tdist
 
+        where = worker_device(cfg, device, rank)
+        try:  # the generator's factory, by reference: one registered in this process (register_generator) too
+            factory = pickle.dumps(GENERATORS[cfg.generator.name])
+        except Exception as e:  # a lambda or a local class: the worker cannot import it
+            raise GrpoError(f"generator.name={cfg.generator.name} is registered with a factory the generation worker "
+                            f"cannot import ({type(e).__name__}: {e}); register a module-level class or function, or "
+                            "a 'module:attribute' string, or set trainer.max_staleness=0 and generator.worker=false.") from None
         self.device, self.timeout_s = device, cfg.generator.timeout_s
         self.store = tdist.TCPStore("127.0.0.1", 0, 2, True, datetime.timedelta(seconds=START_TIMEOUT_S),
                                     wait_for_workers=False)
@@ -120,13 +128,11 @@ class RolloutWorker:
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()  # the worker holds the only other end: its death is this end's EOF
         self.conn = Connection(ours.detach())
-        where = worker_device(cfg, device, rank)
-        self._send(("start", list(sys.path), cfg, tokenizer, str(where), threads, max_tokens, self.store.port))
+        self._send(("start", list(sys.path), cfg, tokenizer, str(where), threads, max_tokens, self.store.port, factory))
         self.group, self.ready, self.returns_logprobs = None, None, False
         self.requested: deque[int] = deque()  # steps asked for and not yet answered, in order
         self.received: dict[int, Rollout] = {}  # step -> rollout, not yet trained on
         self.version = None  # of the weights the worker holds (the last push)
-        self.pid = self.process.pid
 
     # --- the pipe ---
 
@@ -306,7 +312,7 @@ def _serve(conn: Connection) -> None:
     with the weights held and answers ("rollout", step, state)."""
     import torch.distributed as tdist
 
-    from grpo_cli.generators import generate, make_generator
+    from grpo_cli.generators import generate, make_generator, register_generator
     from grpo_cli.models import resolve_device
     from grpo_cli.policies import load_policy
     from grpo_cli.precision import training_precision
@@ -317,8 +323,9 @@ def _serve(conn: Connection) -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # the trainer's console shows what the run does
-    _, path, cfg, tokenizer, device, threads, max_tokens, port = pickle.loads(conn.recv_bytes())
+    _, path, cfg, tokenizer, device, threads, max_tokens, port, factory = pickle.loads(conn.recv_bytes())
     sys.path[:] = path
+    register_generator(cfg.generator.name, pickle.loads(factory))  # found on the trainer's sys.path
     device = resolve_device(device, key="generator.device")
     if device.type == "cuda":
         torch.cuda.set_device(device)

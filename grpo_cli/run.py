@@ -247,10 +247,8 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
-    overlap = None
-    if worker_device is not None:
-        overlap = start_overlap(cfg, tokenizer, worker_device, cfg.generator.threads or threads, settings, prompts,
-                                policy, state, resumed_at, dist, console)
+    overlap = start_overlap(cfg, tokenizer, worker_device, cfg.generator.threads or threads, settings, prompts, policy,
+                            state, resumed_at, dist, console) if worker_device is not None else None
     if state:
         rngs = state.get("rng_per_rank") or [state["rng"]]
         set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step

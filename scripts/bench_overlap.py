@@ -10,8 +10,8 @@ Both sides run `grpo train` on the same model, prompts and settings, set explici
   overlap  trainer.max_staleness=1, the trainer with --threads threads (default 1) and the generation
            worker with as many, so each has a core: while the trainer updates on step t's rollouts, the
            worker samples step t+1's with the weights one update old, then takes the new ones (a push)
-The model (qwen0.5b-shape): Qwen2.5-0.5B's architecture with random weights and an id-per-token
-tokenizer (scripts/bench.py), saved to a temporary directory; prompts of --prompt-len random tokens; a
+The model (qwen0.5b-shape): Qwen2.5-0.5B's architecture with random weights (scripts/bench.py) and a
+byte-level tokenizer, saved to a temporary directory; prompts of --prompt-len random letters; a
 seeded random 0/1 reward; every completion runs to max_new_tokens (a random model almost never samples
 EOS). fp32, algo.beta=0 (no reference), one update per step, AdamW.
 
@@ -27,6 +27,7 @@ import argparse
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,14 +57,33 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def byte_tokenizer(vocab_size: int, pad_id: int, eos_id: int):
+    """A byte-level BPE tokenizer without merges: ids 0-255 are the bytes, the rest "<tN>". Saved beside a
+    Qwen2 config, transformers rebuilds a Qwen2Tokenizer from its vocabulary, which this survives (the
+    id-per-token tokenizer of scripts/bench.py does not)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
+    vocab.update({f"<t{i}>": i for i in range(256, vocab_size)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=f"<t{pad_id}>", eos_token=f"<t{eos_id}>",
+                                                padding_side="left")
+
+
 def build_qwen_shape(out: Path, prompts: int, prompt_len: int) -> list[str]:
-    """The random Qwen2.5-0.5B-shape model and its tokenizer saved to `out`; a prompts file beside it."""
+    """The random Qwen2.5-0.5B-shape model and its tokenizer saved to `out`; prompts of `prompt_len` random
+    letters (one token each) and the reward file beside it."""
     import json
+    import random
 
     import torch
     import transformers
 
-    from bench import QWEN_EOS_ID, QWEN_PAD_ID, QWEN_SHAPE, id_tokenizer, random_prompts
+    from bench import QWEN_EOS_ID, QWEN_PAD_ID, QWEN_SHAPE
 
     torch.manual_seed(0)
     config = transformers.Qwen2Config(**QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID,
@@ -71,10 +91,14 @@ def build_qwen_shape(out: Path, prompts: int, prompt_len: int) -> list[str]:
     model = transformers.Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = QWEN_EOS_ID, QWEN_PAD_ID
     model.save_pretrained(out / "model")
-    id_tokenizer(config.vocab_size, QWEN_PAD_ID, QWEN_EOS_ID).save_pretrained(out / "model")
-    rows = random_prompts(prompts, prompt_len, QWEN_PAD_ID, 0)
+    byte_tokenizer(config.vocab_size, QWEN_PAD_ID, QWEN_EOS_ID).save_pretrained(out / "model")
+    rng = random.Random(0)
+    rows = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(prompt_len)) for _ in range(prompts)]
     (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": ""}) + "\n" for p in rows))
     (out / "coin.py").write_text(REWARD)
+    from grpo_cli.models import load_tokenizer
+
+    assert len(load_tokenizer(str(out / "model"))(rows[0]).input_ids) == prompt_len, "the prompts must keep their length"
     return [f"model.path={out / 'model'}", "data=files", f"data.train_file={out / 'prompts.jsonl'}", "data.test_size=2",
             "reward=python", f"reward.fn={out / 'coin.py'}:coin", "optimizer.lr=1e-6", "model.gradient_checkpointing=false"]
 
@@ -141,6 +165,7 @@ def main(argv=None) -> None:
                     log(f"  {tokens} new tokens, round {r + 1}: {name}")
                     out = tmp / f"run-{tokens}-{name}-{r}"
                     secs = run([*common, *extra, f"output_dir={out}"], a.warmup, log)
+                    shutil.rmtree(out)  # a 0.5B run writes 4 GiB (its last checkpoint and final/)
                     times[name].append(statistics.median(secs))
                     print(f"{a.model}, {a.prompts} x {a.group_size}, {tokens} new tokens, round {r + 1}, {name:7s}: "
                           f"{statistics.median(secs):6.2f} s/step (steps {a.warmup + 1}-{a.steps}: "

@@ -111,3 +111,25 @@ def test_a_registered_loss_setting_it_does_not_declare_is_refused_in_one_sentenc
     with pytest.raises(GrpoError, match="algo.loss='nope' must be one of clip, cispo, sapo, scaled_reinforce.*"
                                         "generator.name='nope' must be one of hf, vllm, recording"):
         train(cfg, tmp_path, Console(progress=False))
+
+
+def test_a_registered_generator_samples_in_the_generation_worker_and_a_local_one_is_refused(tmp_path, plugins):
+    """max_staleness=1 builds the generator in the worker process from its factory's import path (this
+    module). The generator returns its own log-probs, so the worker recomputes the behaviour's in the
+    training precision: with the same weights, they agree with the sampler's to rounding. A factory the
+    worker cannot import (a lambda) is one sentence before any process starts."""
+    cfg = small_run(tmp_path / "a")
+    cfg.generator.name, cfg.trainer.max_staleness, cfg.algo.beta = "recording", 1, 0.0
+    train(cfg, tmp_path / "a", Console(progress=False))
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert all(r["sampler/logp_diff"] < 1e-4 for r in rows) and rows[2]["ratio_mean"] != 1.0
+    assert [g.generated for g in RecordingGenerator.made] == [0]  # this process's one is for held-out scoring only
+    register_generator("local", lambda tokenizer, settings, **kw: RecordingGenerator(tokenizer, settings, **kw))
+    try:
+        cfg = small_run(tmp_path / "b")
+        cfg.generator.name, cfg.trainer.max_staleness = "local", 1
+        with pytest.raises(GrpoError, match="generation worker cannot import"):
+            train(cfg, tmp_path / "b", Console(progress=False))
+    finally:
+        GENERATORS.pop("local")
