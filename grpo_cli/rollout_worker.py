@@ -245,16 +245,20 @@ class RolloutWorker:
 
 
 def worker_device(cfg, trainer_device: torch.device, rank: int) -> torch.device:
-    """generator.device: one device, or a comma list with one per rank; null = the trainer's."""
+    """generator.device: null = the trainer's; a CUDA device cuda:N gives local rank r's worker cuda:N+r (under
+    torchrun, `generator.device=cuda:2` on 2 ranks puts the workers on GPUs 2 and 3)."""
     from grpo_cli.models import resolve_device
 
     if not cfg.generator.device:
         return trainer_device
-    names = [d.strip() for d in str(cfg.generator.device).split(",")]
-    if len(names) > 1 and rank >= len(names):
-        raise GrpoError(f"generator.device={cfg.generator.device} names {len(names)} devices, one per rank, but this "
-                        f"is rank {rank}; name one device per rank, or one for all.")
-    return resolve_device(names[rank if len(names) > 1 else 0], key="generator.device")
+    device = resolve_device(str(cfg.generator.device), key="generator.device")
+    if device.type != "cuda" or not rank:
+        return device
+    index = (device.index or 0) + rank
+    if index >= torch.cuda.device_count():
+        raise GrpoError(f"generator.device={cfg.generator.device} puts local rank {rank}'s worker on cuda:{index}, which "
+                        f"this machine does not have ({torch.cuda.device_count()} GPUs); choose a lower first device.")
+    return torch.device("cuda", index)
 
 
 class Overlap:

@@ -7,6 +7,9 @@
 5. score the held-out prompts every trainer.eval_every steps;
 6. save a checkpoint every trainer.save_every steps, at the end, and on SIGTERM / Ctrl-C.
 
+With trainer.max_staleness > 0 (or generator.worker) a generation worker samples the coming steps'
+rollouts while step 2 runs, and the weights are pushed to it after each update (rollout_worker.py).
+
 Building the run and finishing it live in run.py; under torchrun every rank runs this same loop on
 its share of each step's prompts (distributed.py does the communicating, rank 0 the writing).
 """
