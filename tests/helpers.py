@@ -69,3 +69,15 @@ def generate(model, tokenizer, prompts, group_size=1, *, max_new_tokens, tempera
 def floats(metrics: dict) -> dict:
     """policy_loss's metrics (0-d tensors) as Python floats."""
     return {k: float(v) for k, v in metrics.items()}
+
+
+def wait_for(predicate, timeout: float = 120.0, poll: float = 0.0005) -> bool:
+    """Whether `predicate()` came true within `timeout` seconds (polled every `poll`)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False

@@ -17,7 +17,7 @@ from grpo_cli.checkpoint import experiment_diff, list_checkpoints, load_state
 from grpo_cli.cli import main
 from grpo_cli.console import MetricsLog
 from grpo_cli.stopping import GracefulStop
-from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows
+from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows, wait_for
 
 TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8"]
 
@@ -121,15 +121,6 @@ def test_keep_last_prunes_old_checkpoints_only_after_a_new_one_is_complete(tmp_p
     assert train(f"output_dir={tmp_path}", "trainer.steps=4", "trainer.save_every=1", "trainer.keep_last=2") == 0
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-3", "step-4"]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-4"
-
-
-def wait_for(predicate, timeout=120.0, poll=0.0005):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(poll)
-    return False
 
 
 @pytest.mark.slow

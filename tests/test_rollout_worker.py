@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from grpo_cli import trainer as trainer_module
 from grpo_cli.checkpoint import list_checkpoints, load_state
 from grpo_cli.models import load_model
-from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows
+from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows, wait_for
 
 TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "trainer.threads=1", "trainer.log_completions_every=0"]
 
@@ -116,15 +116,6 @@ def test_a_staleness_1_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(
     assert train(f"output_dir={killed}", *common, "resume=auto") == 0
     assert rows(straight, drop=()) == rows(killed, drop=())
     assert same_weights(straight / "final", killed / "final")
-
-
-def wait_for(ready, timeout=180.0, poll=0.05) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if ready():
-            return True
-        time.sleep(poll)
-    return False
 
 
 def worker_pid(trainer: subprocess.Popen) -> int | None:
