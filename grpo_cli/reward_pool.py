@@ -20,7 +20,6 @@ devices), die with the trainer (PR_SET_PDEATHSIG), and leave SIGINT to it.
 from __future__ import annotations
 
 import pickle
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.subprocesses import how_it_ended
 
 START_TIMEOUT_S = 300.0  # a worker builds the reward's terms (imports, maybe a model) before its first sample
 
@@ -59,19 +59,6 @@ class _Worker:
             self.process.kill()
         self.process.wait(5)
         self.conn.close()
-
-
-def _death(process) -> str:
-    try:
-        code = process.wait(5)
-    except subprocess.TimeoutExpired:
-        return "its worker closed its pipe"
-    if code is not None and code < 0:
-        try:
-            return f"its worker was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"its worker was killed by signal {-code}"
-    return f"its worker exited with code {code}"
 
 
 class RewardPool:
@@ -139,7 +126,7 @@ class RewardPool:
                 if reply is not None and reply[0] == "oom":
                     why = reply[1]
                 elif w.conn in ready:  # EOF: the worker is gone
-                    why = _death(w.process)
+                    why = f"its worker {how_it_ended(w.process)}"
                 elif now >= (w.deadline if w.ready else w.started + START_TIMEOUT_S):
                     why = f"timed out after {self.timeout_s:g} s (reward.timeout_s)" if w.ready else None
                     if not w.ready:

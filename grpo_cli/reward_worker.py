@@ -4,27 +4,13 @@ message on the socket FD until the trainer closes it."""
 
 from __future__ import annotations
 
-import signal
 import sys
 import traceback
 from multiprocessing.connection import Connection
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import build_reward
-
-
-def _limit_process(memory_gib: float) -> None:
-    """The worker's own limits: its address space, death with its parent, Ctrl-C left to the trainer."""
-    import resource
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform == "linux":  # elsewhere the pipe's EOF still ends an idle worker
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: a killed trainer takes its workers along
-    if memory_gib > 0:
-        limit = int(memory_gib * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from grpo_cli.subprocesses import as_helper
 
 
 def _serve(conn) -> None:
@@ -33,7 +19,7 @@ def _serve(conn) -> None:
     user's mistake, ("oom", words) when the address space ran out, ("bug", traceback) for anything else."""
     path, cfg, memory_gib = conn.recv()
     sys.path[:] = path  # the trainer's: the user's modules are found as they were there
-    _limit_process(memory_gib)
+    as_helper(memory_gib)
     try:
         reward = build_reward(cfg, workers=False)
     except GrpoError as e:

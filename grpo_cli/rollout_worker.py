@@ -1,5 +1,5 @@
 """Generation in a process of its own, overlapped with training (`trainer.max_staleness`, `generator.*`;
-docs/math.md, "Off-policy behaviour").
+docs/math.md, "Stale sampling").
 
 The worker is a fresh interpreter (`python -m grpo_cli.rollout_worker FD`) with its own model copy,
 device (`generator.device`) and threads (`generator.threads`). It is fed prompts over a socket and
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import pickle
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import torch
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
 from grpo_cli.rollout import ROW_FIELDS, Rollout
+from grpo_cli.subprocesses import as_helper, how_it_ended
 
 START_TIMEOUT_S = 900.0  # the worker imports torch and loads a model copy before its first answer
 ROLLOUT_FIELDS = ("prompts", "group_size", "completions", "pad_token_id", "version", *(f.name for f in ROW_FIELDS))
@@ -74,19 +74,6 @@ def pushed_tensors(model) -> list[torch.Tensor]:
             t = t.full_tensor() if hasattr(t, "full_tensor") else t
             out.append(t.to("cpu").contiguous())
     return out
-
-
-def _death(process) -> str:
-    try:
-        code = process.wait(5)
-    except subprocess.TimeoutExpired:
-        return "closed its end of the pipe"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _gloo(store, rank: int, timeout_s: float):
@@ -140,7 +127,7 @@ class RolloutWorker:
         try:
             self.conn.send_bytes(pickle.dumps(message))
         except OSError:
-            raise WorkerDied(f"the generation worker {_death(self.process)}") from None
+            raise WorkerDied(f"the generation worker {how_it_ended(self.process)}") from None
 
     def _take(self, doing: str, timeout: float | None = None) -> None:
         """Read one answer (a ready note or a rollout) within the deadline."""
@@ -152,7 +139,7 @@ class RolloutWorker:
         try:
             kind, *body = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
-            raise WorkerDied(f"the generation worker {_death(self.process)} while {doing}") from None
+            raise WorkerDied(f"the generation worker {how_it_ended(self.process)} while {doing}") from None
         if kind == "ready":
             self.ready, self.returns_logprobs = body
         elif kind == "rollout":
@@ -191,7 +178,7 @@ class RolloutWorker:
             if hung and "timed out" not in str(e).lower():
                 raise
             self.process.kill()
-            why = (f"did not answer within {self.timeout_s:g} s" if hung else _death(self.process))
+            why = (f"did not answer within {self.timeout_s:g} s" if hung else how_it_ended(self.process))
             raise WorkerDied(f"the generation worker {why} while taking the weights of update {version}"
                              + (" (generator.timeout_s)" if hung else "")) from None
         self.version = version
@@ -300,16 +287,6 @@ class Overlap:
 # --- the worker's end ---
 
 
-def _limit_process() -> None:
-    """Die with the trainer; leave Ctrl-C and SIGTERM to it (it finishes its step, saves, then closes us)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _serve(conn: Connection) -> None:
     """Build the generator and the model copy from the trainer's config, say ready (with what a push
     sends), then answer messages in order: ("weights", version) takes a push; ("generate", ...) samples
@@ -323,7 +300,7 @@ def _serve(conn: Connection) -> None:
     from grpo_cli.runtime import prepare_process
     from grpo_cli.step import StepSettings, score
 
-    _limit_process()
+    as_helper()
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # the trainer's console shows what the run does
