@@ -266,8 +266,10 @@ class Overlap:
 
     def before(self, step: int) -> None:
         """Ask for every step up to step + max_staleness not asked yet (the newest weights sample them)."""
+        from grpo_cli.step import wants_sampler_logprobs
+
         s = self.settings
-        with_logprobs = self.worker.returns_logprobs or s.algo.sampler_correction == "tis"
+        with_logprobs = wants_sampler_logprobs(self.worker, s.algo)  # the rule collect() applies in-process
         for t in range(self.asked + 1, min(step + self.k, self.last_step) + 1):
             self.worker.request(t, self.prompts.share(t), s.group_size, s.sampling, with_logprobs)
             self.asked = t

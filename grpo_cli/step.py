@@ -237,6 +237,12 @@ def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float)
         record.mean("sampler/capped_frac", ((diff > math.log(cap)) & keep).sum(), tokens)
 
 
+def wants_sampler_logprobs(generator, algo) -> bool:
+    """Whether a rollout carries the sampler's own log-probs: the generator returns them anyway, or the
+    sampler correction (TIS) weighs them."""
+    return generator.returns_logprobs or algo.sampler_correction == "tis"
+
+
 def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: StepSettings, refill=None,
             metrics: StepMetrics | None = None, dist: Dist = SINGLE):
     """Sample G completions per prompt and score them: (rollout to train on, its answers, step metrics).
@@ -267,7 +273,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
             roll = generate(generator, sampler_model, batch.prompts, G, sampling, batch.seeds, columns=batch.columns,
-                            with_logprobs=generator.returns_logprobs or algo.sampler_correction == "tis")
+                            with_logprobs=wants_sampler_logprobs(generator, algo))
             total, terms = score_batch(
                 reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
                 completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
