@@ -5,6 +5,11 @@ class GrpoError(Exception):
     """A problem the user can fix; the message is one sentence naming the problem and the fix."""
 
 
+class SourceLost(GrpoError):
+    """The rollout source cannot sample any more (a helper process died or stopped answering); the
+    sentence says which and why."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none), to quote in a GrpoError."""
     text = str(e).strip()

@@ -9,7 +9,7 @@ adapter) with one broadcast per tensor over a two-process gloo group of its own,
 a torchrun job's group; every push carries a version, the number of updates applied, and every
 rollout is tagged with the version that sampled it.
 
-The schedule (`Overlap`): step t trains on rollouts sampled by the weights of update
+The schedule (source.WorkerSource): step t trains on rollouts sampled by the weights of update
 max(t - 1 - max_staleness, 0), so while the trainer updates on step t's rollouts the worker already
 samples step t + max_staleness's. max_staleness=0 with `generator.worker=true` runs the same process
 split one phase after the other. A rollout older than the policy carries its sampler's log-probs
@@ -30,7 +30,6 @@ import pickle
 import socket
 import subprocess
 import sys
-import time
 import traceback
 from collections import deque
 from dataclasses import replace
@@ -38,7 +37,7 @@ from multiprocessing.connection import Connection, wait
 
 import torch
 
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, SourceLost
 from grpo_cli.generators import GENERATORS
 from grpo_cli.rollout import ROW_FIELDS, Rollout
 from grpo_cli.subprocesses import as_helper, how_it_ended
@@ -47,7 +46,7 @@ START_TIMEOUT_S = 900.0  # the worker imports torch and loads a model copy befor
 ROLLOUT_FIELDS = ("prompts", "group_size", "completions", "pad_token_id", "version", *(f.name for f in ROW_FIELDS))
 
 
-class WorkerDied(GrpoError):
+class WorkerDied(SourceLost):
     """The generation worker is gone or stuck; the sentence says which and why."""
 
 
@@ -94,7 +93,7 @@ class RolloutWorker:
     """The trainer's end: a Generator (generators.py) whose rollouts were requested ahead (`request`) and
     are sampled in the worker process; `push` sends it the policy's weights."""
 
-    needs_weights = False  # the loop pushes (Overlap.after), with a version, after each update
+    needs_weights = False  # the source pushes (WorkerSource.update), with a version, after each update
     takes_columns = True
 
     def __init__(self, cfg, tokenizer, device: torch.device, *, threads: int, max_tokens: int, rank: int = 0):
@@ -246,44 +245,6 @@ def worker_device(cfg, trainer_device: torch.device, rank: int) -> torch.device:
         raise GrpoError(f"generator.device={cfg.generator.device} puts local rank {rank}'s worker on cuda:{index}, which "
                         f"this machine does not have ({torch.cuda.device_count()} GPUs); choose a lower first device.")
     return torch.device("cuda", index)
-
-
-class Overlap:
-    """Which step the worker samples when, with which weights (the module's docstring): requests run
-    `max_staleness` steps ahead of the update, and a push follows every update but the last."""
-
-    def __init__(self, worker: RolloutWorker, prompts, settings, max_staleness: int, last_step: int):
-        self.worker, self.prompts, self.settings = worker, prompts, settings
-        self.k, self.last_step = max_staleness, last_step
-        self.asked = 0  # the last step requested (or restored)
-
-    def start(self, policy, first_step: int, pending: dict) -> None:
-        """Push the weights the run starts from (version first_step - 1), with the rollouts a checkpoint
-        kept, sampled ahead by older weights."""
-        self.worker.restore(pending)
-        self.asked = max([first_step - 1, *self.worker.received])
-        self.worker.push(policy, first_step - 1)
-
-    def before(self, step: int) -> None:
-        """Ask for every step up to step + max_staleness not asked yet (the newest weights sample them)."""
-        from grpo_cli.step import wants_sampler_logprobs
-
-        s = self.settings
-        with_logprobs = wants_sampler_logprobs(self.worker, s.algo)  # the rule collect() applies in-process
-        for t in range(self.asked + 1, min(step + self.k, self.last_step) + 1):
-            self.worker.request(t, self.prompts.share(t), s.group_size, s.sampling, with_logprobs)
-            self.asked = t
-
-    def after(self, step: int, policy) -> float:
-        """Push update `step`'s weights (not after the last step); the seconds the trainer waited, for the
-        worker's answers and the push."""
-        start = time.perf_counter()
-        if step < self.last_step:
-            self.worker.push(policy, step)
-        return time.perf_counter() - start
-
-    def close(self) -> None:
-        self.worker.close()
 
 
 # --- the worker's end ---

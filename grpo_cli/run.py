@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist, is_sharded, unwrap
 from grpo_cli.episodes import context_note, environment
-from grpo_cli.errors import GrpoError
+from grpo_cli.errors import GrpoError, SourceLost
 from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
 from grpo_cli.generation import encode_prompts
@@ -37,8 +38,8 @@ from grpo_cli.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.publish import check_push, push, write_model_card
 from grpo_cli import rollout_worker
 from grpo_cli.rewards import build_reward, check_reward_columns, load_user_rewards
-from grpo_cli.rollout_worker import Overlap
 from grpo_cli.runtime import prepare_process
+from grpo_cli.source import LocalSource, RolloutSource, WorkerSource
 from grpo_cli.step import StepSettings
 from grpo_cli.trackers import check_trackers, open_trackers
 
@@ -160,24 +161,49 @@ class Run:
     held_out: HeldOut
     held_out_before: dict | None
     first_step: int
-    overlap: Overlap | None = None  # generation in a worker process (rollout_worker.py); None = in this one
-
-    def sampled_ahead(self) -> dict:
-        """Each rank's rollouts sampled ahead and not yet trained on (max_staleness > 0): a resumed run trains
-        on these, as the uninterrupted one would."""
-        if self.overlap is None:
-            return {}
-        return {"sampled_ahead_per_rank": self.dist.gather_objects(self.overlap.worker.state())}
+    source: RolloutSource | None = None  # the rollout stage (source.py): in this process or a worker's
+    saved: int = 0  # the newest step saved by this run
 
     def save(self, step: int) -> None:
         """A checkpoint of this step. No data position: PromptOrder makes every step's prompts a function
-        of (seed, step)."""
+        of (seed, step). Each rank's rollouts sampled ahead and not yet trained on go with it: a resumed
+        run trains on these, as the uninterrupted one would."""
+        ahead = self.dist.gather_objects(self.source.state_dict())
         save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
             "optimizer": {} if is_sharded(self.policy) else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "config": asdict(self.cfg), "held_out_before": self.held_out_before, **self.policies.state_dict(),
             "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
-            **self.sampled_ahead(),
+            **({"sampled_ahead_per_rank": ahead} if any(ahead) else {}),
         }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
+        self.saved = step
+
+    @contextmanager
+    def stop_if_source_lost(self, step: int):
+        """A rollout source that cannot sample step `step` (a dead or stuck worker) stops the run: a
+        checkpoint of the last finished step first, then one sentence naming it and the resume command.
+        Under torchrun the other ranks are elsewhere in the step (a save is collective), so this rank
+        names the newest checkpoint and exits, and its exit takes the others down."""
+        try:
+            yield
+        except SourceLost as e:
+            from grpo_cli.checkpoint import list_checkpoints
+
+            done = step - 1
+            if self.first_step <= done != self.saved and self.dist.world_size == 1:
+                self.save(done)
+            kept = list_checkpoints(self.run_dir)
+            where = (f"{kept[-1].name} is the newest checkpoint; continue with: {resume_command(self.command, self.run_dir)}"
+                     if kept else "no checkpoint was written yet; start the run again")
+            raise GrpoError(f"Training stopped at step {step}: {e}; {where}.") from None
+
+
+def resume_command(command: str | None, run_dir: Path) -> str:
+    """The command that continues this run where it stopped: the same overrides, this directory, resume=auto."""
+    import shlex
+
+    kept = [a for a in (command or "grpo train").split()[2:]
+            if not a.startswith(("output_dir=", "resume=", "hydra.run.dir=", "overwrite="))]
+    return shlex.join(["grpo", "train", *kept, f"output_dir={run_dir}", "resume=auto"])
 
 
 def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | None) -> Run:
@@ -247,45 +273,48 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
-    overlap = start_overlap(cfg, tokenizer, worker_device, cfg.generator.threads or threads, settings, prompts, policy,
-                            state, resumed_at, dist, console) if worker_device is not None else None
+    user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
+                 if USER_PROMPT in train_rows.column_names else {})
+    run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
+              tokenizer=tokenizer, policy=policy, policies=policies, generator=generator, reward_fn=reward_fn,
+              settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts,
+              metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
+              first_step=resumed_at + 1, saved=resumed_at)
+    run.source = open_source(run, worker_device, cfg.generator.threads or threads, state)
     if state:
         rngs = state.get("rng_per_rank") or [state["rng"]]
         set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step
-    user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
-                 if USER_PROMPT in train_rows.column_names else {})
-    return Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
-               tokenizer=tokenizer, policy=policy, policies=policies, generator=generator, reward_fn=reward_fn,
-               settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text,
-               prompts=prompts,
-               metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
-               first_step=resumed_at + 1, overlap=overlap)
+    return run
 
 
-def start_overlap(cfg, tokenizer, device, threads: int, settings: StepSettings, prompts: PromptOrder, policy, state: dict,
-                  resumed_at: int, dist: Dist, console: Console) -> Overlap:
-    """Start the generation worker, hand it the rollouts a checkpoint kept, and push the weights the run
-    starts from (rollout_worker.py)."""
-    t = cfg.trainer
-    console.phase(f"starting the generation worker on {device} ({threads} thread{'s' * (threads != 1)}), "
-                  f"max_staleness={t.max_staleness}")
-    worker = rollout_worker.RolloutWorker(cfg, tokenizer, device, threads=threads, max_tokens=settings.max_tokens,
-                                          rank=dist.local_rank)
-    overlap = Overlap(worker, prompts, settings, t.max_staleness, t.steps)
+def open_source(run: Run, worker_device, threads: int, state: dict) -> RolloutSource:
+    """The run's rollout source (source.py): in this process, or generation in a worker process on
+    `worker_device` (trainer.max_staleness > 0 or generator.worker), which takes the weights the run
+    starts from. A resumed run's source takes the rollouts the checkpoint kept in flight."""
+    cfg, dist = run.cfg, run.dist
     kept = state.get("sampled_ahead_per_rank") or []
     pending = kept[dist.rank] if len(kept) == dist.world_size else {}
-    expected = list(range(resumed_at + 1, min(resumed_at + t.max_staleness, t.steps) + 1)) if state else []
-    missing = [s for s in expected if s not in pending]
-    if missing:
-        console.warn(f"the checkpoint holds no rollouts sampled ahead for step(s) {', '.join(map(str, missing))}, so "
-                     "they are sampled with its weights (staleness 0): from there this run differs from an "
-                     "uninterrupted one")
+    generator = run.generator
+    if worker_device is not None:
+        run.console.phase(f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
+                          f"max_staleness={cfg.trainer.max_staleness}")
+        generator = rollout_worker.RolloutWorker(cfg, run.tokenizer, worker_device, threads=threads,
+                                                 max_tokens=run.settings.max_tokens, rank=dist.local_rank)
+    source = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
+                         dist=dist, prompts=run.prompts, warn=run.console.warn)
+    if worker_device is None:
+        if state:
+            source.load_state_dict(pending)
+        return source
+    source = WorkerSource(generator, source, cfg.trainer.max_staleness, run.first_step, cfg.trainer.steps)
     try:
-        overlap.start(policy, resumed_at + 1, {s: r for s, r in pending.items() if s in expected})
+        if state:
+            source.load_state_dict(pending)
+        source.update(run.policy, run.first_step - 1)  # the weights the run starts from
     except BaseException:
-        overlap.close()
+        source.close()
         raise
-    return overlap
+    return source
 
 
 def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):

@@ -1,6 +1,6 @@
-"""One GRPO step (docs/math.md, "The algorithm"): collect groups from the sampling policy, score them,
-whiten the rewards within each group, compute only the log-probabilities the config needs, and run
-mu clipped updates. `trainer.train` calls it once per step; benchmarks call it alone.
+"""One GRPO step (docs/math.md, "The algorithm") on a scored rollout from the rollout source (source.py):
+whiten the rewards within each group, compute only the log-probabilities the config needs, and run mu
+clipped updates. `trainer.train` calls it once per step; benchmarks call it alone.
 
 Every normaliser is global: under data parallelism (distributed.py) token and sequence counts are
 summed over ranks, so the loss, its gradient and the logged metrics are those of the whole batch,
@@ -20,18 +20,15 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch.profiler import record_function
 
-from grpo_cli.data import PromptBatch
 from grpo_cli.distributed import SINGLE, Dist
-from grpo_cli.episodes import episode_metrics
 from grpo_cli.generation import Sampling
-from grpo_cli.generators import generate
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import POLICY_LOSSES, flat_groups, group_advantages, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.objective import POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
-from grpo_cli.rewards import Judge, no_score_none, score_batch
-from grpo_cli.rollout import Rollout, concat_rollouts
+from grpo_cli.rewards import Judge, no_score_none
+from grpo_cli.rollout import Rollout
 
 
 PHASES = ("grpo/generation", "grpo/scoring", "grpo/update")  # the step's phases, as timed (gen_s, score_s, update_s)
@@ -237,95 +234,6 @@ def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float)
         record.mean("sampler/capped_frac", ((diff > math.log(cap)) & keep).sum(), tokens)
 
 
-def wants_sampler_logprobs(generator, algo) -> bool:
-    """Whether a rollout carries the sampler's own log-probs: the generator returns them anyway, or the
-    sampler correction (TIS) weighs them."""
-    return generator.returns_logprobs or algo.sampler_correction == "tis"
-
-
-def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: StepSettings, refill=None,
-            metrics: StepMetrics | None = None, dist: Dist = SINGLE):
-    """Sample G completions per prompt and score them: (rollout to train on, its answers, step metrics).
-
-    The metrics describe everything sampled this step (all refill rounds), not only the groups kept
-    for training: under dynamic sampling the kept groups are mixed by construction, and their mean
-    reward says nothing about how good the policy is.
-
-    The rewards see each completion's token count and the batch's columns (dataset columns by name,
-    one entry per prompt); each term's values go to roll.extra["reward_terms"] for logging.
-    With algo.dynamic_sampling (DAPO), groups whose rewards are all equal carry no signal and are
-    dropped; `refill(round)` supplies another PromptBatch until the batch is full again or
-    algo.max_refill_rounds is spent, and the step trains on the groups it has. Under data parallelism
-    the quota is global: rounds go on until every rank's share is full (a full rank idles), and each
-    rank's kept groups are topped up with zero-weight padding groups, so all run the same micro-batches.
-    """
-    G, n, sampling, algo = settings.group_size, len(batch.prompts), settings.sampling, settings.algo
-    kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
-    metrics = metrics if metrics is not None else StepMetrics()
-    judge = settings.judge  # what "correct" means for accuracy (reward.correct)
-
-    def per_completion(values):
-        return [v for v in values for _ in range(G)]
-
-    def have() -> int:
-        return sum(len(r.prompts) for r in kept)
-
-    while True:
-        if have() < n:  # a rank whose share is full sits out the remaining rounds
-            roll = generate(generator, sampler_model, batch.prompts, G, sampling, batch.seeds, columns=batch.columns,
-                            with_logprobs=wants_sampler_logprobs(generator, algo))
-            total, terms = score_batch(
-                reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
-                completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
-                columns={k: per_completion(v) for k, v in batch.columns.items()}, episodes=roll.episodes,
-            )
-            if roll.episodes is not None:
-                episode_metrics(roll.episodes, metrics)
-            rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)  # NaN: no score
-            terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
-            correct = judge(total, roll.completions, per_completion(batch.answers))
-            scored, flat = ~rewards.isnan(), flat_groups(rewards)
-            metrics.mean("reward_mean", rewards.nansum(), scored.sum())  # over the scored completions, as TRL
-            metrics.mean("reward_sq", rewards.pow(2).nansum(), scored.sum())  # for the std, over ranks too
-            metrics.mean("reward_none_frac", (~scored).sum(), rewards.numel())  # no score: advantage 0
-            metrics.mean("reward_failed_frac", len(getattr(reward_fn, "failed", ())), rewards.numel())  # workers'
-            metrics.mean("accuracy", sum(correct), len(correct))
-            metrics.mean("zero_var_frac", flat.sum(), rewards.shape[0])
-            for k, v in terms.items():
-                metrics.mean(f"reward/{k}", v.double().nansum(), (~v.isnan()).sum())
-            if not algo.dynamic_sampling:
-                roll.rewards, roll.extra["reward_terms"] = rewards, terms  # float64: logs show the rewards given
-                metrics.mean("dropped_frac", 0.0, rewards.shape[0])
-                return roll, list(batch.answers), metrics
-            groups = (~flat).nonzero().flatten().tolist()[: n - have()]
-            metrics.mean("dropped_frac", rewards.shape[0] - len(groups), rewards.shape[0])
-            if groups:
-                kept.append(roll.select_groups(groups))
-                kept_answers += [batch.answers[g] for g in groups]
-                kept_rewards.append(rewards[groups])
-                kept_terms.append({k: v[groups] for k, v in terms.items()})
-            last, last_terms, last_answers = roll, terms, list(batch.answers)
-        missing = float(dist.all_sum(torch.tensor([float(n - have())]))[0])  # the global quota
-        if missing <= 0 or refill is None or rounds >= algo.max_refill_rounds:
-            break
-        rounds += 1
-        batch = refill(rounds)
-    # Top up with zero-weight groups: under data parallelism every rank then runs the same micro-batches,
-    # and with nothing kept at all there is still a batch (whose loss is zero).
-    short = n - have() if dist.world_size > 1 else (n if not kept else 0)
-    if short:
-        pad = last.select_groups([0] * short)
-        pad.weight = torch.zeros(short * G, device=pad.input_ids.device)
-        kept.append(pad)
-        kept_answers += [last_answers[0]] * short
-        kept_rewards.append(torch.zeros(short, G, dtype=torch.float64))
-        kept_terms.append({k: torch.zeros(short, G, dtype=v.dtype) for k, v in last_terms.items()})
-    roll = concat_rollouts(kept)
-    roll.rewards = torch.cat(kept_rewards)
-    roll.extra["reward_terms"] = {k: torch.cat([t[k] for t in kept_terms]) for k in last_terms}
-    return roll, kept_answers, metrics
-
-
 def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
     """Group advantages of the real groups ([n*G]); padding groups get zero and stay out of the statistics."""
     real = real_rows(roll).view(-1, roll.group_size)[:, 0].bool().cpu()  # [n]
@@ -335,36 +243,25 @@ def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
     return out.flatten().to(roll.input_ids.device)
 
 
-def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, reward_fn, settings: StepSettings, *,
-              precision: Precision | None = None, refill=None, dist: Dist = SINGLE):
-    """Collect groups, whiten within groups, and run mu updates (docs/math.md, "The algorithm"):
-    (metrics row, rollout); the rollout's `answers` hold its groups' answers.
+def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, precision: Precision | None = None,
+              dist: Dist = SINGLE):
+    """Whiten the scored rollout's rewards within groups and run mu updates (docs/math.md, "The
+    algorithm"): (metrics row, rollout). `scored` is a source.ScoredRollout: what the sampling policy
+    drew, with its rewards and answers.
 
-    The behaviour policy, when there is one, samples, and its log-probabilities, recomputed here in
-    the training precision, are the denominator of every ratio. On-policy they come from
-    pi_theta_old, computed once per batch when mu > 1.
+    When the weights that sampled are not the policy's (a behaviour policy, or pushed weights older than
+    it), the rollout carries their log-probabilities, the denominator of every ratio. On-policy they
+    come from pi_theta_old, computed once per batch when mu > 1.
     """
     precision = precision or Precision("fp32")
-    policy = policies.policy
+    policy, roll, metrics = policies.policy, scored.rollout, scored.metrics
     device = next(policy.parameters()).device
     algo, temp = settings.algo, settings.sampling.temperature
     # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
-    with (policies.behaviour or (lambda: nullcontext(policy)))() as sampler_model:
-        with record_function(PHASES[0]):
-            with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once for the rollout
-                roll, answers, metrics = collect(generator, generating, batch, reward_fn, settings, refill,
-                                                 StepMetrics(device), dist)
-            generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
-        t_gen = clock(device)
-        parts = micro_batches(roll, settings, dist)  # once: every pass below runs the same micro-batches
-        # Only the log-probabilities this config needs: none when beta = 0 and mu = 1.
-        with record_function(PHASES[1]):
-            if policies.behaviour is not None:
-                roll.old_logp = score(sampler_model, roll, temp, settings, precision, dist, parts)
-            elif roll.behaviour_logp is not None:  # sampled ahead by older weights (rollout_worker.py)
-                roll.old_logp = roll.behaviour_logp
-    with record_function(PHASES[1]):
+    parts = micro_batches(roll, settings, dist)  # once: every pass below runs the same micro-batches
+    with record_function(PHASES[1]):  # only the log-probabilities this config needs: none when beta = 0 and mu = 1
+        roll.old_logp = roll.behaviour_logp
         if roll.old_logp is None and algo.num_iterations > 1:
             roll.old_logp = score(policy, roll, temp, settings, precision, dist, parts)
         if policies.reference is not None:
@@ -380,9 +277,6 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
             failed, grad_norm = optimise(policy, optimizer, roll, settings, precision, record=metrics if last else None,
                                          with_entropy=i == 0, dist=dist, parts=parts)
             skipped += failed
-        if generator.needs_weights and policies.behaviour is None:  # the engine samples the next step: push the update
-            with dist.full_model(policy) as full:
-                generator.update(full)
     t_end = clock(device)
 
     weights = real_rows(roll)
@@ -395,8 +289,8 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     metrics.mean("padding_frac", roll.attention_mask.numel() - roll.attention_mask.sum(), roll.attention_mask.numel())
     metrics.sum("completion_tokens", lengths.sum())
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
-    for name, seconds in (("gen_s", t_gen - t0), ("score_s", t_score - t_gen), ("update_s", t_end - t_score),
-                          ("seconds", t_end - t0)):
+    for name, seconds in (("gen_s", scored.gen_s), ("score_s", scored.score_s + t_score - t0),
+                          ("update_s", t_end - t_score), ("seconds", scored.gen_s + scored.score_s + t_end - t0)):
         metrics.max(name, seconds)  # the slowest rank's: the step waits for it
     metrics.max("peak_memory_gib", peak_bytes(device) / GIB)  # the largest rank's (memory.py)
     metrics.max("memory_gib", current_bytes(device) / GIB)  # in use at the step's end (health.py: memory_growth)
@@ -405,7 +299,6 @@ def grpo_step(policies: Policies, generator, optimizer, batch: PromptBatch, rewa
     row["completion_tokens"] = int(row["completion_tokens"])
     row.update(grad_norm=grad_norm, skipped=float(skipped),
                tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
-    roll.answers = answers
     return row, roll
 
 

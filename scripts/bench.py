@@ -49,7 +49,7 @@ from grpo_cli import step as step_fn  # a loop below names its counter `step`
 from grpo_cli import run as run_setup
 from grpo_cli.choices import PRECISIONS
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
-from grpo_cli.data import PromptOrder, arithmetic_problems
+from grpo_cli.data import PromptBatch, PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
 from grpo_cli.generation import group_seed
 from grpo_cli.generators import make_generator
@@ -58,6 +58,7 @@ from grpo_cli.models import disable_dropout, load_model, load_tokenizer, resolve
 from grpo_cli.lora import adapter_disabled, add_adapter
 from grpo_cli.precision import training_precision
 from grpo_cli.runtime import prepare_process
+from grpo_cli.source import LocalSource
 from grpo_cli.rewards import build_reward, checked
 
 
@@ -204,6 +205,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
 
     rows = []
     profiler, settings = None, step_fn.StepSettings.of(cfg, reward_fn)
+    source = LocalSource(generator, policies, reward_fn, settings, precision=precision)  # the trainer's rollout stage
     # grpo_step synchronises CUDA at each phase boundary itself.
     for step in range(warmup + repeats):
         timed = step >= warmup
@@ -218,8 +220,9 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         prompts, answers = batch(step)
         seeds = [group_seed(cfg.trainer.seed, step, i) for i in range(len(prompts))]
         policy.train()  # as the trainer's loop does
-        row, _ = step_fn.grpo_step(policies, generator, optimizer, step_fn.PromptBatch(prompts, answers, seeds),
-                                   reward_fn, settings, precision=precision)
+        scored = source.sample(PromptBatch(prompts, answers, seeds))
+        row, _ = step_fn.grpo_step(policies, optimizer, scored, settings, precision=precision)
+        source.update(policy, step + 1)  # an engine with its own copy of the weights takes the update
         scheduler.step()
         log(f"[{name}] {'timed' if timed else 'warm-up'} step {step + 1}/{warmup + repeats}: {row['seconds']:.2f} s")
         if timed:

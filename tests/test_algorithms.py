@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from grpo_cli import run as run_setup, step, trainer
+from grpo_cli import run as run_setup, source, step, trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.console import Console
 from grpo_cli.models import load_model, load_tokenizer
@@ -14,7 +14,8 @@ from grpo_cli.generation import HFGenerator
 from grpo_cli.policies import RunPolicies
 from grpo_cli.precision import Precision
 from grpo_cli.rollout import Rollout
-from grpo_cli.step import Policies, PromptBatch
+from grpo_cli.data import PromptBatch
+from grpo_cli.step import Policies
 
 
 def small_config(**algo) -> TrainConfig:
@@ -51,8 +52,9 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
 
     monkeypatch.setattr(step, "policy_loss", recording)
     batch = PromptBatch(["1+2=", "3+4=", "5+5=", "9+8="], ["3", "7", "10", "17"], seeds=[0, 1, 2, 3])
-    step.grpo_step(Policies.of(policy), HFGenerator(tok), optimizer, batch, build_reward(cfg.reward),
-                   step.StepSettings.of(cfg, build_reward(cfg.reward)))
+    reward, settings = build_reward(cfg.reward), step.StepSettings.of(cfg, build_reward(cfg.reward))
+    scored = source.LocalSource(HFGenerator(tok), Policies.of(policy), reward, settings).sample(batch)
+    step.grpo_step(Policies.of(policy), optimizer, scored, settings)
     steps = {int(s["step"]) for s in optimizer.state.values()}
     assert steps == {2}  # AdamW counted two optimiser steps for every parameter
     micro_batches = len(seen) // 2
@@ -126,7 +128,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
 
     batches = {1: PromptBatch(["good1=", "flat1=", "flat2=", "flat3="], list("abcd"), [1] * 4),
                2: PromptBatch(["good2=", "good3=", "flat4=", "good4="], list("efgh"), [2] * 4)}
-    roll, answers, metrics = step.collect(
+    roll, answers, metrics = source.collect(
         HFGenerator(tok), policy, PromptBatch(["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), [0] * 4), reward,
         step.StepSettings.of(cfg, reward), refill=lambda r: batches[r],
     )

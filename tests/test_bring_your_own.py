@@ -10,12 +10,12 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from grpo_cli import step, tiny
+from grpo_cli import source, step, tiny
 from helpers import SMALL, grpo, grpo_process, read_jsonl
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.errors import GrpoError
 from grpo_cli.generation import HFGenerator
-from grpo_cli.step import PromptBatch
+from grpo_cli.data import PromptBatch
 from grpo_cli.rewards import build_reward
 
 OWN_DATA = ["trainer.steps=2", *SMALL, "trainer.save_every=1000"]  # the data is the test's own files
@@ -222,7 +222,7 @@ def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kep
     cfg.sampler.group_size, cfg.algo.dynamic_sampling, cfg.algo.max_refill_rounds = 4, True, 2
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
     refills = {1: PromptBatch(["3+3=", "4+4="], ["6", "8"], [2, 3], {"level": [0, 1]})}  # level 0: flat, dropped
-    roll, answers, _ = step.collect(HFGenerator(tok), policy, PromptBatch(["1+1=", "2+2="], ["2", "4"], [0, 1], {"level": [1, 0]}),
+    roll, answers, _ = source.collect(HFGenerator(tok), policy, PromptBatch(["1+1=", "2+2="], ["2", "4"], [0, 1], {"level": [1, 0]}),
                                     reward, step.StepSettings.of(cfg, reward), refill=refills.get)
     assert roll.prompts == ["1+1=", "4+4="] and answers == ["2", "8"]
     assert roll.extra["reward_terms"]["python"].tolist() == [[0.0, 1.0, 0.0, 1.0]] * 2

@@ -26,7 +26,9 @@ from grpo_cli.models import load_model, load_tokenizer  # noqa: E402
 from grpo_cli.precision import Precision  # noqa: E402
 from grpo_cli.rewards import build_reward  # noqa: E402
 from grpo_cli.rollout import concat_rollouts  # noqa: E402
-from grpo_cli.step import Policies, PromptBatch  # noqa: E402
+from grpo_cli.data import PromptBatch  # noqa: E402
+from grpo_cli.source import LocalSource  # noqa: E402
+from grpo_cli.step import Policies  # noqa: E402
 from grpo_cli.vllm_engine import VLLMGenerator  # noqa: E402
 from helpers import grpo_process  # noqa: E402
 
@@ -72,6 +74,16 @@ def trainer_logprobs(model, roll) -> list[list[float]]:
     return [row[: int(n)] for row, n in zip(logp.tolist(), roll.completion_mask.sum(1).tolist())]
 
 
+def one_step(policy, engine, optimizer, batch, cfg) -> dict:
+    """A training step as the loop runs it: the rollout source samples with the engine, the step updates,
+    the source pushes the update to the engine."""
+    reward, settings = build_reward(cfg.reward), step.StepSettings.of(cfg, build_reward(cfg.reward))
+    source = LocalSource(engine, Policies.of(policy), reward, settings)
+    row, _ = step.grpo_step(Policies.of(policy), optimizer, source.sample(batch), settings)
+    source.update(policy, 1)
+    return row
+
+
 def max_gap(a, b) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
 
@@ -85,8 +97,7 @@ def test_after_a_training_step_the_engine_scores_completions_exactly_as_the_trai
     cfg = small_config()
     optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 10)
     batch = PromptBatch(PROMPTS[:4], ANSWERS[:4], seeds=[0, 1, 2, 3])
-    row, _ = step.grpo_step(Policies.of(policy), engine, optimizer, batch, build_reward(cfg.reward),
-                   step.StepSettings.of(cfg, build_reward(cfg.reward)))
+    row = one_step(policy, engine, optimizer, batch, cfg)
     assert row["sampler/logp_diff"] < TOL  # the rollout's own sampling log-probs, against the trainer's
     after = trainer_logprobs(policy, roll)
     assert max_gap(after, before) > 100 * TOL  # the step moved the weights enough to tell
@@ -120,8 +131,7 @@ def test_a_lora_policy_pushes_its_merged_weights_and_its_base_when_the_adapter_i
     cfg = small_config(lr=1e-2)
     optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 10)
     batch = PromptBatch(PROMPTS[:4], ANSWERS[:4], seeds=[4, 5, 6, 7])
-    step.grpo_step(Policies.of(policy), engine, optimizer, batch, build_reward(cfg.reward),
-                   step.StepSettings.of(cfg, build_reward(cfg.reward)))
+    one_step(policy, engine, optimizer, batch, cfg)
     adapted = trainer_logprobs(policy, roll)
     assert max_gap(adapted, base_logp) > 100 * TOL  # the adapter learned something
     assert max_gap(engine.engine_logprobs(prompt_ids, completion_ids), adapted) < TOL
