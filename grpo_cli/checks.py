@@ -70,20 +70,15 @@ def check_generator(p: Problems, g, model) -> None:
 
 
 def check_worker(p: Problems, cfg) -> None:
-    """The generation worker's keys (rollout_worker.py) and what it cannot do yet."""
+    """The generation worker's keys (rollout_worker.py) and what it cannot do."""
     t, g, a = cfg.trainer, cfg.generator, cfg.algo
     p.at_least("trainer.max_staleness", t.max_staleness, 0)
     p.at_least("generator.threads", g.threads, 0)
     p.finite("generator.timeout_s", g.timeout_s, 0, low_open=True)
-    if not (t.max_staleness > 0 or g.worker):
-        return
-    why = "the generation worker (trainer.max_staleness > 0 or generator.worker=true)"
-    p.need(a.behaviour == "current", f"{why} samples with the policy's own pushed weights, so algo.behaviour="
-                                     f"{a.behaviour} has no place in it; set algo.behaviour=current or trainer.max_staleness=0")
-    p.need(not a.dynamic_sampling, f"{why} samples each step's prompts ahead, once, so algo.dynamic_sampling (which "
-                                   "refills dropped groups) needs trainer.max_staleness=0 and generator.worker=false")
-    p.need(not env_active(cfg.env), f"{why} does not run multi-turn episodes yet (env.tools, env.factory); set "
-                                    "trainer.max_staleness=0 and generator.worker=false")
+    p.need(t.max_staleness == 0 or a.behaviour == "current",
+           f"trainer.max_staleness={t.max_staleness} lags the sampling weights behind the policy, and algo.behaviour="
+           f"{a.behaviour} already samples from a policy of its own; set trainer.max_staleness=0 (generator.worker=true "
+           "still samples it in a worker process) or algo.behaviour=current")
 
 
 def user_file(path: str, base: str | None) -> str:
@@ -182,7 +177,15 @@ def check_reward(p: Problems, r) -> None:
         p.need(not r.weights, "reward.weights is only read by reward=combo or a list of functions in reward.fn")
     for i, w in enumerate(r.weights):
         p.finite(f"reward.weights[{i}]", w)
-    terms = set(r.terms) | {r.name}
+    check_reward_terms(p, r, set(r.terms) | {r.name})
+    p.at_least("reward.workers", r.workers, 0)
+    p.finite("reward.timeout_s", r.timeout_s, 0, low_open=True)
+    p.finite("reward.max_failed_fraction", r.max_failed_fraction, 0, 1)
+    p.finite("reward.worker_memory_gib", r.worker_memory_gib, 0)
+
+
+def check_reward_terms(p: Problems, r, terms: set[str]) -> None:
+    """The keys each reward term in use reads."""
     if "length" in terms:
         p.at_least("reward.max_length", r.max_length, 1)
         p.need(0 <= r.overlong_buffer < r.max_length,
@@ -204,10 +207,6 @@ def check_reward(p: Problems, r) -> None:
         p.at_least("reward.code_memory_mib", r.code_memory_mib, 32)
         p.at_least("reward.code_output_kib", r.code_output_kib, 1)
         p.at_least("reward.code_processes", r.code_processes, 1)
-    p.at_least("reward.workers", r.workers, 0)
-    p.finite("reward.timeout_s", r.timeout_s, 0, low_open=True)
-    p.finite("reward.max_failed_fraction", r.max_failed_fraction, 0, 1)
-    p.finite("reward.worker_memory_gib", r.worker_memory_gib, 0)
 
 
 def check_data(p: Problems, d) -> None:
@@ -273,43 +272,9 @@ def check_train(cfg) -> None:
     check_reward(p, cfg.reward)
     check_data(p, cfg.data)
     check_env(p, cfg.env, cfg.data)
-    o = cfg.optimizer
-    p.choice("optimizer.name", o.name, ("adamw",))
-    p.finite("optimizer.lr", o.lr, 0, low_open=True)
-    betas_ok = isinstance(o.betas, (list, tuple)) and len(o.betas) == 2 and all(
-        isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b < 1 for b in o.betas)
-    p.need(betas_ok, f"optimizer.betas={list(o.betas)} must be two numbers in [0, 1), such as [0.9, 0.99]")
-    p.finite("optimizer.weight_decay", o.weight_decay, 0)
-    p.finite("optimizer.eps", o.eps, 0, low_open=True)
-    p.choice("optimizer.scheduler", o.scheduler, SCHEDULERS)
-    p.at_least("optimizer.warmup_steps", o.warmup_steps, 0)
-    p.finite("optimizer.max_grad_norm", o.max_grad_norm, 0)
-    a = cfg.algo
-    p.finite("algo.clip_eps", a.clip_eps, 0, 1, low_open=True, high_open=True)
-    if a.clip_eps_high is not None:
-        p.finite("algo.clip_eps_high", a.clip_eps_high, 0, low_open=True)
-    p.finite("algo.beta", a.beta, 0)
-    p.finite("algo.eps", a.eps, 0)
-    p.at_least("algo.num_iterations", a.num_iterations, 1)
-    check_loss(p, a)
-    for key, value, allowed in (("algo.aggregation", a.aggregation, tuple(AGGREGATIONS)), ("algo.ratio_level", a.ratio_level, RATIO_LEVELS),
-                                ("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS), ("algo.scale", a.scale, ADVANTAGE_SCALES),
-                                ("algo.std", a.std, STD_KINDS), ("algo.behaviour", a.behaviour, BEHAVIOURS)):
-        p.choice(key, value, allowed)
-    p.need(a.behaviour != "lagged" or a.behaviour_refresh >= 1,
-           "algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")
-    p.need(not a.behaviour_path or a.behaviour == "frozen", "algo.behaviour_path is only used with algo.behaviour=frozen")
-    p.choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
-    p.finite("algo.sampler_correction_cap", a.sampler_correction_cap, 1)
+    check_optimizer(p, cfg.optimizer)
+    check_algo(p, cfg)
     check_generator(p, cfg.generator, cfg.model)
-    p.at_least("algo.ref_refresh", a.ref_refresh, 0)
-    p.at_least("algo.behaviour_refresh", a.behaviour_refresh, 0)
-    p.at_least("algo.max_refill_rounds", a.max_refill_rounds, 0)
-    p.need(not (cfg.model.lora.r and a.ref_refresh),
-           "algo.ref_refresh copies the policy into a second model, which a LoRA run does not keep (its reference is "
-           "the base with the adapter off); set algo.ref_refresh=0 or train without model.lora")
-    p.need(not (a.std == "sample" and a.scale != "none" and cfg.sampler.group_size < 2),
-           "algo.std=sample needs sampler.group_size >= 2")
     t = cfg.trainer
     if cfg.objective is not None:
         p.choice("objective", cfg.objective, OBJECTIVES)
@@ -342,6 +307,47 @@ def check_train(cfg) -> None:
            f"trainer.precision={t.precision!r} must be one of {', '.join(PRECISIONS)} (fp16 training is not offered: "
            "bf16-mixed keeps float32 master weights without a loss scaler; auto picks it where bf16 is fast)")
     p.raise_if_any()
+
+
+def check_optimizer(p: Problems, o) -> None:
+    p.choice("optimizer.name", o.name, ("adamw",))
+    p.finite("optimizer.lr", o.lr, 0, low_open=True)
+    betas_ok = isinstance(o.betas, (list, tuple)) and len(o.betas) == 2 and all(
+        isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b < 1 for b in o.betas)
+    p.need(betas_ok, f"optimizer.betas={list(o.betas)} must be two numbers in [0, 1), such as [0.9, 0.99]")
+    p.finite("optimizer.weight_decay", o.weight_decay, 0)
+    p.finite("optimizer.eps", o.eps, 0, low_open=True)
+    p.choice("optimizer.scheduler", o.scheduler, SCHEDULERS)
+    p.at_least("optimizer.warmup_steps", o.warmup_steps, 0)
+    p.finite("optimizer.max_grad_norm", o.max_grad_norm, 0)
+
+
+def check_algo(p: Problems, cfg) -> None:
+    a = cfg.algo
+    p.finite("algo.clip_eps", a.clip_eps, 0, 1, low_open=True, high_open=True)
+    if a.clip_eps_high is not None:
+        p.finite("algo.clip_eps_high", a.clip_eps_high, 0, low_open=True)
+    p.finite("algo.beta", a.beta, 0)
+    p.finite("algo.eps", a.eps, 0)
+    p.at_least("algo.num_iterations", a.num_iterations, 1)
+    check_loss(p, a)
+    for key, value, allowed in (("algo.aggregation", a.aggregation, tuple(AGGREGATIONS)), ("algo.ratio_level", a.ratio_level, RATIO_LEVELS),
+                                ("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS), ("algo.scale", a.scale, ADVANTAGE_SCALES),
+                                ("algo.std", a.std, STD_KINDS), ("algo.behaviour", a.behaviour, BEHAVIOURS)):
+        p.choice(key, value, allowed)
+    p.need(a.behaviour != "lagged" or a.behaviour_refresh >= 1,
+           "algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")
+    p.need(not a.behaviour_path or a.behaviour == "frozen", "algo.behaviour_path is only used with algo.behaviour=frozen")
+    p.choice("algo.sampler_correction", a.sampler_correction, SAMPLER_CORRECTIONS)
+    p.finite("algo.sampler_correction_cap", a.sampler_correction_cap, 1)
+    p.at_least("algo.ref_refresh", a.ref_refresh, 0)
+    p.at_least("algo.behaviour_refresh", a.behaviour_refresh, 0)
+    p.at_least("algo.max_refill_rounds", a.max_refill_rounds, 0)
+    p.need(not (cfg.model.lora.r and a.ref_refresh),
+           "algo.ref_refresh copies the policy into a second model, which a LoRA run does not keep (its reference is "
+           "the base with the adapter off); set algo.ref_refresh=0 or train without model.lora")
+    p.need(not (a.std == "sample" and a.scale != "none" and cfg.sampler.group_size < 2),
+           "algo.std=sample needs sampler.group_size >= 2")
 
 
 def check_inference(p: Problems, cfg) -> None:

@@ -162,28 +162,8 @@ def main(argv: list[str] | None = None) -> object:
 
     grpo_cli.console.STARTED = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        sys.exit(0 if argv else 2)
-    if argv[0] == "--completion" or (len(argv) > 1 and argv[1] in ("--shell-completion", "-sc") and
-                                     any(a.startswith("install=") for a in argv[2:])):
-        shell = argv[1] if argv[0] == "--completion" and len(argv) > 1 else next(
-            (a.split("=", 1)[1] for a in argv[2:] if a.startswith("install=")), "bash")
-        if shell not in ("bash", "zsh"):
-            print(f"error: completion for {shell!r} is not available; use bash or zsh.", file=sys.stderr)
-            sys.exit(2)
-        print(COMPLETION if shell == "bash" else ZSH_PREAMBLE + COMPLETION)
-        sys.exit(0)
-    if len(argv) > 1 and argv[1] in ("-sc", "--shell-completion"):  # the completion script asking Hydra
-        register_configs()
-        sys.argv = [f"grpo {argv[0]}"] + argv[1:]
-        _entry(argv[0])()
-        return
-    if argv[0] in ("-V", "--version", "version"):
-        from importlib.metadata import version
-
-        print(f"grpo-cli {version('grpo-cli')}")
-        sys.exit(0)
+    if _answered_without_a_job(argv):
+        return None
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.\n\n{USAGE}", file=sys.stderr)
@@ -225,6 +205,34 @@ def main(argv: list[str] | None = None) -> object:
 
             close_all()  # an engine sharing the process group (vLLM) goes before it
             _dist.close()
+
+
+def _answered_without_a_job(argv: list[str]) -> bool:
+    """Usage, the version and shell completion: answered here (exiting where the answer is an exit code).
+    True when the completion script asked Hydra and was answered."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        sys.exit(0 if argv else 2)
+    if argv[0] == "--completion" or (len(argv) > 1 and argv[1] in ("--shell-completion", "-sc") and
+                                     any(a.startswith("install=") for a in argv[2:])):
+        shell = argv[1] if argv[0] == "--completion" and len(argv) > 1 else next(
+            (a.split("=", 1)[1] for a in argv[2:] if a.startswith("install=")), "bash")
+        if shell not in ("bash", "zsh"):
+            print(f"error: completion for {shell!r} is not available; use bash or zsh.", file=sys.stderr)
+            sys.exit(2)
+        print(COMPLETION if shell == "bash" else ZSH_PREAMBLE + COMPLETION)
+        sys.exit(0)
+    if len(argv) > 1 and argv[1] in ("-sc", "--shell-completion"):  # the completion script asking Hydra
+        register_configs()
+        sys.argv = [f"grpo {argv[0]}"] + argv[1:]
+        _entry(argv[0])()
+        return True
+    if argv[0] in ("-V", "--version", "version"):
+        from importlib.metadata import version
+
+        print(f"grpo-cli {version('grpo-cli')}")
+        sys.exit(0)
+    return False
 
 
 def _join_process_group(command: str, overrides: list[str]) -> list[str]:

@@ -228,18 +228,7 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
             )
     columns = split.to_dict()
     rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
-    for i, row in enumerate(rows):
-        for column in required.values():
-            if row[column] is None:
-                raise GrpoError(f"Row {i} of {where} has no value in column {column!r}; fill it or drop the row.")
-    for column in required.values():  # a JSON column of mixed types loads as it is; "5" and 5 are not one answer
-        first_of = {}
-        for i, v in enumerate(columns[column]):
-            first_of.setdefault(type(v).__name__, i)
-        if len(first_of) > 1:
-            kinds = ", ".join(f"{k} in row {i}" for k, i in first_of.items())
-            raise GrpoError(f"Column {column!r} of {where} mixes value types ({kinds}); give every row the same type "
-                            "(quote numbers in JSON if they are text).")
+    check_required(columns, rows, list(required.values()), where)
     answers = [str(row[cfg.answer_field]) for row in rows]
     if cfg.answer_extract is not None:
         extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
@@ -275,6 +264,22 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
                 raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
             columns = {k: [v[i] for i in keep] for k, v in columns.items()}
     return to_dataset(columns, where)
+
+
+def check_required(columns: dict[str, list], rows: list[dict], required: list[str], where: str) -> None:
+    """Every row has a value in each required column, all of one type."""
+    for i, row in enumerate(rows):
+        for column in required:
+            if row[column] is None:
+                raise GrpoError(f"Row {i} of {where} has no value in column {column!r}; fill it or drop the row.")
+    for column in required:  # a JSON column of mixed types loads as it is; "5" and 5 are not one answer
+        first_of = {}
+        for i, v in enumerate(columns[column]):
+            first_of.setdefault(type(v).__name__, i)
+        if len(first_of) > 1:
+            kinds = ", ".join(f"{k} in row {i}" for k, i in first_of.items())
+            raise GrpoError(f"Column {column!r} of {where} mixes value types ({kinds}); give every row the same type "
+                            "(quote numbers in JSON if they are text).")
 
 
 def to_dataset(columns: dict[str, list], where: str) -> Dataset:

@@ -13,7 +13,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.lora import is_adapter_dir
 from grpo_cli.rewards import Judge
-from grpo_cli.scoring import greedy_scores, sampled_scores
+from grpo_cli.scoring import Draws, greedy_scores, sampled_scores
 
 
 def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None]]:
@@ -71,7 +71,7 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.episodes import environment
+    from grpo_cli.environments import environment
     from grpo_cli.generators import check_available, make_generator
     from grpo_cli.models import load_model, load_tokenizer, resolve_device
     from grpo_cli.precision import DTYPES, Precision
@@ -111,9 +111,9 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
                                    max_new_tokens=cfg.sampler.max_new_tokens, batch_size=cfg.batch_size, columns=columns)
         if cfg.samples:  # every model sees the same sampling noise
             with console.task(f"{name} sampled x{cfg.samples}", len(prompts)) as advance:
-                scores.update(sampled_scores(generator, model, prompts, answers, reward_fn, judge, samples=cfg.samples,
-                                             ks=ks, sampler=cfg.sampler, batch_size=cfg.batch_size,
-                                             extract=cfg.reward.extract, pattern=cfg.reward.pattern, seed=cfg.seed,
+                scores.update(sampled_scores(generator, model, prompts, answers, reward_fn, judge,
+                                             Draws(cfg.samples, cfg.sampler, tuple(ks), cfg.seed, 0, cfg.batch_size),
+                                             extract=cfg.reward.extract, pattern=cfg.reward.pattern,
                                              columns=columns, advance=advance))
         rows.append({"checkpoint": path, "step": step, **scores})
         console.print(f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f} (correct: {judge.label})", highlight=False)

@@ -67,7 +67,7 @@ def check_available(settings) -> None:
 
 def make_generator(settings, tokenizer, *, chat_template: bool, precision, device, world_size: int = 1,
                    seed: int = 0, env=None, system_prompt: str | None = None) -> Generator:
-    """The generator the `generator` config group names; with `env` (an episodes.EnvSpec), driven turn by
+    """The generator the `generator` config group names; with `env` (an environments.EnvSpec), driven turn by
     turn through that environment (episodes.EpisodeGenerator)."""
     generator = generator_factory(settings.name)(tokenizer, settings, chat_template=chat_template, precision=precision,
                                                   device=device, world_size=world_size, seed=seed)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.rewards import Judge
-from grpo_cli.scoring import greedy_scores, sampled_scores
+from grpo_cli.scoring import Draws, greedy_scores, sampled_scores
 
 
 def held_out_scores(generator, model, rows, reward_fn, judge: Judge, settings, dist: Dist = SINGLE) -> dict:
@@ -25,9 +25,9 @@ def held_out_scores(generator, model, rows, reward_fn, judge: Judge, settings, d
             columns = part.to_dict()
             scores = greedy_scores(generator, m, prompts, answers, reward_fn, judge,
                                    max_new_tokens=settings.sampler.max_new_tokens, columns=columns)
-            scores.update(sampled_scores(generator, m, prompts, answers, reward_fn, judge, samples=4, ks=[],
-                                         sampler=settings.sampler, extract=settings.extract, pattern=settings.pattern,
-                                         seed=settings.seed, offset=first, columns=columns))
+            scores.update(sampled_scores(generator, m, prompts, answers, reward_fn, judge,
+                                         Draws(4, settings.sampler, seed=settings.seed, offset=first),
+                                         extract=settings.extract, pattern=settings.pattern, columns=columns))
     parts = [(n, s) for n, s in dist.gather_objects((len(part), scores)) if n]
     total = sum(n for n, _ in parts)
     combined = {k: sum(n * s[k] for n, s in parts) / total for k in parts[0][1] if k != "num_prompts"}

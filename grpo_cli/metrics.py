@@ -39,6 +39,19 @@ class StepMetrics:
         v = self._t(value)
         self._maxs[name] = torch.maximum(self._maxs[name], v) if name in self._maxs else v
 
+    def state_dict(self) -> dict:
+        """The metrics so far as CPU tensors, to cross a process or enter a checkpoint."""
+        cpu = lambda d: {k: [x.cpu() for x in v] if isinstance(v, list) else v.cpu() for k, v in d.items()}  # noqa: E731
+        return {"means": cpu(self._means), "sums": cpu(self._sums), "mins": cpu(self._mins), "maxs": cpu(self._maxs)}
+
+    @classmethod
+    def from_state(cls, state: dict, device) -> "StepMetrics":
+        out = cls(device)
+        to = lambda d: {k: [x.to(out.device) for x in v] if isinstance(v, list) else v.to(out.device)  # noqa: E731
+                        for k, v in d.items()}
+        out._means, out._sums, out._mins, out._maxs = (to(state[k]) for k in ("means", "sums", "mins", "maxs"))
+        return out
+
     def reduce(self, dist) -> dict[str, float]:
         """Every metric over all ranks: means as (sum of totals) / (sum of counts), 0 when nothing was
         counted; in one collective."""

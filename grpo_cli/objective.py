@@ -8,6 +8,7 @@ and the aggregation choices (DeepSeekMath, DAPO, Dr. GRPO).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -152,18 +153,44 @@ def _ratios(logp: Tensor, old_logp: Tensor, seq_tokens: Tensor, ratio_level: str
     return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
-def _check_inputs(logp, old_logp, advantages, mask, *, ref_logp, sampler_weight, entropy, beta, entropy_coef,
-                  aggregation, loss, ratio_level, kl_estimator, max_completion_length, num_sequences) -> None:
+@dataclass(frozen=True)
+class LossInputs:
+    """What policy_loss reads: a batch's tensors and the objective's settings (their meaning: policy_loss)."""
+
+    logp: Tensor  # [B, T] pi_theta's token log-probs, with gradient
+    old_logp: Tensor  # [B, T] pi_theta_old's (or the behaviour's), constant
+    advantages: Tensor  # [B], constant
+    mask: Tensor  # [B, T] 1 on completion tokens
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    beta: float = 0.0
+    ref_logp: Tensor | None = None
+    kl_estimator: str = "k3"
+    aggregation: str = "seq_mean_token_mean"
+    ratio_level: str = "token"
+    max_completion_length: int | None = None
+    num_sequences: float | None = None
+    num_tokens: float | None = None
+    sampler_weight: Tensor | None = None
+    loss: str = "clip"
+    loss_args: dict | None = None
+    clip_ratio_c: float | None = None
+    entropy: Tensor | None = None
+    entropy_coef: float = 0.0
+
+
+def _check_inputs(x: LossInputs) -> None:
     """policy_loss's arguments: shapes that match and settings it knows (programmer errors: the config's
     values were checked in checks.py)."""
-    _check_choice("aggregation", aggregation, tuple(AGGREGATIONS))
-    _check_choice("policy loss", loss, tuple(POLICY_LOSSES))
-    _check_choice("ratio level", ratio_level, RATIO_LEVELS)
-    _check_choice("KL estimator", kl_estimator, KL_ESTIMATORS)
+    _check_choice("aggregation", x.aggregation, tuple(AGGREGATIONS))
+    _check_choice("policy loss", x.loss, tuple(POLICY_LOSSES))
+    _check_choice("ratio level", x.ratio_level, RATIO_LEVELS)
+    _check_choice("KL estimator", x.kl_estimator, KL_ESTIMATORS)
+    logp = x.logp
     if logp.dim() != 2:
         raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
-    named = {"old_logp": old_logp, "mask": mask, "ref_logp": ref_logp, "sampler_weight": sampler_weight,
-             "entropy": entropy}
+    named = {"old_logp": x.old_logp, "mask": x.mask, "ref_logp": x.ref_logp, "sampler_weight": x.sampler_weight,
+             "entropy": x.entropy}
     for name, t in named.items():
         if t is not None and t.shape != logp.shape:
             raise ValueError(
@@ -171,44 +198,22 @@ def _check_inputs(logp, old_logp, advantages, mask, *, ref_logp, sampler_weight,
                 "they must match."
             )
     batch = logp.shape[0]
-    if advantages.shape != (batch,):
+    if x.advantages.shape != (batch,):
         raise ValueError(
             f"advantages must have shape ({batch},), one per sequence, "
-            f"got {tuple(advantages.shape)}."
+            f"got {tuple(x.advantages.shape)}."
         )
-    if beta != 0 and ref_logp is None:
+    if x.beta != 0 and x.ref_logp is None:
         raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
-    if entropy_coef and entropy is None:
+    if x.entropy_coef and x.entropy is None:
         raise ValueError("entropy_coef != 0 needs entropy, the policy's token entropies (with gradient).")
-    if max_completion_length is not None and max_completion_length < 1:
-        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}.")
-    if num_sequences is not None and num_sequences < 1:
-        raise ValueError(f"num_sequences must be >= 1, got {num_sequences}.")
+    if x.max_completion_length is not None and x.max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be >= 1, got {x.max_completion_length}.")
+    if x.num_sequences is not None and x.num_sequences < 1:
+        raise ValueError(f"num_sequences must be >= 1, got {x.num_sequences}.")
 
 
-def policy_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    beta: float = 0.0,
-    ref_logp: Tensor | None = None,
-    kl_estimator: str = "k3",
-    aggregation: str = "seq_mean_token_mean",
-    ratio_level: str = "token",
-    max_completion_length: int | None = None,
-    num_sequences: float | None = None,
-    num_tokens: float | None = None,
-    sampler_weight: Tensor | None = None,
-    loss: str = "clip",
-    loss_args: dict | None = None,
-    clip_ratio_c: float | None = None,
-    entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
-) -> tuple[Tensor, dict[str, float]]:
+def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, float]]:
     """The negated clipped GRPO surrogate (docs/math.md, "The clipped surrogate"), to minimise.
 
     Per token: L = -min(r*A, clip(r, 1 - clip_eps, 1 + clip_eps_high) * A) + beta * KL, with the
@@ -247,45 +252,43 @@ def policy_loss(
     Returns (loss, metrics); metrics are 0-d tensors (read them once per step): kl, clip_frac_low,
     clip_frac_high, ratio_mean, ratio_min, ratio_max, all over completion tokens.
     """
-    _check_inputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, sampler_weight=sampler_weight, entropy=entropy,
-                  beta=beta, entropy_coef=entropy_coef, aggregation=aggregation, loss=loss, ratio_level=ratio_level,
-                  kl_estimator=kl_estimator, max_completion_length=max_completion_length, num_sequences=num_sequences)
-    batch, tokens = logp.shape
-    clip_low = clip_eps
-    clip_high = clip_eps if clip_eps_high is None else clip_eps_high
+    _check_inputs(x)
+    batch, tokens = x.logp.shape
+    clip_low = x.clip_eps
+    clip_high = x.clip_eps if x.clip_eps_high is None else x.clip_eps_high
 
-    dtype = _compute_dtype(logp)
-    keep = mask.bool()  # [B, T]
+    dtype = _compute_dtype(x.logp)
+    keep = x.mask.bool()  # [B, T]
     weight = keep.to(dtype)
     # Padding may hold anything (even -inf); zeroing it keeps exp() finite there, so no NaN can
     # reach the loss or, through 0 * inf, the gradient.
-    logp = logp.to(dtype).masked_fill(~keep, 0.0)
-    old_logp = old_logp.detach().to(dtype).masked_fill(~keep, 0.0)
-    adv = advantages.detach().to(dtype)[:, None]  # [B, 1]
+    logp = x.logp.to(dtype).masked_fill(~keep, 0.0)
+    old_logp = x.old_logp.detach().to(dtype).masked_fill(~keep, 0.0)
+    adv = x.advantages.detach().to(dtype)[:, None]  # [B, 1]
     # An empty completion then divides its zero sum by one and contributes nothing.
     seq_tokens = weight.sum(dim=1).clamp(min=1)  # [B]
 
-    ratio = _ratios(logp, old_logp, seq_tokens, ratio_level)  # [B, T]
+    ratio = _ratios(logp, old_logp, seq_tokens, x.ratio_level)  # [B, T]
 
     terms = TokenTerms(logp=logp, ratio=ratio, advantages=adv, clip_low=clip_low, clip_high=clip_high,
-                       clip_ratio_c=clip_ratio_c, args=loss_settings(loss, loss_args))
-    per_token, loss_metrics = POLICY_LOSSES[loss].fn(terms)
-    if sampler_weight is not None:
-        per_token = per_token * sampler_weight.detach().to(dtype).masked_fill(~keep, 0.0)
+                       clip_ratio_c=x.clip_ratio_c, args=loss_settings(x.loss, x.loss_args))
+    per_token, loss_metrics = POLICY_LOSSES[x.loss].fn(terms)
+    if x.sampler_weight is not None:
+        per_token = per_token * x.sampler_weight.detach().to(dtype).masked_fill(~keep, 0.0)
     kl = None
-    if ref_logp is not None:
-        ref_logp = ref_logp.detach().to(dtype).masked_fill(~keep, 0.0)
-        kl = token_kl(logp, ref_logp, kl_estimator)
-        if beta != 0:  # skipped at beta = 0 so an overflowing k3 cannot turn 0 * inf into NaN
-            per_token = per_token + beta * kl
+    if x.ref_logp is not None:
+        ref_logp = x.ref_logp.detach().to(dtype).masked_fill(~keep, 0.0)
+        kl = token_kl(logp, ref_logp, x.kl_estimator)
+        if x.beta != 0:  # skipped at beta = 0 so an overflowing k3 cannot turn 0 * inf into NaN
+            per_token = per_token + x.beta * kl
 
     seq_sums = (per_token * weight).sum(dim=1)  # [B]
-    normalisers = Normalisers(sequences=batch if num_sequences is None else num_sequences, tokens=num_tokens,
-                              max_completion_length=max_completion_length or tokens)
-    total = AGGREGATIONS[aggregation](seq_sums, seq_tokens, weight, normalisers)
-    if entropy_coef:
-        token_count = weight.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0)
-        total = total - entropy_coef * (entropy.to(dtype) * weight).sum() / token_count
+    normalisers = Normalisers(sequences=batch if x.num_sequences is None else x.num_sequences, tokens=x.num_tokens,
+                              max_completion_length=x.max_completion_length or tokens)
+    total = AGGREGATIONS[x.aggregation](seq_sums, seq_tokens, weight, normalisers)
+    if x.entropy_coef:
+        token_count = weight.sum().clamp(min=1) if x.num_tokens is None else max(x.num_tokens, 1.0)
+        total = total - x.entropy_coef * (x.entropy.to(dtype) * weight).sum() / token_count
 
     return total, _loss_metrics(ratio, keep, adv, kl, clip_low, clip_high, loss_metrics)
 

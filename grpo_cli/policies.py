@@ -20,9 +20,9 @@ from grpo_cli.models import load_model
 from grpo_cli.step import Policies
 
 
-def load_policy(cfg, precision, resume_from=None):
-    """The model being trained: from model.path, or from the checkpoint being resumed."""
-    m = cfg.model
+def load_policy(m, precision, resume_from=None):
+    """The model being trained (`m`: the model config group): from model.path, or from the checkpoint
+    being resumed."""
     if m.lora.r == 0:
         weights = str(resume_from) if resume_from else m.path
         return load_model(weights, precision.param_dtype, m.device, m.trust_remote_code,

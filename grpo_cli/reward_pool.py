@@ -20,16 +20,13 @@ devices), die with the trainer (PR_SET_PDEATHSIG), and leave SIGINT to it.
 from __future__ import annotations
 
 import pickle
-import socket
-import subprocess
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.subprocesses import how_it_ended
+from grpo_cli.subprocesses import Helper, how_it_ended
 
 START_TIMEOUT_S = 300.0  # a worker builds the reward's terms (imports, maybe a model) before its first sample
 
@@ -42,23 +39,12 @@ class Failure:
     why: str
 
 
-class _Worker:
-    """A worker process (a fresh interpreter, `python -m grpo_cli.reward_worker`) and its end of the pipe."""
+class _Worker(Helper):
+    """A reward worker process (`python -m grpo_cli.reward_worker`) and the completion it is scoring."""
 
     def __init__(self, cfg, memory_gib: float):
-        ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen([sys.executable, "-m", "grpo_cli.reward_worker", str(theirs.fileno())],
-                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-        theirs.close()  # the worker holds the only other end: its death is this end's EOF
-        self.conn = Connection(ours.detach())
-        self.conn.send((list(sys.path), cfg, memory_gib))
+        super().__init__("grpo_cli.reward_worker", (cfg, memory_gib), name="a reward worker")
         self.ready, self.started, self.task, self.deadline = False, time.monotonic(), None, 0.0
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(5)
-        self.conn.close()
 
 
 class RewardPool:
@@ -73,19 +59,23 @@ class RewardPool:
         while len(self.workers) < self.size:
             self.workers.append(_Worker(self.cfg, self.memory_gib))
 
-    def score(self, names: list[str], batch) -> tuple[dict[str, list[float]], list[Failure]]:
-        """Each named term's value for every completion of `batch` (NaN where it gave no score or failed),
-        and the completions that failed. A term's GrpoError, or a bug in a built-in term, is raised here."""
+    def _messages(self, names: list[str], batch) -> list[bytes]:
+        """Each completion's task, pickled once: (the terms, the completion's row)."""
         rows = []
         for i in range(len(batch)):
-            row = batch.row(i)
             try:
-                rows.append(pickle.dumps((names, row)))
+                rows.append(pickle.dumps((names, batch.row(i))))
             except Exception as e:  # environments of episodes, say, that cannot leave the process
                 raise GrpoError(
                     f"reward.workers={self.size} sends each completion to a worker process, and completion {i} "
                     f"cannot be sent ({type(e).__name__}: {e}); set reward.workers=0 to score in the training process."
                 ) from None
+        return rows
+
+    def score(self, names: list[str], batch) -> tuple[dict[str, list[float]], list[Failure]]:
+        """Each named term's value for every completion of `batch` (NaN where it gave no score or failed),
+        and the completions that failed. A term's GrpoError, or a bug in a built-in term, is raised here."""
+        rows = self._messages(names, batch)
         values = {name: [float("nan")] * len(batch) for name in names}
         failures: list[Failure] = []
         todo = deque(range(len(batch)))
@@ -102,37 +92,7 @@ class RewardPool:
             ready = wait([w.conn for w in waiting], timeout=max(min(deadlines) - now, 0.0) if deadlines else None)
             now = time.monotonic()
             for w in waiting:
-                reply = None
-                if w.conn in ready:
-                    try:
-                        reply = w.conn.recv()
-                    except (EOFError, OSError):
-                        reply = None
-                if reply is not None and reply[0] == "ready":
-                    w.ready = True
-                    continue
-                if reply is not None and reply[0] == "ok":
-                    for name, value in reply[1].items():
-                        values[name][w.task] = value
-                    w.task = None
-                    continue
-                if reply is not None and reply[0] == "error":
-                    self.close()
-                    raise GrpoError(reply[1])
-                if reply is not None and reply[0] == "bug":
-                    self.close()
-                    raise RuntimeError(f"a reward term failed in its worker process:\n{reply[1]}")
-                why = None
-                if reply is not None and reply[0] == "oom":
-                    why = reply[1]
-                elif w.conn in ready:  # EOF: the worker is gone
-                    why = f"its worker {how_it_ended(w.process)}"
-                elif now >= (w.deadline if w.ready else w.started + START_TIMEOUT_S):
-                    why = f"timed out after {self.timeout_s:g} s (reward.timeout_s)" if w.ready else None
-                    if not w.ready:
-                        self.close()
-                        raise GrpoError(f"A reward worker did not start within {START_TIMEOUT_S:g} s; "
-                                        "check that the reward builds quickly, or set reward.workers=0.")
+                why = self._answer(w, w.conn in ready, now, values)
                 if why is None:
                     continue
                 if w.task is None:  # died before its first sample: building the terms crashed it
@@ -145,6 +105,39 @@ class RewardPool:
                 self.workers.remove(w)
             self._fill()
         return values, sorted(failures, key=lambda f: f.index)
+
+    def _answer(self, w: _Worker, readable: bool, now: float, values: dict) -> str | None:
+        """Take worker `w`'s answer, if it has one: a ready note, or its task's values into `values`.
+        Returns why its task failed (it ran out of memory, died, or ran past its deadline), or None."""
+        reply = None
+        if readable:
+            try:
+                reply = w.conn.recv()
+            except (EOFError, OSError):
+                reply = None
+        kind = reply[0] if reply is not None else None
+        if kind == "ready":
+            w.ready = True
+        elif kind == "ok":
+            for name, value in reply[1].items():
+                values[name][w.task] = value
+            w.task = None
+        elif kind in ("error", "bug"):
+            self.close()
+            if kind == "error":
+                raise GrpoError(reply[1])
+            raise RuntimeError(f"a reward term failed in its worker process:\n{reply[1]}")
+        elif kind == "oom":
+            return reply[1]
+        elif readable:  # EOF: the worker is gone
+            return f"its worker {how_it_ended(w.process)}"
+        elif now >= (w.deadline if w.ready else w.started + START_TIMEOUT_S):
+            if not w.ready:
+                self.close()
+                raise GrpoError(f"A reward worker did not start within {START_TIMEOUT_S:g} s; "
+                                "check that the reward builds quickly, or set reward.workers=0.")
+            return f"timed out after {self.timeout_s:g} s (reward.timeout_s)"
+        return None
 
     def close(self) -> None:
         for w in self.workers:

@@ -25,7 +25,8 @@ from grpo_cli.checks import check_train, env_active
 from grpo_cli.console import Console, MetricsLog
 from grpo_cli.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.distributed import SINGLE, Dist, is_sharded, unwrap
-from grpo_cli.episodes import context_note, environment
+from grpo_cli.environments import environment
+from grpo_cli.episodes import context_note
 from grpo_cli.errors import GrpoError, SourceLost
 from grpo_cli.generators import check_available, make_generator
 from grpo_cli.held_out import HeldOut
@@ -206,11 +207,9 @@ def resume_command(command: str | None, run_dir: Path) -> str:
     return shlex.join(["grpo", "train", *kept, f"output_dir={run_dir}", "resume=auto"])
 
 
-def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | None) -> Run:
-    """Check the config, claim the run directory, load the policies and restore a checkpoint's state."""
-    import transformers
-
-    console.phase(f"loaded torch {torch.__version__} and transformers {transformers.__version__}")
+def check_run(cfg, console: Console, dist: Dist):
+    """What can be refused before anything loads: the config, the user's reward and environment files, a
+    hub push, the strategy for this launch; returns (the environment, the strategy)."""
     check_train(cfg)
     if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
         cfg.reward.fn_dir = os.getcwd()
@@ -227,6 +226,16 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     if t.prompts_per_step % world:
         raise GrpoError(f"trainer.prompts_per_step={t.prompts_per_step} must divide by the {world} processes, so each "
                         f"rank samples whole groups; use a multiple of {world}.")
+    return env, strategy
+
+
+def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | None) -> Run:
+    """Check the config, claim the run directory, load the policies and restore a checkpoint's state."""
+    import transformers
+
+    console.phase(f"loaded torch {torch.__version__} and transformers {transformers.__version__}")
+    env, strategy = check_run(cfg, console, dist)
+    t, world = cfg.trainer, dist.world_size
     device = resolve_device(cfg.model.device)
     worker_device = rollout_worker.worker_device(cfg, device, dist.local_rank) if t.max_staleness or cfg.generator.worker else None
     shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
@@ -260,13 +269,8 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         env.score_with(reward_fn)  # an environment that scores episodes is one more reward term
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     restore_optimizer(state, resume_from, policy, optimizer, scheduler, world, console)
-    resumed_at, writes = state.get("step", 0), dist.is_main  # rank 0 writes every file of the run
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes,
-                         trackers=open_trackers(trackers, run_dir, asdict(cfg), t.tracker_project,
-                                                resumed_at if state else None) if writes else None)
-    samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
-    for log in (metrics, samples_log):
-        log.truncate(resumed_at)  # rows past the checkpoint are redone, not duplicated
+    resumed_at = state.get("step", 0)
+    metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
     settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=max_tokens)
     held_out = HeldOut(cfg, data["test"], generator, policy, reward_fn, settings.judge, dist, console, metrics)
     if t.eval_before_after and not state.get("held_out_before"):
@@ -287,26 +291,43 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     return run
 
 
+def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) -> tuple[MetricsLog, MetricsLog]:
+    """metrics.jsonl (with the trackers) and completions.jsonl, written by rank 0 alone; rows a resumed
+    run's checkpoint does not cover are redone, not duplicated."""
+    resumed_at, writes = state.get("step", 0), dist.is_main
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes,
+                         trackers=open_trackers(trackers, run_dir, asdict(cfg), cfg.trainer.tracker_project,
+                                                resumed_at if state else None) if writes else None)
+    samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
+    for log in (metrics, samples_log):
+        log.truncate(resumed_at)
+    return metrics, samples_log
+
+
 def open_source(run: Run, worker_device, threads: int, state: dict) -> RolloutSource:
-    """The run's rollout source (source.py): in this process, or generation in a worker process on
+    """The run's rollout source (source.py): in this process, or the whole chain in a worker process on
     `worker_device` (trainer.max_staleness > 0 or generator.worker), which takes the weights the run
     starts from. A resumed run's source takes the rollouts the checkpoint kept in flight."""
-    cfg, dist = run.cfg, run.dist
+    cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
     kept = state.get("sampled_ahead_per_rank") or []
     pending = kept[dist.rank] if len(kept) == dist.world_size else {}
-    generator = run.generator
-    if worker_device is not None:
-        run.console.phase(f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
-                          f"max_staleness={cfg.trainer.max_staleness}")
-        generator = rollout_worker.RolloutWorker(cfg, run.tokenizer, worker_device, threads=threads,
-                                                 max_tokens=run.settings.max_tokens, rank=dist.local_rank)
-    source = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
-                         dist=dist, prompts=run.prompts, warn=run.console.warn)
     if worker_device is None:
+        source = LocalSource(run.generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
+                             dist=dist, prompts=run.prompts, warn=run.console.warn)
         if state:
             source.load_state_dict(pending)
         return source
-    source = WorkerSource(generator, source, cfg.trainer.max_staleness, run.first_step, cfg.trainer.steps)
+    if cfg.algo.dynamic_sampling and dist.world_size > 1:
+        raise GrpoError("algo.dynamic_sampling in the generation worker refills each rank's groups alone, without the "
+                        "quota every rank shares under torchrun; set generator.worker=false and trainer.max_staleness=0, "
+                        "or run one process.")
+    run.console.phase(f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
+                      f"max_staleness={t.max_staleness}")
+    spec = rollout_worker.WorkerSpec.of(cfg, run.settings, worker_device, threads)
+    worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
+                                          cfg.generator.timeout_s)
+    source = WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
+                          first_step=run.first_step, last_step=t.steps, warn=run.console.warn)
     try:
         if state:
             source.load_state_dict(pending)
@@ -354,7 +375,7 @@ def load_policies(cfg, precision: Precision, strategy: str, resume_from, state: 
     if state and sharded and not state.get("sharded"):
         raise GrpoError(f"{resume_from} was written without FSDP, so its optimizer state cannot be sharded; resume it "
                         "with trainer.strategy=ddp (or in one process), or start a new FSDP run with resume=false.")
-    policy = load_policy(cfg, precision, None if sharded else resume_from)  # FSDP restores its shards below
+    policy = load_policy(cfg.model, precision, None if sharded else resume_from)  # FSDP restores its shards below
     if precision.name == "bf16" and not cfg.model.lora.r:  # a LoRA adapter is float32 whatever the base
         check_pure_bf16_lr(policy, cfg.optimizer.lr)
     policies = RunPolicies(cfg, precision, policy)

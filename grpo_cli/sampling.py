@@ -12,7 +12,7 @@ from grpo_cli.checkpoint import list_checkpoints
 from grpo_cli.checks import check_sample
 from grpo_cli.errors import GrpoError
 from grpo_cli.data import USER_PROMPT, is_conversation, render_user_prompts, user_text
-from grpo_cli.episodes import environment
+from grpo_cli.environments import environment
 from grpo_cli.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.runtime import prepare_process
 from grpo_cli.generation import Sampling, group_seed
@@ -61,15 +61,7 @@ def model_dir(checkpoint: str | None, base: str) -> str:
 def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     """`grpo sample`: prompts rendered as training renders them (the data settings saved with a trained
     checkpoint, unless `overrides` set data.*), G completions each, scored when an answer is given."""
-    inputs = [{"prompt": p} for p in ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)]
-    if cfg.prompts_file:
-        inputs += read_prompts(cfg.prompts_file)
-    if not inputs:  # checks.check_sample saw a prompts_file named, but it holds no prompt
-        raise GrpoError(f"prompts_file={cfg.prompts_file} holds no prompt; write one per line (in a .jsonl file, "
-                        'objects with a "prompt" field).')
-    for row in inputs:  # an answer in the file wins over answer= on the command line
-        if row.get("answer") is None and cfg.answer is not None:
-            row["answer"] = cfg.answer
+    inputs = sample_inputs(cfg)
     path = model_dir(cfg.checkpoint, cfg.model.path)
     key = "checkpoint" if cfg.checkpoint is not None else "model.path"
     check_model_files(path, key)  # every input checked before the model loads
@@ -114,14 +106,33 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
         reward.close()  # its worker processes, if any
     show(rows, G, path, console)
     if cfg.output:
-        out = Path(cfg.output).expanduser()
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        except OSError as e:
-            raise GrpoError(f"Cannot write output={cfg.output} ({e.strerror}); choose another path.") from None
-        console.print(f"wrote {len(rows)} completions to {out}")
+        write_rows(rows, cfg.output, console)
     return rows
+
+
+def sample_inputs(cfg) -> list[dict]:
+    """The prompts to sample, from prompt=, prompts= and prompts_file=, each with its answer if given (one
+    in the file wins over answer= on the command line)."""
+    inputs = [{"prompt": p} for p in ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)]
+    if cfg.prompts_file:
+        inputs += read_prompts(cfg.prompts_file)
+    if not inputs:  # checks.check_sample saw a prompts_file named, but it holds no prompt
+        raise GrpoError(f"prompts_file={cfg.prompts_file} holds no prompt; write one per line (in a .jsonl file, "
+                        'objects with a "prompt" field).')
+    for row in inputs:
+        if row.get("answer") is None and cfg.answer is not None:
+            row["answer"] = cfg.answer
+    return inputs
+
+
+def write_rows(rows: list[dict], output: str, console) -> None:
+    out = Path(output).expanduser()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    except OSError as e:
+        raise GrpoError(f"Cannot write output={output} ({e.strerror}); choose another path.") from None
+    console.print(f"wrote {len(rows)} completions to {out}")
 
 
 def score(reward, group: list[dict], source: dict, completion_ids=None, episodes=None) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from dataclasses import dataclass
+
 import torch
 
 from grpo_cli.generation import Sampling, group_seed
@@ -100,15 +102,31 @@ def vote_key(completion: str, target: str, answer_of) -> str:
     return got if got is not None else completion.strip()
 
 
+@dataclass(frozen=True)
+class Draws:
+    """How sampled_scores draws: `samples` completions per prompt with the sampler's settings (its
+    max_new_tokens, temperature, top_p, top_k), prompt i's noise seeded by (seed, offset + i), in batches
+    of `batch_size` prompts; pass@k and maj@k for each k of `ks`."""
+
+    samples: int
+    sampler: object
+    ks: tuple = ()
+    seed: int = 0
+    offset: int = 0
+    batch_size: int = 64
+
+
 @torch.no_grad()
-def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *, samples: int, ks: list[int],
-                   sampler, batch_size: int = 64, extract: str = "last_number", pattern: str | None = None,
-                   seed: int = 0, offset: int = 0, columns: dict | None = None, advance=None) -> dict:
-    """`samples` completions per prompt drawn with the sampler's settings, each scored by the reward and
-    judged: the share correct, pass@k, and maj@k (the most common answer, read as `reward.extract`
-    reads it, is right when the completions giving it are judged correct). Prompt i's noise is seeded
-    by (seed, offset + i), so every model, and every split of the prompts over ranks, sees the same draws."""
+def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, draws: Draws, *,
+                   extract: str = "last_number", pattern: str | None = None, columns: dict | None = None,
+                   advance=None) -> dict:
+    """`draws.samples` completions per prompt, each scored by the reward and judged: the share correct,
+    pass@k, and maj@k (the most common answer, read as `reward.extract` reads it, is right when the
+    completions giving it are judged correct). Every model, and every split of the prompts over ranks,
+    sees the same draws (Draws)."""
     answer_of = answer_extractor(extract, pattern)
+    samples, sampler, ks, seed, offset, batch_size = (draws.samples, draws.sampler, draws.ks, draws.seed, draws.offset,
+                                                      draws.batch_size)
     counts, votes = [], []  # correct completions per prompt; its (vote keys, keys judged correct)
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])

@@ -30,14 +30,14 @@ from torch.profiler import record_function
 
 from grpo_cli.data import PromptBatch
 from grpo_cli.distributed import SINGLE, Dist
-from grpo_cli.episodes import episode_metrics
+from grpo_cli.episodes import Episode, episode_metrics
 from grpo_cli.errors import SourceLost
 from grpo_cli.generators import generate
 from grpo_cli.metrics import StepMetrics
 from grpo_cli.objective import flat_groups
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import score_batch
-from grpo_cli.rollout import Rollout, concat_rollouts
+from grpo_cli.rollout import ROW_FIELDS, Rollout, concat_rollouts
 from grpo_cli.step import PHASES, Policies, StepSettings, clock, score
 
 
@@ -80,6 +80,10 @@ class LocalSource:
         self.generator, self.policies, self.reward_fn, self.settings = generator, policies, reward_fn, settings
         self.precision, self.dist, self.prompts, self.warn = precision or Precision("fp32"), dist, prompts, warn
         self.device = next(policies.policy.parameters()).device
+        self.sampler_logprobs: bool | None = None  # ask the generator for its own log-probs anyway (True), or as the run needs them
+
+    def wants_sampler_logprobs(self) -> bool:
+        return wants_sampler_logprobs(self.generator, self.settings.algo)
 
     def next(self, step: int) -> ScoredRollout:
         return self.sample(self.prompts.share(step), self.prompts.refill(step))
@@ -93,7 +97,8 @@ class LocalSource:
             with record_function(PHASES[0]):
                 with dist.full_model(sampler_model) as generating:  # unwrapped; under FSDP gathered once
                     roll, answers, metrics = collect(self.generator, generating, batch, self.reward_fn, self.settings,
-                                                     refill, StepMetrics(self.device), dist)
+                                                     refill, StepMetrics(self.device), dist,
+                                                     with_logprobs=self.sampler_logprobs or self.wants_sampler_logprobs())
                 self.generator.sleep()  # a vLLM engine frees its device memory while the update runs (CUDA)
             t_gen = clock(self.device)
             if policies.behaviour is not None:
@@ -128,67 +133,154 @@ class LocalSource:
 
 
 class WorkerSource:
-    """Generation in a worker process (rollout_worker.RolloutWorker), the rewards scored here: step t
-    trains on rollouts sampled by the weights of update max(t - 1 - max_staleness, 0). Requests run
-    `max_staleness` steps ahead of the update, and a push follows every update but the last."""
+    """The whole chain in a worker process (rollout_worker.py), built from a frozen spec: step t trains on
+    rollouts sampled by the weights of update max(t - 1 - max_staleness, 0). Requests run
+    `max_staleness` steps ahead of the update. What the worker samples with: the policy, pushed after
+    every update but the last; a frozen behaviour, loaded there once; a lagged behaviour, pushed at the
+    start and at each refresh."""
 
-    def __init__(self, worker, chain: LocalSource, max_staleness: int, first_step: int, last_step: int):
-        self.worker, self.chain = worker, chain  # the chain samples through the worker (its generator)
+    def __init__(self, worker, policies: Policies, algo, *, max_staleness: int, first_step: int, last_step: int,
+                 warn: Callable = print):
+        self.worker, self.policies, self.warn = worker, policies, warn
+        self.behaviour, self.refresh = algo.behaviour, algo.behaviour_refresh
         self.k, self.first_step, self.last_step = max_staleness, first_step, last_step
+        self.device = next(policies.policy.parameters()).device
         self.asked = first_step - 1  # the last step requested (or restored)
         self.lost: SourceLost | None = None  # a push that failed: said at the next request
 
     def next(self, step: int) -> ScoredRollout:
         if self.lost is not None:
             raise self.lost
-        s = self.chain.settings
-        with_logprobs = wants_sampler_logprobs(self.worker, s.algo)  # the rule collect() applies in-process
         for t in range(self.asked + 1, min(step + self.k, self.last_step) + 1):  # the newest weights sample them
-            self.worker.request(t, self.chain.prompts.share(t), s.group_size, s.sampling, with_logprobs)
+            self.worker.request(t)
             self.asked = t
-        scored = self.chain.next(step)
-        scored.metrics.max("staleness", float(step - 1 - scored.rollout.version))  # updates between sampler and policy
+        start = time.perf_counter()
+        scored = scored_from_state(self.worker.take(step), self.device)
+        scored.gen_s, scored.score_s = time.perf_counter() - start, 0.0  # the trainer's wait is its sampling time
+        if self.behaviour == "current":  # updates between the sampler and the policy
+            scored.metrics.max("staleness", float(step - 1 - scored.rollout.version))
         return scored
 
+    def sampler(self, policy, version: int):
+        """A context yielding the model whose weights the worker samples with after update `version`, or
+        None when it keeps the weights it has."""
+        if version >= self.last_step or self.behaviour == "frozen":
+            return None
+        if self.behaviour == "lagged" and version == self.first_step - 1:
+            return self.policies.behaviour  # as the checkpoint holds it: not the policy, between refreshes
+        if self.behaviour == "lagged" and version % self.refresh:
+            return None
+        return lambda: nullcontext(policy)
+
     def update(self, policy, version: int) -> dict:
-        """Push update `version`'s weights (not after the last step); the seconds the trainer waited, for
-        the worker's answers and the push. A worker lost during the push leaves this step done; the
-        next request says so."""
+        """Push the weights the worker samples with next; the seconds the trainer waited, for the worker's
+        answers and the push. A worker lost during the push leaves this step done; the next request says
+        so."""
         start = time.perf_counter()
-        if version < self.last_step:
+        sampler = self.sampler(policy, version)
+        if sampler is not None:
             try:
-                self.worker.push(policy, version)
+                with sampler() as model:
+                    self.worker.push(pushed_tensors(model, policy), version)
             except SourceLost as e:
                 self.lost = e
         return {"push_s": time.perf_counter() - start}
 
     def state_dict(self) -> dict:
-        """The rollouts received and not yet trained on, by step."""
+        """The scored rollouts received and not yet trained on, by step."""
         return self.worker.state()
 
     def load_state_dict(self, state: dict) -> None:
         """Keep the rollouts a checkpoint holds for the steps this run samples ahead; say which steps
         are sampled again instead."""
         expected = range(self.first_step, min(self.first_step - 1 + self.k, self.last_step) + 1)
-        dropped = sorted(s for s in state if s not in expected)
-        missing = [s for s in expected if s not in state]
+        dropped = sorted(s for s, r in state.items() if s not in expected or "metrics" not in r)  # or unscored (older)
+        missing = [s for s in expected if s not in state or s in dropped]
         if dropped:
-            self.chain.warn(f"the checkpoint holds rollouts sampled ahead for step(s) {', '.join(map(str, dropped))}, "
-                            f"more than trainer.max_staleness={self.k} ahead, so they are dropped and sampled again: "
-                            "from there this run differs from an uninterrupted one")
-        if missing:
-            self.chain.warn(f"the checkpoint holds no rollouts sampled ahead for step(s) {', '.join(map(str, missing))}, "
-                            "so they are sampled with its weights (staleness 0): from there this run differs from an "
-                            "uninterrupted one")
-        self.worker.restore({s: r for s, r in state.items() if s in expected})
+            self.warn(f"the checkpoint holds rollouts sampled ahead for step(s) {', '.join(map(str, dropped))} that "
+                      f"this run does not take (more than trainer.max_staleness={self.k} ahead, or unscored), so they "
+                      "are dropped and sampled again: from there this run differs from an uninterrupted one")
+        elif missing:
+            self.warn(f"the checkpoint holds no rollouts sampled ahead for step(s) {', '.join(map(str, missing))}, "
+                      "so they are sampled with its weights (staleness 0): from there this run differs from an "
+                      "uninterrupted one")
+        self.worker.restore({s: r for s, r in state.items() if s in expected and s not in dropped})
         self.asked = max([self.first_step - 1, *self.worker.received])
 
     def close(self) -> None:
         self.worker.close()
 
 
+def pushed_tensors(model, policy) -> list[torch.Tensor]:
+    """What a push sends, in order: `model`'s tensors named as the policy's trainable parameters (the whole
+    model, or a LoRA adapter), whole (an FSDP2 shard is gathered: every rank pushes at the same point)."""
+    from grpo_cli.distributed import unwrap
+
+    params = dict(unwrap(model).named_parameters())
+    out = []
+    for name, p in unwrap(policy).named_parameters():
+        if p.requires_grad:
+            t = params[name].detach()
+            out.append(t.full_tensor() if hasattr(t, "full_tensor") else t)
+    return out
+
+
+STATE_FIELDS = ("prompts", "group_size", "completions", "pad_token_id", "version", "rewards", "answers", "extra")
+
+
+def scored_state(scored: ScoredRollout) -> dict:
+    """A scored rollout as plain types and CPU tensors: for a pipe, or a checkpoint's torch.load(weights_only)."""
+    roll = scored.rollout
+    out = {name: getattr(roll, name) for name in STATE_FIELDS}
+    out.update({f.name: None if getattr(roll, f.name) is None else getattr(roll, f.name).cpu() for f in ROW_FIELDS})
+    out["episodes"] = (None if roll.episodes is None else  # a live environment stays where it ran
+                       [{k: v for k, v in vars(e).items() if k != "environment"} for e in roll.episodes])
+    out.update(metrics=scored.metrics.state_dict(), gen_s=scored.gen_s, score_s=scored.score_s)
+    return out
+
+
+def scored_from_state(state: dict, device) -> ScoredRollout:
+    """The scored rollout, its token fields and metrics on `device` (rewards stay on the host, as sampled)."""
+    rows = {f.name: None if state[f.name] is None else state[f.name].to(device) for f in ROW_FIELDS}
+    episodes = None if state["episodes"] is None else [Episode(**e) for e in state["episodes"]]
+    roll = Rollout(**{k: state[k] for k in STATE_FIELDS}, **rows, episodes=episodes)
+    return ScoredRollout(roll, StepMetrics.from_state(state["metrics"], device), state["gen_s"], state["score_s"])
+
+
+def score_round(roll: Rollout, batch: PromptBatch, reward_fn, judge, metrics: StepMetrics):
+    """One round's rewards ([n, G], float64, NaN = no score), each term's, and which groups are flat (all
+    rewards equal: no signal), with the round's metrics:
+    the rewards see each completion's token count and the batch's columns (one entry per prompt);
+    accuracy is what `judge` (reward.correct) calls correct."""
+    G = roll.group_size
+
+    def per_completion(values):
+        return [v for v in values for _ in range(G)]
+
+    total, terms = score_batch(
+        reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
+        completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
+        columns={k: per_completion(v) for k, v in batch.columns.items()}, episodes=roll.episodes,
+    )
+    if roll.episodes is not None:
+        episode_metrics(roll.episodes, metrics)
+    rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)  # NaN: no score
+    terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
+    correct = judge(total, roll.completions, per_completion(batch.answers))
+    scored, flat = ~rewards.isnan(), flat_groups(rewards)
+    metrics.mean("reward_mean", rewards.nansum(), scored.sum())  # over the scored completions, as TRL
+    metrics.mean("reward_sq", rewards.pow(2).nansum(), scored.sum())  # for the std, over ranks too
+    metrics.mean("reward_none_frac", (~scored).sum(), rewards.numel())  # no score: advantage 0
+    metrics.mean("reward_failed_frac", len(getattr(reward_fn, "failed", ())), rewards.numel())  # workers'
+    metrics.mean("accuracy", sum(correct), len(correct))
+    metrics.mean("zero_var_frac", flat.sum(), rewards.shape[0])
+    for k, v in terms.items():
+        metrics.mean(f"reward/{k}", v.double().nansum(), (~v.isnan()).sum())
+    return rewards, terms, flat
+
+
 def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: StepSettings, refill=None,
-            metrics: StepMetrics | None = None, dist: Dist = SINGLE):
+            metrics: StepMetrics | None = None, dist: Dist = SINGLE, with_logprobs: bool | None = None):
     """Sample G completions per prompt and score them: (rollout to train on, its answers, step metrics).
 
     The metrics describe everything sampled this step (all refill rounds), not only the groups kept
@@ -206,10 +298,6 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
     G, n, sampling, algo = settings.group_size, len(batch.prompts), settings.sampling, settings.algo
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
     metrics = metrics if metrics is not None else StepMetrics()
-    judge = settings.judge  # what "correct" means for accuracy (reward.correct)
-
-    def per_completion(values):
-        return [v for v in values for _ in range(G)]
 
     def have() -> int:
         return sum(len(r.prompts) for r in kept)
@@ -217,26 +305,8 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
             roll = generate(generator, sampler_model, batch.prompts, G, sampling, batch.seeds, columns=batch.columns,
-                            with_logprobs=wants_sampler_logprobs(generator, algo))
-            total, terms = score_batch(
-                reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
-                completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
-                columns={k: per_completion(v) for k, v in batch.columns.items()}, episodes=roll.episodes,
-            )
-            if roll.episodes is not None:
-                episode_metrics(roll.episodes, metrics)
-            rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)  # NaN: no score
-            terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each
-            correct = judge(total, roll.completions, per_completion(batch.answers))
-            scored, flat = ~rewards.isnan(), flat_groups(rewards)
-            metrics.mean("reward_mean", rewards.nansum(), scored.sum())  # over the scored completions, as TRL
-            metrics.mean("reward_sq", rewards.pow(2).nansum(), scored.sum())  # for the std, over ranks too
-            metrics.mean("reward_none_frac", (~scored).sum(), rewards.numel())  # no score: advantage 0
-            metrics.mean("reward_failed_frac", len(getattr(reward_fn, "failed", ())), rewards.numel())  # workers'
-            metrics.mean("accuracy", sum(correct), len(correct))
-            metrics.mean("zero_var_frac", flat.sum(), rewards.shape[0])
-            for k, v in terms.items():
-                metrics.mean(f"reward/{k}", v.double().nansum(), (~v.isnan()).sum())
+                            with_logprobs=wants_sampler_logprobs(generator, algo) if with_logprobs is None else with_logprobs)
+            rewards, terms, flat = score_round(roll, batch, reward_fn, settings.judge, metrics)
             if not algo.dynamic_sampling:
                 roll.rewards, roll.extra["reward_terms"] = rewards, terms  # float64: logs show the rewards given
                 metrics.mean("dropped_frac", 0.0, rewards.shape[0])

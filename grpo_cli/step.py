@@ -25,7 +25,7 @@ from grpo_cli.generation import Sampling
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.objective import LossInputs, POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import Judge, no_score_none
 from grpo_cli.rollout import Rollout
@@ -60,12 +60,22 @@ def clock(device: torch.device) -> float:
 
 
 def frozen(config):
-    """A frozen copy of a config dataclass (same fields and values; a dict field becomes read-only)."""
+    """A frozen copy of a config dataclass (same fields and values; a dict field becomes read-only); it
+    pickles as the config it copies, so a helper process can be sent it."""
     cls = type(config)
     if cls not in _FROZEN:
-        _FROZEN[cls] = make_dataclass(f"Frozen{cls.__name__}", [(f.name, f.type) for f in fields(cls)], frozen=True)
+        _FROZEN[cls] = make_dataclass(f"Frozen{cls.__name__}", [(f.name, f.type) for f in fields(cls)], frozen=True,
+                                      namespace={"__reduce__": lambda self: (_refrozen, (cls, _values(self)))})
     return _FROZEN[cls](**{f.name: MappingProxyType(dict(v)) if isinstance(v := getattr(config, f.name), dict) else v
                            for f in fields(cls)})
+
+
+def _values(copy) -> dict:
+    return {f.name: dict(v) if isinstance(v := getattr(copy, f.name), MappingProxyType) else v for f in fields(copy)}
+
+
+def _refrozen(cls, values: dict):
+    return frozen(cls(**values))
 
 
 _FROZEN: dict[type, type] = {}
@@ -187,7 +197,7 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
                     sampler = roll.sampler_logp[rows] if roll.sampler_logp is not None else None
                     weight = (sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
                               if sampler is not None and algo.sampler_correction == "tis" else None)
-                    loss, m = policy_loss(
+                    loss, m = policy_loss(LossInputs(
                         logp, old, roll.advantages[rows], mask,
                         clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
                         ref_logp=roll.ref_logp[rows] if roll.ref_logp is not None else None,
@@ -196,7 +206,7 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
                         num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
                         loss=algo.loss, loss_args=algo.loss_args, clip_ratio_c=algo.clip_ratio_c,
                         entropy=entropy, entropy_coef=algo.entropy_coef,
-                    )
+                    ))
                     # DDP averages gradients over ranks: times the world size, that average is the global sum.
                     (loss * dist.world_size).backward()
             tokens = mask.sum()

@@ -1,11 +1,21 @@
-"""What the trainer's helper processes (reward workers, the generation worker) share: how one ended, in
-words, and how a helper sets itself up to live and die with its trainer."""
+"""The one helper-process protocol of the trainer's helpers (reward workers, the generation worker): a
+`Helper` is a fresh interpreter (`python -m MODULE FD`, not a fork of the trainer with its threads and
+devices) with a socket pair, pickled framed messages, a deadline on every answer, how it ended in
+words, and its death with the trainer. `serve` is the helper's end: it sets the process up and sends
+back what its handler raised."""
 
 from __future__ import annotations
 
+import pickle
 import signal
+import socket
 import subprocess
 import sys
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Callable
+
+from grpo_cli.errors import GrpoError
 
 
 def how_it_ended(process: subprocess.Popen) -> str:
@@ -20,6 +30,69 @@ def how_it_ended(process: subprocess.Popen) -> str:
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
+
+
+class HelperLost(GrpoError):
+    """A helper process is gone or did not answer in time; the sentence says which and why."""
+
+
+class Helper:
+    """The trainer's end of a helper process: `send`, `receive` within a deadline, `kill`, `close`.
+    `name` begins its sentences ("the generation worker was killed by SIGKILL while ..."); `lost` is the
+    exception they are raised as."""
+
+    def __init__(self, module: str, first: object, *, name: str, lost: type[HelperLost] = HelperLost,
+                 timeout_key: str = ""):
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()  # the helper holds the only other end: its death is this end's EOF
+        self.conn, self.name, self.lost = Connection(ours.detach()), name, lost
+        self.timeout_key = f" ({timeout_key})" if timeout_key else ""  # the setting a slow helper's sentence names
+        self.send((list(sys.path), first))  # the trainer's path: the user's modules are found there too
+
+    def send(self, message) -> None:
+        try:
+            self.conn.send_bytes(pickle.dumps(message))
+        except OSError:
+            raise self.lost(f"{self.name} {how_it_ended(self.process)}") from None
+
+    def receive(self, timeout: float | None, doing: str):
+        """The next message, within `timeout` seconds (None: no limit); a helper that does not answer in
+        time is killed. The helper's own failures come back raised: its GrpoError as one, a bug with its
+        trace."""
+        if not wait([self.conn], timeout=timeout):
+            self.process.kill()
+            raise self.lost(f"{self.name} did not answer within {timeout:g} s while {doing}{self.timeout_key}")
+        try:
+            message = pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            raise self.lost(f"{self.name} {how_it_ended(self.process)} while {doing}") from None
+        kind = message[0] if isinstance(message, tuple) and message else None
+        if kind == "error":
+            raise GrpoError(message[1])
+        if kind == "bug":
+            raise RuntimeError(f"{self.name} failed:\n{message[1]}")
+        return message
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(5)
+        self.conn.close()
+
+    def close(self, grace_s: float = 10.0) -> None:
+        """End the helper: its pipe closes and it exits; one that does not within `grace_s` is killed."""
+        if self.process.poll() is None:
+            self.conn.close()
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
 
 
 def as_helper(memory_gib: float = 0.0) -> None:
@@ -37,3 +110,41 @@ def as_helper(memory_gib: float = 0.0) -> None:
     if memory_gib > 0:
         limit = int(memory_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+class Channel:
+    """The helper's end of the pipe: `receive` (None once the trainer has closed it) and `send`."""
+
+    def __init__(self, fd: int):
+        self.conn = Connection(fd)
+
+    def receive(self):
+        try:
+            return pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return None
+
+    def send(self, message) -> None:
+        self.conn.send_bytes(pickle.dumps(message))
+
+
+def serve(handler: Callable[[Channel, object], None], memory_gib: Callable[[object], float] = lambda first: 0.0) -> None:
+    """A helper's main: read the first message (the trainer's path and the handler's settings), set the
+    process up as a helper, and run `handler(channel, settings)`; a GrpoError goes back as its sentence,
+    a bug with its trace; a trainer that has gone ends the helper quietly."""
+    channel = Channel(int(sys.argv[1]))
+    opening = channel.receive()
+    if opening is None:  # the trainer ended before the helper started
+        return
+    try:
+        path, first = opening
+        sys.path[:] = path
+        as_helper(memory_gib(first))
+        handler(channel, first)
+    except (BrokenPipeError, ConnectionResetError, EOFError):  # the trainer ended: no one to answer
+        sys.exit(0)
+    except GrpoError as e:
+        channel.send(("error", str(e)))
+    except BaseException:  # noqa: BLE001 - sent to the trainer with its trace
+        channel.send(("bug", traceback.format_exc()))
+        raise

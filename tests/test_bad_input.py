@@ -300,9 +300,8 @@ CASES = [
     (TRAIN + " trainer.max_staleness=-1", "trainer.max_staleness=-1 must be >= 0"),
     (TRAIN + " generator.threads=-2", "generator.threads=-2 must be >= 0"),
     (TRAIN + " generator.timeout_s=0", "generator.timeout_s=0.0 must be > 0"),
-    (TRAIN + " trainer.max_staleness=1 algo.behaviour=frozen", "so algo.behaviour=frozen has no place in it"),
-    (TRAIN + " trainer.max_staleness=1 algo=dapo", "so algo.dynamic_sampling (which refills dropped groups) needs"),
-    (TRAIN + " generator.worker=true env.tools=[grpo_cli.demo_tools:add]", "does not run multi-turn episodes yet"),
+    (TRAIN + " trainer.max_staleness=1 algo.behaviour=frozen", "and algo.behaviour=frozen already samples from a "
+     "policy of its own; set trainer.max_staleness=0"),
     (TRAIN + " trainer.max_staleness=1 generator.device=cuda:7", "generator.device"),
     ("sample prompt=x env.tool_format=json", "env.tool_format='json' must be one of hermes"),
     # grpo sample

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from helpers import grpo
 from grpo_cli.config import RewardConfig
-from grpo_cli.scoring import greedy_scores, pass_at_k, sampled_scores
+from grpo_cli.scoring import Draws, greedy_scores, pass_at_k, sampled_scores
 from grpo_cli.generation import HFGenerator
 from grpo_cli.rewards import Judge, build_reward
 
@@ -100,8 +100,8 @@ def test_a_python_reward_with_maximum_1_decides_accuracy_pass_at_k_and_maj_at_k(
     # prompt 1 (answer 2): 1 of 4 scores 1
     completions = ["good 5", "good 1", "good 1", "bad 7", "bad 3", "bad 3", "good 2", "bad 4"]
     sampler = SimpleNamespace(max_new_tokens=2, temperature=1.0, top_p=1.0, top_k=0)
-    got = sampled_scores(Rolls(completions), None, ["p0", "p1"], ["7", "2"], reward, judge, samples=4, ks=[1, 2, 4],
-                         sampler=sampler)
+    got = sampled_scores(Rolls(completions), None, ["p0", "p1"], ["7", "2"], reward, judge,
+                         Draws(4, sampler, ks=(1, 2, 4)))
     assert got["sampled_accuracy"] == pytest.approx(4 / 8)
     assert got["pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
     assert got["pass@2"] == pytest.approx((1.0 + (1 - 3 / 6)) / 2)  # 1 - C(3,2)/C(4,2) for prompt 1

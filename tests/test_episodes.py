@@ -21,13 +21,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig, TrainConfig
 from grpo_cli.console import Console
-from grpo_cli.episodes import EnvSpec, parse_hermes
+from grpo_cli.environments import EnvSpec, parse_hermes
 from grpo_cli.errors import GrpoError
 from grpo_cli.generation import HFGenerator, Sampling
 from grpo_cli.generators import GENERATORS, make_generator, register_generator
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.models import load_model, load_tokenizer
-from grpo_cli.objective import policy_loss
+from grpo_cli.objective import LossInputs, policy_loss
 from grpo_cli.rewards.python_fn import load_function
 
 INPUTS = __import__("pathlib").Path(__file__).parent / "inputs"
@@ -181,8 +181,8 @@ def test_environment_tokens_get_no_gradient_and_model_tokens_do(qwen_dir, script
     logits.requires_grad_(True)
     logp = logits.log_softmax(-1).gather(-1, roll.input_ids[:, -T:, None]).squeeze(-1)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, _ = policy_loss(logp, logp.detach() - 0.1, advantages, roll.completion_mask, clip_eps=0.2, beta=0.04,
-                          ref_logp=logp.detach() + 0.2)
+    loss, _ = policy_loss(LossInputs(logp, logp.detach() - 0.1, advantages, roll.completion_mask, clip_eps=0.2, beta=0.04,
+                          ref_logp=logp.detach() + 0.2))
     loss.backward()
     per_position = logits.grad.abs().sum(-1)  # [B, T]
     env = (roll.completion_mask == 0) & roll.attention_mask[:, -T:].bool()

@@ -13,7 +13,7 @@ import torch
 
 from grpo_cli.distributed import SINGLE
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import policy_loss, sampler_correction_weight
+from grpo_cli.objective import LossInputs, policy_loss, sampler_correction_weight
 from grpo_cli.step import record_mismatch
 from grpo_cli.vllm_engine import fingerprint, full_weights
 
@@ -33,8 +33,8 @@ def test_the_weight_scales_the_surrogate_and_not_the_kl():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     ref = logp.detach() - 0.1
     weight = torch.tensor([[2.0, 0.5]])
-    loss, _ = policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), beta=0.5, ref_logp=ref,
-                          kl_estimator="k1", sampler_weight=weight)
+    loss, _ = policy_loss(LossInputs(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), beta=0.5, ref_logp=ref,
+                          kl_estimator="k1", sampler_weight=weight))
     # per token: -w_t * 1 + 0.5 * 0.1; mean over the two tokens: (-2 + 0.05 - 0.5 + 0.05) / 2 = -1.2
     assert loss.item() == pytest.approx(-1.2, abs=1e-6)
     loss.backward()  # d/dlogp_t of -w_t * exp(logp_t - old_t) at ratio 1 is -w_t, plus beta * 1 (k1), over 2 tokens

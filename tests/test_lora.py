@@ -48,7 +48,7 @@ def nudge_adapter(model, scale=0.05) -> None:
 
 
 def test_only_the_adapter_receives_gradients():
-    policy = load_policy(lora_cfg(), Precision("fp32"))
+    policy = load_policy(lora_cfg().model, Precision("fp32"))
     tok = load_tokenizer("builtin:tiny")
     roll = generate(policy, tok, ["1+2=", "3+4="], 2, max_new_tokens=3, seeds=[0, 1])
     policy.train()
@@ -63,7 +63,7 @@ def test_only_the_adapter_receives_gradients():
 
 def test_the_reference_under_lora_is_the_base_model_even_after_the_adapter_has_moved():
     cfg = lora_cfg(beta=0.04)
-    policy = load_policy(cfg, Precision("fp32"))
+    policy = load_policy(cfg.model, Precision("fp32"))
     nudge_adapter(policy)
     base = load_model("builtin:tiny", torch.float32, "cpu")
     tok = load_tokenizer("builtin:tiny")
@@ -81,7 +81,7 @@ def test_the_reference_under_lora_is_the_base_model_even_after_the_adapter_has_m
 
 def test_a_lagged_behaviour_under_lora_is_a_copy_of_the_adapter_swapped_in_and_out_bit_for_bit():
     cfg = lora_cfg(behaviour="lagged", behaviour_refresh=2)
-    policy = load_policy(cfg, Precision("fp32"))
+    policy = load_policy(cfg.model, Precision("fp32"))
     policies = RunPolicies(cfg, Precision("fp32"), policy)
     assert isinstance(policies.behaviour, AdapterCopy)
     lagged = adapter_state(policy)
@@ -161,7 +161,7 @@ def test_lora_with_bf16_mixed_and_gradient_checkpointing_trains_a_float32_adapte
     assert all(r["skipped"] == 0.0 and r["kl"] >= 0 for r in rows)
     cfg = lora_cfg()
     cfg.model.gradient_checkpointing = True
-    policy = load_policy(cfg, Precision("bf16-mixed"))
+    policy = load_policy(cfg.model, Precision("bf16-mixed"))
     dtypes = {n: p.dtype for n, p in policy.named_parameters()}
     assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
     assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
@@ -195,7 +195,7 @@ def test_an_unknown_target_module_is_one_sentence_naming_all_linear():
 
 
 def test_adapter_disabled_context_restores_the_adapter():
-    policy = load_policy(lora_cfg(), Precision("fp32"))
+    policy = load_policy(lora_cfg().model, Precision("fp32"))
     nudge_adapter(policy)
     ids = torch.tensor([[5, 6, 7]])
     on = policy(input_ids=ids).logits

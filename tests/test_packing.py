@@ -11,7 +11,7 @@ from grpo_cli import generation
 from grpo_cli.config import LoraConfig
 from grpo_cli.distributed import Dist
 from grpo_cli.logprobs import can_pack, enable_logprob_forward, pack, token_logprobs
-from grpo_cli.objective import policy_loss
+from grpo_cli.objective import LossInputs, policy_loss
 from grpo_cli.precision import Precision
 from grpo_cli.rollout import Rollout
 from grpo_cli.step import StepSettings, micro_batches, optimise
@@ -97,8 +97,8 @@ def _loss_and_grads(model, ids, mask, cmask, packing: bool, params=None):
     ref = -torch.rand(ids.shape[0], T, generator=g) * 3
     old = -torch.rand(ids.shape[0], T, generator=g) * 3
     logp, entropy = token_logprobs(model, ids, mask, T, entropy_grad=True, packing=packing)
-    loss, _ = policy_loss(logp, old, adv, cmask, clip_eps=0.2, beta=0.04, ref_logp=ref, kl_estimator="k3",
-                          entropy=entropy, entropy_coef=0.01)
+    loss, _ = policy_loss(LossInputs(logp, old, adv, cmask, clip_eps=0.2, beta=0.04, ref_logp=ref, kl_estimator="k3",
+                          entropy=entropy, entropy_coef=0.01))
     loss.backward()
     params = params or [p for p in model.parameters() if p.requires_grad]
     return loss.detach(), [p.grad.clone() for p in params]

@@ -24,7 +24,7 @@ from grpo_cli.metrics import StepMetrics
 from grpo_cli.generation import HFGenerator, Sampling, encode_prompts, eos_token_ids
 from grpo_cli.logprobs import enable_logprob_forward, token_logprobs
 from grpo_cli.models import disable_dropout, load_model, load_tokenizer
-from grpo_cli.objective import group_advantages, policy_loss
+from grpo_cli.objective import LossInputs, group_advantages, policy_loss
 from grpo_cli.policies import RunPolicies
 from grpo_cli.precision import Precision, check_pure_bf16_lr
 from helpers import floats, generate
@@ -98,7 +98,7 @@ def test_bf16_mixed_loss_and_gradients_agree_with_fp32_within_bf16_tolerance():
         mask = roll.completion_mask
         with Precision(name).autocast():
             logp, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len)
-        loss, _ = policy_loss(logp, roll.old_logp, roll.advantages, mask)
+        loss, _ = policy_loss(LossInputs(logp, roll.old_logp, roll.advantages, mask))
         loss.backward()
         losses[name], grads[name] = float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
     assert losses["bf16-mixed"] == pytest.approx(losses["fp32"], rel=2e-2)
@@ -229,8 +229,8 @@ def test_a_summed_log_ratio_of_120_gives_a_finite_loss_and_gradient(ratio_level)
     logp = torch.full((2, 4), -1.0, requires_grad=True)
     old = torch.full((2, 4), -31.0)  # each token's log-ratio is 30, so a sequence's sums to 120 nats
     assert math.isinf(float(torch.exp(torch.tensor(120.0))))  # what an unclamped exp would give
-    loss, metrics = policy_loss(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), ratio_level=ratio_level,
-                                beta=0.04, ref_logp=torch.full((2, 4), -40.0))
+    loss, metrics = policy_loss(LossInputs(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), ratio_level=ratio_level,
+                                beta=0.04, ref_logp=torch.full((2, 4), -40.0)))
     loss.backward()
     assert math.isfinite(float(loss.detach())) and torch.isfinite(logp.grad).all()
     assert all(math.isfinite(v) for v in floats(metrics).values())

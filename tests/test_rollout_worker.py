@@ -34,14 +34,38 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("extra", [[], ["model.lora.r=4", "optimizer.lr=3e-3"]], ids=["full", "lora"])
-def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(extra, tmp_path):
-    """generator.worker=true at max_staleness=0: the worker samples with the pushed weights (all of them,
-    or the LoRA adapter alone), one step after the other, and the run is today's to the bit."""
+REWARD = "def score(completions, **kw):\n    return [float(len(c) % 2) for c in completions]\n"
+WORKLOADS = {  # each trains the same steps in this process and in a worker at staleness 0
+    "full": [],
+    "lora": ["model.lora.r=4", "optimizer.lr=3e-3"],
+    "tool_use": ["experiment=tool_use", "trainer.prompts_per_step=4", "sampler.group_size=4"],
+    "dynamic_sampling": ["algo=dapo", "algo.max_refill_rounds=2"],
+    "frozen_behaviour": ["algo.behaviour=frozen"],
+    "lagged_behaviour": ["algo.behaviour=lagged", "algo.behaviour_refresh=2"],
+    "python_reward": ["reward=python", "reward.fn={tmp}/my_reward.py:score", "reward.workers=1"],
+}
+
+
+@pytest.mark.parametrize("name", [name if name in ("full", "lora") else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in WORKLOADS])
+def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(name, tmp_path):
+    """generator.worker=true at max_staleness=0: the whole rollout chain (generation or episodes, rewards,
+    dynamic sampling's refills, a behaviour policy's log-probs) runs in the worker, with the weights pushed
+    (all of them, or the LoRA adapter alone) or, for a frozen behaviour, loaded there, one step after the
+    other, and the run is the in-process one to the bit: every metrics row and the final weights."""
+    (tmp_path / "my_reward.py").write_text(REWARD)
+    extra = [a.format(tmp=tmp_path) for a in WORKLOADS[name]]
     assert train(f"output_dir={tmp_path / 'here'}", "trainer.steps=3", *extra) == 0
     assert train(f"output_dir={tmp_path / 'worker'}", "trainer.steps=3", "generator.worker=true", *extra) == 0
-    assert rows(tmp_path / "here") == rows(tmp_path / "worker")
-    assert [r["staleness"] for r in metric_rows(tmp_path / "worker")] == [0.0, 0.0, 0.0]
+    here = rows(tmp_path / "here")
+    assert here == rows(tmp_path / "worker")
+    assert any(r["reward_std"] > 0 for r in here), "no step had a reward signal: the update was not exercised"
+    if name == "tool_use":
+        assert any(r["env/tool_calls"] > 0 for r in here), "no episode called a tool"
+    if name == "dynamic_sampling":
+        assert any(r["dropped_frac"] > 0 for r in here), "no group was dropped, so no refill was drawn"
+    if "behaviour" not in name:
+        assert [r["staleness"] for r in metric_rows(tmp_path / "worker")] == [0.0, 0.0, 0.0]
     assert same_weights(tmp_path / "here" / "final", tmp_path / "worker" / "final")
 
 
@@ -98,15 +122,17 @@ def test_at_staleness_1_each_update_trains_on_rollouts_of_the_weights_one_update
 
 
 @pytest.mark.slow
-def test_a_staleness_1_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(tmp_path):
-    """Each checkpoint holds the rollouts sampled ahead for the next step (by the previous update's weights):
-    a resume trains on them, so a run SIGKILLed after a checkpoint and resumed equals one run straight
-    through, to the bit (weights and every metrics row)."""
+@pytest.mark.parametrize("extra", [[], WORKLOADS["tool_use"]], ids=["single_turn", "tool_use"])
+def test_a_staleness_1_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(extra, tmp_path):
+    """Each checkpoint holds the scored rollouts sampled ahead for the next step (by the previous update's
+    weights; whole episodes for the tool-use demo): a resume trains on them, so a run SIGKILLed after a
+    checkpoint and resumed equals one run straight through, to the bit (weights and every metrics row)."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    common = ["trainer.steps=8", "trainer.max_staleness=1", "trainer.save_every=2", "algo.beta=0.04"]
+    common = ["trainer.steps=8", "trainer.max_staleness=1", "trainer.save_every=2", "algo.beta=0.04", *extra]
     assert train(f"output_dir={straight}", *common) == 0
     kept = load_state(straight / "checkpoints" / "step-2")["sampled_ahead_per_rank"][0]
     assert list(kept) == [3] and kept[3]["version"] == 1
+    assert (kept[3]["episodes"] is not None) == bool(extra)
     proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={killed}", *common],
                             env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert wait_for(lambda: (killed / "checkpoints" / "step-2").exists() or proc.poll() is not None)
@@ -186,3 +212,35 @@ def test_sigterm_stops_trainer_and_worker_after_a_checkpoint_and_sigkill_takes_t
     proc.kill()
     proc.wait()
     assert wait_for(lambda: not alive(pid), timeout=15), "the worker outlived a SIGKILLed trainer"
+
+
+def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning():
+    """The declared resume policy (source.py): rollouts a checkpoint kept for steps this run does not sample
+    ahead (a smaller trainer.max_staleness, or none) are dropped and sampled again, and a warning names
+    their steps; steps it should hold and does not are named too. Nothing is dropped silently."""
+    from types import SimpleNamespace
+
+    from grpo_cli.source import LocalSource, WorkerSource
+    from grpo_cli.step import Policies
+
+    class Worker:
+        received: dict = {}
+
+        def restore(self, state):
+            self.received = dict(state)
+
+    warned, policies = [], Policies.of(torch.nn.Linear(1, 1))
+    scored = {"metrics": {}}
+    LocalSource(None, policies, None, None, warn=warned.append).load_state_dict({3: scored})
+    assert len(warned) == 1 and "step(s) 3 " in warned[0] and "dropped" in warned[0]
+    algo = SimpleNamespace(behaviour="current", behaviour_refresh=1)
+    source = WorkerSource(Worker(), policies, algo, max_staleness=1, first_step=3, last_step=8, warn=warned.append)
+    source.load_state_dict({3: scored, 4: scored})  # written at max_staleness=2
+    assert list(source.worker.received) == [3] and source.asked == 3
+    assert "step(s) 4 " in warned[1] and "trainer.max_staleness=1" in warned[1]
+    source.load_state_dict({3: {"version": 1}})  # unscored: written before the chain moved into the worker
+    assert source.worker.received == {} and source.asked == 2 and "step(s) 3 " in warned[2]
+    source.load_state_dict({})
+    assert "no rollouts sampled ahead for step(s) 3," in warned[3]
+    source.load_state_dict({3: scored})
+    assert len(warned) == 4, "a checkpoint holding exactly what this run samples ahead needs no word"

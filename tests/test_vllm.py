@@ -227,7 +227,7 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     many on which it answers directly."""
     from grpo_cli.config import EnvConfig
     from grpo_cli.data import long_addition_problems
-    from grpo_cli.episodes import EnvSpec
+    from grpo_cli.environments import EnvSpec
     from grpo_cli.generators import make_generator
 
     tokenizer = load_tokenizer("builtin:tiny-tools")
