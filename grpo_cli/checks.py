@@ -18,6 +18,7 @@ from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DAT
 from grpo_cli.errors import GrpoError
 from grpo_cli.generators import GENERATORS
 from grpo_cli.health import HEALTH_MODES
+from grpo_cli.advantages import ADVANTAGES
 from grpo_cli.losses import AGGREGATIONS, POLICY_LOSSES
 from grpo_cli.rewards import REWARDS, term_specs
 from grpo_cli.rewards.python_fn import is_file_spec
@@ -333,7 +334,8 @@ def check_algo(p: Problems, cfg) -> None:
     check_loss(p, a)
     for key, value, allowed in (("algo.aggregation", a.aggregation, tuple(AGGREGATIONS)), ("algo.ratio_level", a.ratio_level, RATIO_LEVELS),
                                 ("algo.kl_estimator", a.kl_estimator, KL_ESTIMATORS), ("algo.scale", a.scale, ADVANTAGE_SCALES),
-                                ("algo.std", a.std, STD_KINDS), ("algo.behaviour", a.behaviour, BEHAVIOURS)):
+                                ("algo.std", a.std, STD_KINDS), ("algo.behaviour", a.behaviour, BEHAVIOURS),
+                                ("algo.advantage", a.advantage, tuple(ADVANTAGES))):
         p.choice(key, value, allowed)
     p.need(a.behaviour != "lagged" or a.behaviour_refresh >= 1,
            "algo.behaviour=lagged needs algo.behaviour_refresh >= 1 (steps between copies)")

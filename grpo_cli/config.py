@@ -125,6 +125,7 @@ class AlgoConfig:
     num_iterations: int = 1
     aggregation: str = "seq_mean_token_mean"
     ratio_level: str = "token"
+    advantage: str = "grpo"
     scale: str = "group"
     std: str = "population"
     eps: float = 1e-6

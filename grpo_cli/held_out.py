@@ -1,5 +1,6 @@
 """The trainer's held-out scores (docs/math.md, "Evaluation"): greedy and sampled accuracy on the test
-split before, during and after training, the prompts split over ranks."""
+split before, during and after training, the prompts split over ranks, sampled through the run's rollout
+source, so a run never builds a second generator or engine for them."""
 
 from __future__ import annotations
 
@@ -10,30 +11,35 @@ from grpo_cli.rewards import Judge
 from grpo_cli.scoring import Draws, greedy_scores, sampled_scores
 
 
-def held_out_scores(generator, model, rows, reward_fn, judge: Judge, settings, dist: Dist = SINGLE) -> dict:
-    """The trainer's held-out row: greedy accuracy and reward, and the accuracy of 4 completions per
-    prompt sampled as in training (seeded per prompt by the run seed, so every evaluation draws the
-    same noise). Under data parallelism each rank scores a slice of `rows`; the means are combined,
-    weighted by each slice's prompts."""
+def held_out_scores(source, rows, settings: "HeldOutSettings", dist: Dist = SINGLE) -> dict:
+    """The trainer's held-out row, asked of the run's rollout source (source.py; the weights it samples
+    the policy with): greedy accuracy and reward, and the accuracy of 4 completions per prompt sampled as
+    in training (seeded per prompt by the run seed, so every evaluation draws the same noise). Under data
+    parallelism each rank scores a slice of `rows`; the means are combined, weighted by each slice's
+    prompts."""
     per = -(-len(rows) // dist.world_size)
     first = min(dist.rank * per, len(rows))
-    part = rows.select(range(first, min(first + per, len(rows))))
-    prompts, answers = part[settings.prompt_field], part[settings.answer_field]
-    scores = {}
-    with dist.full_model(model) as m:  # every rank enters: under FSDP it gathers the parameters
-        if len(part):
-            columns = part.to_dict()
-            scores = greedy_scores(generator, m, prompts, answers, reward_fn, judge,
-                                   max_new_tokens=settings.sampler.max_new_tokens, columns=columns)
-            scores.update(sampled_scores(generator, m, prompts, answers, reward_fn, judge,
-                                         Draws(4, settings.sampler, seed=settings.seed, offset=first),
-                                         extract=settings.extract, pattern=settings.pattern, columns=columns))
-    parts = [(n, s) for n, s in dist.gather_objects((len(part), scores)) if n]
+    part = rows.select(range(first, min(first + per, len(rows)))).to_dict()
+    n = len(part[settings.prompt_field])
+    scores = source.evaluate(part, settings, first)  # every rank enters: under FSDP it gathers the parameters
+    parts = [(n, s) for n, s in dist.gather_objects((n, scores)) if n]
     total = sum(n for n, _ in parts)
     combined = {k: sum(n * s[k] for n, s in parts) / total for k in parts[0][1] if k != "num_prompts"}
     return {**combined, "num_prompts": total}
 
 
+def part_scores(generator, model, part: dict, reward_fn, judge: Judge, settings: "HeldOutSettings", first: int) -> dict:
+    """The scores of one slice of the held-out rows (`part`: columns of lists; `first`: its first row's
+    index in the split, which seeds the sampled draws)."""
+    prompts, answers = part[settings.prompt_field], part[settings.answer_field]
+    if not prompts:
+        return {}
+    scores = greedy_scores(generator, model, prompts, answers, reward_fn, judge,
+                           max_new_tokens=settings.sampler.max_new_tokens, columns=part)
+    scores.update(sampled_scores(generator, model, prompts, answers, reward_fn, judge,
+                                 Draws(4, settings.sampler, seed=settings.seed, offset=first),
+                                 extract=settings.extract, pattern=settings.pattern, columns=part))
+    return scores
 
 
 class HeldOut:
@@ -41,18 +47,17 @@ class HeldOut:
     reward: before training (kept in checkpoints, so a resumed run reports the same start), every
     `trainer.eval_every` steps as an `eval/` metrics row, and after training."""
 
-    def __init__(self, cfg, rows, generator, policy, reward_fn, judge: Judge, dist: Dist, console, metrics):
+    def __init__(self, cfg, rows, source, judge: Judge, dist: Dist, console, metrics):
         t = cfg.trainer
         self.rows = rows.select(range(min(t.eval_prompts, len(rows))))
         self.settings = HeldOutSettings(cfg.data.prompt_field, cfg.data.answer_field, cfg.sampler, cfg.reward.extract,
                                         cfg.reward.pattern, t.seed)
-        self.generator, self.policy, self.reward_fn, self.judge = generator, policy, reward_fn, judge
+        self.source, self.judge = source, judge  # the rollout source samples the policy (source.py)
         self.dist, self.console, self.metrics = dist, console, metrics
         self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation
 
     def scores(self) -> dict:
-        return held_out_scores(self.generator, self.policy, self.rows, self.reward_fn, self.judge, self.settings,
-                               self.dist)
+        return held_out_scores(self.source, self.rows, self.settings, self.dist)
 
     @staticmethod
     def row(step: int, scores: dict) -> dict:

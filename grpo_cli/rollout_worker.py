@@ -84,11 +84,14 @@ class RolloutWorker:
         self.returns_logprobs = False
         self.requested: deque[int] = deque()  # steps asked for and not yet answered, in order
         self.received: dict[int, dict] = {}  # step -> scored rollout (as plain types), not yet trained on
+        self.scores: dict | None = None  # the answer to an evaluate request
 
     def _take(self, doing: str, timeout: float | None = None) -> None:
         kind, *body = self.helper.receive(self.timeout_s if timeout is None else timeout, doing)
         if kind == "ready":
             self.ready, self.returns_logprobs = body
+        elif kind == "scores":
+            self.scores = body[0]
         elif kind == "scored":
             step, state = body
             if step != self.requested[0]:
@@ -118,6 +121,14 @@ class RolloutWorker:
             why = f"did not answer within {self.timeout_s:g} s" if hung else how_it_ended(self.helper.process)
             raise WorkerDied(f"the generation worker {why} while taking the weights of update {version}"
                              + (" (generator.timeout_s)" if hung else "")) from None
+
+    def evaluate(self, part: dict, settings, first: int) -> dict:
+        """Held-out scores of `part` with the weights last pushed (held_out.part_scores, run there)."""
+        self.helper.send(("evaluate", part, settings, first))
+        self.scores = None
+        while self.scores is None:
+            self._take("scoring the held-out prompts")
+        return self.scores
 
     def request(self, step: int) -> None:
         self.helper.send(("sample", step))
@@ -203,7 +214,8 @@ def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
 def _serve(channel: Channel, opening) -> None:
     """Build the model and the chain, say ready (with the shapes a push fills), then answer messages in
     order: ("weights", version, layout) takes a push; ("sample", step) runs the chain for that step with
-    the weights held and answers ("scored", step, state)."""
+    the weights held and answers ("scored", step, state); ("evaluate", part, settings, first) scores
+    held-out prompts and answers ("scores", scores)."""
     import transformers
 
     from grpo_cli.source import scored_state
@@ -229,6 +241,10 @@ def _serve(channel: Channel, opening) -> None:
                 transport.receive(trainable, layout)
                 if generator.needs_weights:
                     generator.update(model)
+                continue
+            if message[0] == "evaluate":
+                with torch.no_grad():
+                    channel.send(("scores", chain.evaluate(*message[1:])))
                 continue
             step = message[1]
             stale = spec.behaviour == "current" and version is not None and step - 1 - version > 0

@@ -150,7 +150,6 @@ class Run:
     tokenizer: object
     policy: torch.nn.Module  # wrapped for DDP / FSDP when launched so
     policies: RunPolicies
-    generator: object
     reward_fn: object
     settings: StepSettings
     optimizer: torch.optim.Optimizer
@@ -159,10 +158,10 @@ class Run:
     user_text: dict  # chat-rendered prompt -> what the user wrote, for completions.jsonl
     metrics: MetricsLog
     samples_log: MetricsLog
-    held_out: HeldOut
-    held_out_before: dict | None
     first_step: int
     source: RolloutSource | None = None  # the rollout stage (source.py): in this process or a worker's
+    held_out: HeldOut | None = None  # scored through the source
+    held_out_before: dict | None = None
     saved: int = 0  # the newest step saved by this run
 
     def save(self, step: int) -> None:
@@ -256,8 +255,6 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
                   f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
-    generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
-                               device=device, world_size=world, seed=t.seed, env=env, system_prompt=cfg.data.system_prompt)
     note = env and context_note(cfg.env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field],
                                 cfg.data.chat_template)
     if note:
@@ -272,19 +269,18 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
     settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=max_tokens)
-    held_out = HeldOut(cfg, data["test"], generator, policy, reward_fn, settings.judge, dist, console, metrics)
-    if t.eval_before_after and not state.get("held_out_before"):
-        console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
-    before = held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
-    console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
     user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
                  if USER_PROMPT in train_rows.column_names else {})
     run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
-              tokenizer=tokenizer, policy=policy, policies=policies, generator=generator, reward_fn=reward_fn,
-              settings=settings, optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts,
-              metrics=metrics, samples_log=samples_log, held_out=held_out, held_out_before=before,
-              first_step=resumed_at + 1, saved=resumed_at)
-    run.source = open_source(run, worker_device, cfg.generator.threads or threads, state)
+              tokenizer=tokenizer, policy=policy, policies=policies, reward_fn=reward_fn, settings=settings,
+              optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts, metrics=metrics,
+              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at)
+    run.source = open_source(run, env, worker_device, cfg.generator.threads or threads, state)
+    run.held_out = HeldOut(cfg, data["test"], run.source, settings.judge, dist, console, metrics)
+    if t.eval_before_after and not state.get("held_out_before"):
+        console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
+    run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
+    console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
     if state:
         rngs = state.get("rng_per_rank") or [state["rng"]]
         set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step
@@ -304,19 +300,26 @@ def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) 
     return metrics, samples_log
 
 
-def open_source(run: Run, worker_device, threads: int, state: dict) -> RolloutSource:
+def open_source(run: Run, env, worker_device, threads: int, state: dict) -> RolloutSource:
     """The run's rollout source (source.py): in this process, or the whole chain in a worker process on
     `worker_device` (trainer.max_staleness > 0 or generator.worker), which takes the weights the run
-    starts from. A resumed run's source takes the rollouts the checkpoint kept in flight."""
+    starts from. A resumed run's source takes the rollouts the checkpoint kept in flight. This process
+    builds a generator only when it samples itself, or scores the held-out prompts itself (the worker
+    samples a behaviour policy, not the policy)."""
     cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
     kept = state.get("sampled_ahead_per_rank") or []
     pending = kept[dist.rank] if len(kept) == dist.world_size else {}
+    local = None
+    if worker_device is None or cfg.algo.behaviour != "current":
+        generator = make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
+                                   precision=run.precision, device=resolve_device(cfg.model.device),
+                                   world_size=dist.world_size, seed=t.seed, env=env, system_prompt=cfg.data.system_prompt)
+        local = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
+                            dist=dist, prompts=run.prompts, warn=run.console.warn)
     if worker_device is None:
-        source = LocalSource(run.generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
-                             dist=dist, prompts=run.prompts, warn=run.console.warn)
         if state:
-            source.load_state_dict(pending)
-        return source
+            local.load_state_dict(pending)
+        return local
     if cfg.algo.dynamic_sampling and dist.world_size > 1:
         raise GrpoError("algo.dynamic_sampling in the generation worker refills each rank's groups alone, without the "
                         "quota every rank shares under torchrun; set generator.worker=false and trainer.max_staleness=0, "
@@ -327,7 +330,7 @@ def open_source(run: Run, worker_device, threads: int, state: dict) -> RolloutSo
     worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
                                           cfg.generator.timeout_s)
     source = WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
-                          first_step=run.first_step, last_step=t.steps, warn=run.console.warn)
+                          first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local)
     try:
         if state:
             source.load_state_dict(pending)

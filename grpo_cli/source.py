@@ -33,6 +33,7 @@ from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.episodes import Episode, episode_metrics
 from grpo_cli.errors import SourceLost
 from grpo_cli.generators import generate
+from grpo_cli.held_out import part_scores
 from grpo_cli.metrics import StepMetrics
 from grpo_cli.objective import flat_groups
 from grpo_cli.precision import Precision
@@ -108,6 +109,11 @@ class LocalSource:
         roll.answers = answers
         return ScoredRollout(roll, metrics, gen_s=t_gen - t0, score_s=clock(self.device) - t_gen)
 
+    def evaluate(self, part: dict, settings, first: int) -> dict:
+        """Held-out scores of `part` under the policy (held_out.part_scores), with this source's generator."""
+        with self.dist.full_model(self.policies.policy) as model:  # every rank enters: FSDP gathers here
+            return part_scores(self.generator, model, part, self.reward_fn, self.settings.judge, settings, first)
+
     def update(self, policy, version: int) -> dict:
         """An engine that samples from its own copy of the weights takes the update (not a behaviour
         policy's run: the behaviour samples there)."""
@@ -140,8 +146,10 @@ class WorkerSource:
     start and at each refresh."""
 
     def __init__(self, worker, policies: Policies, algo, *, max_staleness: int, first_step: int, last_step: int,
-                 warn: Callable = print):
+                 warn: Callable = print, evaluator: LocalSource | None = None):
         self.worker, self.policies, self.warn = worker, policies, warn
+        self.evaluator = evaluator  # held-out scoring in this process, when the worker samples a behaviour
+        self.updated = self.pushed = None  # the last update the source was told of, and the last pushed
         self.behaviour, self.refresh = algo.behaviour, algo.behaviour_refresh
         self.k, self.first_step, self.last_step = max_staleness, first_step, last_step
         self.device = next(policies.policy.parameters()).device
@@ -177,14 +185,30 @@ class WorkerSource:
         answers and the push. A worker lost during the push leaves this step done; the next request says
         so."""
         start = time.perf_counter()
+        self.updated = (policy, version)
         sampler = self.sampler(policy, version)
         if sampler is not None:
             try:
                 with sampler() as model:
                     self.worker.push(pushed_tensors(model, policy), version)
+                self.pushed = version
             except SourceLost as e:
                 self.lost = e
         return {"push_s": time.perf_counter() - start}
+
+    def evaluate(self, part: dict, settings, first: int) -> dict:
+        """Held-out scores of `part` under the policy: in the worker, which first takes an update it has
+        not had (the last one is not pushed for sampling); in this process when the worker samples a
+        behaviour policy."""
+        if self.evaluator is not None:
+            return self.evaluator.evaluate(part, settings, first)
+        if self.lost is not None:
+            raise self.lost
+        policy, version = self.updated
+        if self.pushed != version:
+            self.worker.push(pushed_tensors(policy, policy), version)
+            self.pushed = version
+        return self.worker.evaluate(part, settings, first) if part[settings.prompt_field] else {}
 
     def state_dict(self) -> dict:
         """The scored rollouts received and not yet trained on, by step."""

@@ -25,7 +25,8 @@ from grpo_cli.generation import Sampling
 from grpo_cli.logprobs import token_logprobs
 from grpo_cli.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import LossInputs, POLICY_LOSSES, group_advantages, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.advantages import ADVANTAGES
+from grpo_cli.objective import POLICY_LOSSES, LossInputs, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import Judge, no_score_none
 from grpo_cli.rollout import Rollout
@@ -245,11 +246,11 @@ def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float)
 
 
 def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
-    """Group advantages of the real groups ([n*G]); padding groups get zero and stay out of the statistics."""
+    """The advantages of the real groups ([n*G]) by algo.advantage (advantages.py); padding groups get zero and
+    stay out of the statistics."""
     real = real_rows(roll).view(-1, roll.group_size)[:, 0].bool().cpu()  # [n]
     out = torch.zeros_like(roll.rewards, dtype=torch.float32)
-    out[real] = group_advantages(roll.rewards[real], scale=algo.scale, std=algo.std, eps=algo.eps,
-                                 all_sum=dist.all_sum).float()
+    out[real] = ADVANTAGES[algo.advantage](roll.rewards[real], algo, dist.all_sum).float()
     return out.flatten().to(roll.input_ids.device)
 
 

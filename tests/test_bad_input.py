@@ -130,6 +130,7 @@ CASES = [
     (TRAIN + " algo.aggregation=mean", "algo.aggregation='mean' must be one of seq_mean_token_mean"),
     (TRAIN + " algo.ratio_level=word", "algo.ratio_level='word' must be one of token"),
     (TRAIN + " algo.kl_estimator=k4", "algo.kl_estimator='k4' must be one of k1, k2, k3"),
+    (TRAIN + " algo.advantage=gae", "algo.advantage='gae' must be one of grpo, rloo"),
     (TRAIN + " algo.scale=rank", "algo.scale='rank' must be one of group, batch, none"),
     (TRAIN + " algo.std=robust", "algo.std='robust' must be one of population, sample"),
     (TRAIN + " algo.behaviour=random", "algo.behaviour='random' must be one of current, frozen, lagged"),

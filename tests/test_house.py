@@ -5,6 +5,7 @@ and `train` and the step stay readable."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "grpo_cli"
@@ -128,3 +129,13 @@ def test_no_module_is_longer_than_a_sitting():
     big = [f"{p.relative_to(PACKAGE.parent)} ({n})" for p in sorted(PACKAGE.rglob("*.py"))
            if (n := p.read_text().count("\n")) > MAX_MODULE_LINES]
     assert not big, f"modules over {MAX_MODULE_LINES} lines: " + "; ".join(big)
+
+
+def test_the_readme_layout_names_every_module():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme[readme.index("Layout, by stage"):]
+    layout = layout[: layout.index("`tests/test_house.py` keeps the house so")]
+    named = set(re.findall(r"`([\w/]+\.py|\w+/)`", layout))
+    modules = {p.name for p in PACKAGE.glob("*.py")} | {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(modules - named - {"__init__.py"})
+    assert not missing, f"README's layout does not name: {', '.join(missing)}"

@@ -419,3 +419,26 @@ def _call(**overrides):
 def test_bad_policy_loss_arguments_raise_value_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         _call(**overrides)
+
+
+def test_rloo_advantages_are_the_leave_one_out_baseline_worked_by_hand():
+    """algo.advantage=rloo: each score minus the mean of its group's other scores, unscaled; a no-score
+    completion and a flat group get 0 (advantages.py). The numbers are worked by hand."""
+    from types import SimpleNamespace
+
+    from grpo_cli.advantages import ADVANTAGES
+
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0],  # 1 - 1/3 = 2/3; 0 - 2/3 = -2/3
+                            [1.0, 0.0, 0.0, 0.0],  # 1 - 0 = 1; 0 - 1/3
+                            [nan, 1.0, 0.0, 1.0],  # over the three scores: 1 - 1/2; 0 - 1
+                            [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)  # flat: no signal
+    got = ADVANTAGES["rloo"](rewards, SimpleNamespace())
+    want = torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [1, -1 / 3, -1 / 3, -1 / 3], [0, 0.5, -1, 0.5], [0, 0, 0, 0]],
+                        dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    algo = SimpleNamespace(scale="group", std="population", eps=0.0)
+    torch.testing.assert_close(ADVANTAGES["grpo"](rewards[:2], algo),  # the default is the whitened advantage
+                               torch.tensor([[1.0, -1, -1, 1], [1.732050807568877, -0.5773502691896258,
+                                                              -0.5773502691896258, -0.5773502691896258]],
+                                            dtype=torch.float64), rtol=0, atol=1e-12)

@@ -43,29 +43,40 @@ WORKLOADS = {  # each trains the same steps in this process and in a worker at s
     "frozen_behaviour": ["algo.behaviour=frozen"],
     "lagged_behaviour": ["algo.behaviour=lagged", "algo.behaviour_refresh=2"],
     "python_reward": ["reward=python", "reward.fn={tmp}/my_reward.py:score", "reward.workers=1"],
+    "held_out": ["trainer.eval_before_after=true", "trainer.eval_every=2", "trainer.eval_prompts=8"],
 }
 
 
-@pytest.mark.parametrize("name", [name if name in ("full", "lora") else pytest.param(name, marks=pytest.mark.slow)
+@pytest.mark.parametrize("name", [name if name in ("full", "lora", "held_out") else pytest.param(name, marks=pytest.mark.slow)
                                   for name in WORKLOADS])
-def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(name, tmp_path):
+def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(name, tmp_path, monkeypatch):
     """generator.worker=true at max_staleness=0: the whole rollout chain (generation or episodes, rewards,
-    dynamic sampling's refills, a behaviour policy's log-probs) runs in the worker, with the weights pushed
-    (all of them, or the LoRA adapter alone) or, for a frozen behaviour, loaded there, one step after the
-    other, and the run is the in-process one to the bit: every metrics row and the final weights."""
+    dynamic sampling's refills, a behaviour policy's log-probs, the held-out scores) runs in the worker,
+    with the weights pushed (all of them, or the LoRA adapter alone) or, for a frozen behaviour, loaded
+    there, one step after the other, and the run is the in-process one to the bit: every metrics row and
+    the final weights. The trainer then builds no generator of its own (no second engine), unless the
+    worker samples a behaviour policy and the policy's held-out scores are taken here."""
+    from grpo_cli import run as run_module
+
+    built, real = [], run_module.make_generator
+    monkeypatch.setattr(run_module, "make_generator", lambda *a, **k: built.append(1) or real(*a, **k))
     (tmp_path / "my_reward.py").write_text(REWARD)
     extra = [a.format(tmp=tmp_path) for a in WORKLOADS[name]]
     assert train(f"output_dir={tmp_path / 'here'}", "trainer.steps=3", *extra) == 0
+    assert built == [1]
     assert train(f"output_dir={tmp_path / 'worker'}", "trainer.steps=3", "generator.worker=true", *extra) == 0
-    here = rows(tmp_path / "here")
-    assert here == rows(tmp_path / "worker")
+    assert built == [1, 1] if "behaviour" in name else built == [1]
+    if name == "held_out":
+        assert [r["step"] for r in metric_rows(tmp_path / "worker") if r.get("kind") == "eval"] == [0, 2, 3]
+    assert rows(tmp_path / "here") == rows(tmp_path / "worker")
+    here = [r for r in rows(tmp_path / "here") if "reward_mean" in r]  # the training rows
     assert any(r["reward_std"] > 0 for r in here), "no step had a reward signal: the update was not exercised"
     if name == "tool_use":
         assert any(r["env/tool_calls"] > 0 for r in here), "no episode called a tool"
     if name == "dynamic_sampling":
         assert any(r["dropped_frac"] > 0 for r in here), "no group was dropped, so no refill was drawn"
     if "behaviour" not in name:
-        assert [r["staleness"] for r in metric_rows(tmp_path / "worker")] == [0.0, 0.0, 0.0]
+        assert [r["staleness"] for r in metric_rows(tmp_path / "worker", training=True)] == [0.0, 0.0, 0.0]
     assert same_weights(tmp_path / "here" / "final", tmp_path / "worker" / "final")
 
 
