@@ -285,21 +285,12 @@ def check_train(cfg) -> None:
     p.at_least("trainer.steps", t.steps, 0)
     for name in t.trackers:
         p.choice("trainer.trackers", name, TRACKERS)
-    p.at_least("trainer.prompts_per_step", t.prompts_per_step, 1)
-    p.at_least("trainer.micro_batch_size", t.micro_batch_size, 1)
-    p.at_least("trainer.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch, 0)
-    p.at_least("trainer.memory_gib", t.memory_gib, 0)
-    p.at_least("trainer.seed", t.seed, 0)
-    p.at_least("trainer.log_every", t.log_every, 1)
-    p.at_least("trainer.save_every", t.save_every, 1)
-    p.at_least("trainer.keep_last", t.keep_last, 0)
-    p.at_least("trainer.eval_every", t.eval_every, 0)
-    p.at_least("trainer.log_completions_every", t.log_completions_every, 0)
-    p.at_least("trainer.log_completions_groups", t.log_completions_groups, 0)
-    p.at_least("trainer.zero_variance_warn_steps", t.zero_variance_warn_steps, 1)
+    for key, low in (("prompts_per_step", 1), ("micro_batch_size", 1), ("max_tokens_per_micro_batch", 0),
+                     ("memory_gib", 0), ("seed", 0), ("log_every", 1), ("save_every", 1), ("keep_last", 0),
+                     ("eval_every", 0), ("log_completions_every", 0), ("log_completions_groups", 0),
+                     ("zero_variance_warn_steps", 1), ("threads", 0), ("nonfinite_patience", 1)):
+        p.at_least(f"trainer.{key}", getattr(t, key), low)
     p.choice("trainer.health", t.health, HEALTH_MODES)
-    p.at_least("trainer.threads", t.threads, 0)
-    p.at_least("trainer.nonfinite_patience", t.nonfinite_patience, 1)
     p.choice("trainer.strategy", t.strategy, STRATEGIES)
     check_worker(p, cfg)
     if t.eval_before_after or t.eval_every:

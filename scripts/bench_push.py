@@ -1,4 +1,4 @@
-"""How long a weight push to the generation worker takes, by transport (rollout_worker.py uses gloo).
+"""How long a weight push to the generation worker takes, by transport (transport.py: gloo, in buckets).
 
     python scripts/bench_push.py                 # Qwen2.5-0.5B's tensors (494M fp32), 3 rounds
     python scripts/bench_push.py --rounds 5 --scale 0.25
@@ -6,7 +6,9 @@
 Two processes, one thread each, on this machine; the receiver writes into preallocated tensors, as the
 worker does. Each round pushes every tensor once per transport, interleaved:
   gloo     one torch.distributed broadcast per tensor over a two-process ProcessGroupGloo (TCP on
-           loopback here; the same code reaches another node)
+           loopback here; the same code reaches another node): the push before transport.py
+  buckets  the same group, tensors flattened into buckets of --bucket-mb MiB, one broadcast each, and
+           copied out on the receiver (transport.GlooTransport)
   socket   each tensor's bytes over a Unix socketpair (multiprocessing Connection.send_bytes /
            recv_bytes_into), a transport that stays on one machine
   memcpy   one copy of every tensor in this process: the floor any same-machine transport pays
@@ -37,10 +39,14 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--bucket-mb", type=float, default=256.0, help="the bucketed gloo path's bucket size (transport.py)")
     p.add_argument("--_rank1", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     import torch
     import torch.distributed as tdist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    from grpo_cli.transport import buckets
 
     torch.set_num_threads(1)
     rank = 1 if a._rank1 else 0
@@ -51,7 +57,8 @@ def main(argv=None) -> None:
         import subprocess
 
         child = subprocess.Popen([sys.executable, __file__, "--rounds", str(a.rounds), "--scale", str(a.scale),
-                                  "--_rank1", str(store.port), str(theirs.fileno())], pass_fds=[theirs.fileno()])
+                                  "--bucket-mb", str(a.bucket_mb), "--_rank1", str(store.port), str(theirs.fileno())],
+                                 pass_fds=[theirs.fileno()])
         theirs.close()
         conn = Connection(ours.detach())
     else:
@@ -62,13 +69,25 @@ def main(argv=None) -> None:
     opts = tdist.BroadcastOptions()
     opts.rootRank = 0
     size = sum(t.numel() * t.element_size() for t in tensors)
-    times: dict[str, list[float]] = {"gloo": [], "socket": [], "memcpy": []}
+    times: dict[str, list[float]] = {"gloo": [], "buckets": [], "socket": [], "memcpy": []}
+    layout = [(tuple(t.shape), t.dtype) for t in tensors]
     copies = [torch.empty_like(t) for t in tensors] if rank == 0 else None
     for _ in range(a.rounds):
         t0 = time.perf_counter()
         for t in tensors:
             group.broadcast([t], opts).wait()
         times["gloo"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for bucket in buckets(layout, a.bucket_mb):  # what transport.GlooTransport sends and receives
+            parts = [tensors[i] for i in bucket]
+            if rank == 0:
+                group.broadcast([_flatten_dense_tensors(parts)], opts).wait()
+            else:
+                flat = torch.empty(sum(t.numel() for t in parts), dtype=parts[0].dtype)
+                group.broadcast([flat], opts).wait()
+                for t, v in zip(parts, _unflatten_dense_tensors(flat, parts)):
+                    t.copy_(v)
+        times["buckets"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         for t in tensors:
             if rank == 0:
