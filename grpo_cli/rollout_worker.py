@@ -81,7 +81,6 @@ class RolloutWorker:
         self.helper = Helper("grpo_cli.rollout_worker", (spec, tokenizer, prompts, factory, self.transport.address),
                              name="the generation worker", lost=WorkerDied, timeout_key="generator.timeout_s")
         self.ready = None  # the shapes of the worker's trainable tensors, once it has loaded its model
-        self.returns_logprobs = False
         self.requested: deque[int] = deque()  # steps asked for and not yet answered, in order
         self.received: dict[int, dict] = {}  # step -> scored rollout (as plain types), not yet trained on
         self.scores: dict | None = None  # the answer to an evaluate request
@@ -89,7 +88,7 @@ class RolloutWorker:
     def _take(self, doing: str, timeout: float | None = None) -> None:
         kind, *body = self.helper.receive(self.timeout_s if timeout is None else timeout, doing)
         if kind == "ready":
-            self.ready, self.returns_logprobs = body
+            self.ready = body[0]
         elif kind == "scores":
             self.scores = body[0]
         elif kind == "scored":
@@ -102,8 +101,7 @@ class RolloutWorker:
     def push(self, tensors: list[torch.Tensor], version: int) -> None:
         """Send `tensors` (the trainable ones, in the worker's order) as `version`, once the worker has
         answered every request (it reads messages in order, so it then waits for this one)."""
-        while self.ready is None:
-            self._take("loading its model", START_TIMEOUT_S)
+        self._started()
         while self.requested:
             self._take(f"sampling step {self.requested[0]}")
         layout = [(tuple(t.shape), t.dtype) for t in tensors]
@@ -122,8 +120,14 @@ class RolloutWorker:
             raise WorkerDied(f"the generation worker {why} while taking the weights of update {version}"
                              + (" (generator.timeout_s)" if hung else "")) from None
 
+    def _started(self) -> None:
+        """Wait for the worker to load its model (it may take longer than one answer's deadline)."""
+        while self.ready is None:
+            self._take("loading its model", START_TIMEOUT_S)
+
     def evaluate(self, part: dict, settings, first: int) -> dict:
         """Held-out scores of `part` with the weights last pushed (held_out.part_scores, run there)."""
+        self._started()
         self.helper.send(("evaluate", part, settings, first))
         self.scores = None
         while self.scores is None:
@@ -136,6 +140,7 @@ class RolloutWorker:
 
     def take(self, step: int) -> dict:
         """Step `step`'s scored rollout, as plain types (source.scored_from_state)."""
+        self._started()
         while step not in self.received:
             self._take(f"sampling step {self.requested[0] if self.requested else step}")
         return self.received.pop(step)
@@ -232,7 +237,7 @@ def _serve(channel: Channel, opening) -> None:
     # The decoder's own log-probs are the sampler's exactly (up to rounding) only for the built-in decoder in
     # float32; otherwise a stale policy's are recomputed as the trainer would, in the training precision.
     own = not generator.returns_logprobs and precision.name == "fp32"
-    channel.send(("ready", [tuple(p.shape) for p in trainable], generator.returns_logprobs))
+    channel.send(("ready", [tuple(p.shape) for p in trainable]))
     transport, version = GlooTransport(spec.generator.timeout_s, address=address), None
     try:
         while (message := channel.receive()) is not None:

@@ -29,7 +29,7 @@ import torch
 from torch.profiler import record_function
 
 from grpo_cli.data import PromptBatch
-from grpo_cli.distributed import SINGLE, Dist
+from grpo_cli.distributed import SINGLE, Dist, unwrap
 from grpo_cli.episodes import Episode, episode_metrics
 from grpo_cli.errors import SourceLost
 from grpo_cli.generators import generate
@@ -238,8 +238,6 @@ class WorkerSource:
 def pushed_tensors(model, policy) -> list[torch.Tensor]:
     """What a push sends, in order: `model`'s tensors named as the policy's trainable parameters (the whole
     model, or a LoRA adapter), whole (an FSDP2 shard is gathered: every rank pushes at the same point)."""
-    from grpo_cli.distributed import unwrap
-
     params = dict(unwrap(model).named_parameters())
     out = []
     for name, p in unwrap(policy).named_parameters():
