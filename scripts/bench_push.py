@@ -7,8 +7,9 @@ Two processes, one thread each, on this machine; the receiver writes into preall
 worker does. Each round pushes every tensor once per transport, interleaved:
   gloo     one torch.distributed broadcast per tensor over a two-process ProcessGroupGloo (TCP on
            loopback here; the same code reaches another node): the push before transport.py
-  buckets  the same group, tensors flattened into buckets of --bucket-mb MiB, one broadcast each, and
-           copied out on the receiver (transport.GlooTransport)
+  buckets  the same group, small tensors flattened into buckets of --bucket-mb MiB, one broadcast each
+           and copied out on the receiver; a tensor of a bucket's size or more goes alone, in place
+           (transport.GlooTransport)
   socket   each tensor's bytes over a Unix socketpair (multiprocessing Connection.send_bytes /
            recv_bytes_into), a transport that stays on one machine
   memcpy   one copy of every tensor in this process: the floor any same-machine transport pays
@@ -39,7 +40,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--scale", type=float, default=1.0)
-    p.add_argument("--bucket-mb", type=float, default=256.0, help="the bucketed gloo path's bucket size (transport.py)")
+    p.add_argument("--bucket-mb", type=float, default=1.0, help="the bucketed gloo path's bucket size (transport.py)")
     p.add_argument("--_rank1", nargs=2, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     import torch
@@ -80,7 +81,9 @@ def main(argv=None) -> None:
         t0 = time.perf_counter()
         for bucket in buckets(layout, a.bucket_mb):  # what transport.GlooTransport sends and receives
             parts = [tensors[i] for i in bucket]
-            if rank == 0:
+            if len(parts) == 1:  # a tensor of a bucket's size goes alone, in place on both sides
+                group.broadcast([parts[0]], opts).wait()
+            elif rank == 0:
                 group.broadcast([_flatten_dense_tensors(parts)], opts).wait()
             else:
                 flat = torch.empty(sum(t.numel() for t in parts), dtype=parts[0].dtype)

@@ -255,3 +255,15 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     assert "no rollouts sampled ahead for step(s) 3," in warned[3]
     source.load_state_dict({3: scored})
     assert len(warned) == 4, "a checkpoint holding exactly what this run samples ahead needs no word"
+
+
+def test_a_push_groups_small_tensors_of_one_dtype_and_sends_large_ones_alone():
+    """transport.buckets: consecutive small tensors of one dtype share a bucket up to the limit; a tensor of
+    the limit's size or more, or of another dtype, starts its own (the large ones then land in place)."""
+    from grpo_cli.transport import buckets
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    layout = [((64,), f32), ((64,), f32), ((1024, 1024), f32), ((64,), f32), ((64,), bf16), ((100_000,), f32),
+              ((100_000,), f32), ((100_000,), f32)]
+    # 256 + 256 bytes; 4 MiB alone; 256 bytes; another dtype; 400 kB + 400 kB fit 1 MiB, the third does not
+    assert buckets(layout, 1.0) == [[0, 1], [2], [3], [4], [5, 6], [7]]
