@@ -9,8 +9,8 @@ loop never knows where sampling happens:
   steps ahead, with pushed, versioned weights (docs/math.md, "Stale sampling").
 
 Both have `next(step)`, `update(policy, version)` (after each optimizer step: take the new weights;
-returns the metrics of doing so), `state_dict()` / `load_state_dict()` (the rollouts in flight) and
-`close()`. A source that cannot sample any more raises `SourceLost` (errors.py); the run then saves the
+returns the metrics of doing so), `evaluate(part, settings, first)` (held-out scores under the policy,
+held_out.py), `state_dict()` / `load_state_dict()` (the rollouts in flight) and `close()`. A source that cannot sample any more raises `SourceLost` (errors.py); the run then saves the
 last finished step and stops with that sentence.
 
 On resume, rollouts in flight that this run's settings would not have sampled ahead (a checkpoint
@@ -58,6 +58,8 @@ class RolloutSource(Protocol):
     def next(self, step: int) -> ScoredRollout: ...
 
     def update(self, policy, version: int) -> dict: ...
+
+    def evaluate(self, part: dict, settings, first: int) -> dict: ...
 
     def state_dict(self) -> dict: ...
 
