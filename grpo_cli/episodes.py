@@ -24,7 +24,7 @@ import torch
 
 from grpo_cli.environments import EnvSpec, Timeout, call_with_timeout, reset_arguments, seeded, step_result
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import Sampling, _left_pad, eos_token_ids, group_seed
+from grpo_cli.generation import Sampling, eos_token_ids, group_seed
 from grpo_cli.rollout import Rollout
 
 
@@ -290,26 +290,23 @@ class EpisodeGenerator:
 
     def _rollout(self, prompts, G, episodes: list[Episode], with_logprobs: bool, eos: list[int], model) -> Rollout:
         device = next(model.parameters()).device
-        pad = self.tokenizer.pad_token_id
-        prompt, prompt_mask = _left_pad([ep.prompt_ids for ep in episodes], pad, device)
-        T = max(1, max(len(ep.ids) for ep in episodes))
-        ids = torch.full((len(episodes), T), pad, dtype=torch.long)
-        seen = torch.zeros((len(episodes), T), dtype=torch.long)
-        action = torch.zeros((len(episodes), T), dtype=torch.long)
-        logps = torch.zeros((len(episodes), T))
-        for i, ep in enumerate(episodes):
-            n = len(ep.ids)
-            if n == 0:  # nothing generated at all: one end-of-sequence token, as single-turn does
-                ep.ids, ep.action, ep.logps, n = [eos[0]], [1], [0.0], 1
-            ids[i, :n], seen[i, :n] = torch.tensor(ep.ids), 1
-            action[i, :n], logps[i, :n] = torch.tensor(ep.action), torch.tensor(ep.logps)
-        action = action.to(device)
+        for ep in episodes:
+            if not ep.ids:  # nothing generated at all: one end-of-sequence token, as single-turn does
+                ep.ids, ep.action, ep.logps = [eos[0]], [1], [0.0]
+
+        def flat(field, prompt_value, dtype):  # each episode's prompt then its tokens, end to end
+            values = [v for ep in episodes for v in [prompt_value] * len(ep.prompt_ids) + list(getattr(ep, field))]
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        action = flat("action", 0, torch.long)
         return Rollout(
-            prompts=list(prompts), group_size=G,
-            input_ids=torch.cat([prompt, ids.to(device)], dim=1), attention_mask=torch.cat([prompt_mask, seen.to(device)], dim=1),
-            completion_mask=action, truncated=torch.tensor([ep.cut is not None for ep in episodes], device=device),
-            completions=[ep.final_text for ep in episodes], pad_token_id=pad,
-            sampler_logp=(logps.to(device) * action) if with_logprobs else None, episodes=episodes,
+            prompts=list(prompts), group_size=G, tokens=torch.tensor(
+                [t for ep in episodes for t in [*ep.prompt_ids, *ep.ids]], dtype=torch.long, device=device),
+            lengths=torch.tensor([len(ep.prompt_ids) + len(ep.ids) for ep in episodes]),
+            prompt_lengths=torch.tensor([len(ep.prompt_ids) for ep in episodes]), loss_mask=action,
+            truncated=torch.tensor([ep.cut is not None for ep in episodes], device=device),
+            completions=[ep.final_text for ep in episodes], pad_token_id=self.tokenizer.pad_token_id,
+            sampler_logp=flat("logps", 0.0, torch.float32) * action if with_logprobs else None, episodes=episodes,
         )
 
 

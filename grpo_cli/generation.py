@@ -137,6 +137,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     logps = torch.zeros((B, T), device=device) if with_logprobs else None
     rows = torch.arange(B, device=device)  # original index of each live row
     host_rows = rows.cpu()  # the same, on the host: what the noise reads
+    done = torch.zeros(B, dtype=torch.bool)  # each live row's: it has sampled an EOS
     for t in range(T):
         scores = logits.float()
         if sampling.greedy:
@@ -148,7 +149,8 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
         tokens[rows, t] = chosen
         if with_logprobs:
             logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
-        live = (~torch.isin(chosen, eos)).cpu()  # the one host read per token, as any sampler that stops early
+        done |= torch.isin(chosen, eos).cpu()  # the one host read per token, as any sampler that stops early
+        live = ~done  # a row that ended stays ended, whatever it draws after its EOS while still in the batch
         n_live = int(live.sum())
         if t + 1 == T or n_live == 0:
             return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
@@ -156,7 +158,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
             host_keep = live.nonzero().squeeze(-1)
             keep = host_keep.to(device)
             cache.batch_select_indices(keep)
-            host_rows, rows = host_rows[host_keep], rows[keep]
+            host_rows, rows, done = host_rows[host_keep], rows[keep], done[host_keep]
             chosen, mask, position = chosen[keep], mask[keep], position[keep]
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
@@ -179,11 +181,10 @@ def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, c
     ids, prompt_mask = ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)  # tokens after EOS are padding
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Rollout(
-        prompts=list(prompts), group_size=group_size,
-        input_ids=torch.cat([ids, completion_ids], dim=1), attention_mask=torch.cat([prompt_mask, mask], dim=1),
-        completion_mask=mask, truncated=truncated, completions=texts, pad_token_id=pad_id,
-        sampler_logp=None if logprobs is None else logprobs[:, : mask.shape[1]] * mask,
+    return Rollout.from_padded(
+        prompts, group_size, torch.cat([ids, completion_ids], dim=1), torch.cat([prompt_mask, mask], dim=1), mask,
+        truncated, sampler_logp=None if logprobs is None else logprobs[:, : mask.shape[1]] * mask, completions=texts,
+        pad_token_id=pad_id,
     )
 
 

@@ -17,14 +17,13 @@ Models whose forward transforms logits after the head (Gemma's soft-capping, Coh
 scaling) are scored through their own full forward instead (`logits_to_keep`), which is exact but
 keeps [B, T, vocab] logits.
 
-Packing (`packing=True`, docs/math.md "Packed batches"): no pad token enters the forward. Each row's real
-tokens (attention mask 1) are laid end to end in bins, with position ids restarting at 0 for every row;
-transformers reads the restarts as sequence boundaries (its packed-sequence support: a block-diagonal
-causal mask for sdpa and eager, variable-length kernels for flash attention), so a token attends to
-its own row only and sees exactly the positions the padded forward gives it. A bin holds up to the
-longest row's tokens (first-fit decreasing), so attention never costs more than one padded row; flash
-attention takes the whole micro-batch as one bin. Only the states that predict a completion token go
-through the head, and the results are scattered back to [B, T] (0 where the row has no token).
+Packing (docs/math.md "Packed batches"): no pad token enters the forward. The packer (packer.py) lays a
+micro-batch's rows end to end in bins, with position ids restarting at 0 for every row; transformers
+reads the restarts as sequence boundaries (its packed-sequence support: a block-diagonal causal mask for
+sdpa and eager, variable-length kernels for flash attention), so a token attends to its own row only and
+sees exactly the positions the padded forward gives it. Only the states that predict a completion token
+go through the head, and the results land on the micro-batch's [b, T] completion columns (0 where a row
+has no token), where the loss reads them.
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from grpo_cli.packer import Packed, pack_padded
 
 # Positions per head chunk: about 64M logits (256 MB in float32) at a time, whatever the vocabulary.
 CHUNK_LOGITS = 1 << 26
@@ -49,21 +50,7 @@ class LogProbRequest:
     with_entropy: bool = False
     entropy_grad: bool = False  # the entropy with its gradient (an entropy bonus); else a constant
     chunk_tokens: int | None = None  # positions per head chunk; None = CHUNK_LOGITS // vocab
-    packed: "Packed | None" = None  # set: input_ids are packed bins, and these states predict these targets
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A micro-batch's rows laid end to end in bins (see the module docstring)."""
-
-    input_ids: Tensor  # [bins, capacity]
-    position_ids: Tensor  # [bins, capacity]: each row's from 0; filler restarts too, so it is a sequence of its own
-    states: Tensor  # [K] flat index (into bins * capacity) of the state that predicts each scored token
-    targets: Tensor  # [K] the token ids scored
-    rows: Tensor  # [K] row of each scored token in the [B, T] result
-    cols: Tensor  # [K] its column
-    shape: tuple[int, int]  # (B, T)
-    real_tokens: int  # tokens in the bins that are not filler
+    packed: Packed | None = None  # set: input_ids are packed bins (packer.py), and these states predict these targets
 
 
 def enable_logprob_forward(model) -> None:
@@ -153,42 +140,24 @@ def one_bin(model) -> bool:
     return str(getattr(lm_config(model), "_attn_implementation", "")).startswith(("flash", "flex"))
 
 
-def pack(input_ids: Tensor, attention_mask: Tensor, completion_len: int, *, pad_id: int = 0,
-         one_bin: bool = False) -> Packed:
-    """Rows' real tokens laid end to end in bins (first-fit decreasing, bins as long as the longest row,
-    or one bin), position ids restarting per row as the padded forward counts them (cumsum of the mask
-    - 1), and where the state predicting each real completion token lands."""
-    B, L = attention_mask.shape
-    T, device = completion_len, input_ids.device
-    real = attention_mask.bool()
-    lengths = real.sum(1).tolist()
-    capacity = max(sum(lengths) if one_bin else max(lengths), 1)
-    fill, start = [], [0] * B  # each bin's tokens so far; each row's flat offset
-    for i in sorted(range(B), key=lambda i: (-lengths[i], i)):
-        b = next((b for b, f in enumerate(fill) if f + lengths[i] <= capacity), len(fill))
-        if b == len(fill):
-            fill.append(0)
-        start[i], fill[b] = b * capacity + fill[b], fill[b] + lengths[i]
-    rank = real.long().cumsum(1) - 1  # [B, L] each real token's position in its row
-    dest = torch.tensor(start, device=device)[:, None] + rank  # [B, L] its flat place (valid where real)
-    n_bins = len(fill)
-    # Filler counts from 0 after each bin's rows: a sequence of its own, attended by nothing real.
-    positions = torch.arange(capacity, device=device).repeat(n_bins, 1) - torch.tensor(fill, device=device)[:, None]
-    positions = positions.flatten().clamp(min=0)
-    ids = torch.full((n_bins * capacity,), pad_id, dtype=input_ids.dtype, device=device)
-    ids[dest[real]] = input_ids[real]
-    positions[dest[real]] = rank[real]
-    scored = real[:, L - T :] & (rank[:, L - T :] >= 1)  # a row's first token has no state before it
-    rows, cols = scored.nonzero(as_tuple=True)
-    return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity),
-                  states=dest[:, L - T :][rows, cols] - 1, targets=input_ids[:, L - T :][rows, cols], rows=rows,
-                  cols=cols, shape=(B, T), real_tokens=sum(lengths))
+def padded_logprobs(model, input_ids: Tensor, attention_mask: Tensor, request: LogProbRequest):
+    """The last `request.completion_len` tokens of padded rows scored: ([B, T], [B, T] or None). Positions
+    count real tokens only, as generation does with left padding."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logprobs=request)
+
+
+def packed_logprobs(model, packed: Packed, request: LogProbRequest):
+    """A packed micro-batch's completion tokens scored, on its [b, T] completion columns (0 where none)."""
+    flat_logp, flat_entropy = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
+                                    logprobs=replace(request, packed=packed))
+    return _unflatten(flat_logp, packed), _unflatten(flat_entropy, packed) if flat_entropy is not None else None
 
 
 def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_len: int, *,
                    temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
                    chunk_tokens: int | None = None, packing: bool = False) -> tuple[Tensor, Tensor | None]:
-    """log pi(y_t | x, y_<t) for the last `completion_len` tokens of each row: [B, T] float32.
+    """log pi(y_t | x, y_<t) for the last `completion_len` tokens of each padded row: [B, T] float32.
 
     `model` is anything whose innermost causal LM had `enable_logprob_forward` (load_model does it):
     the bare model, or one wrapped by DDP, FSDP or PEFT. The entropy (`with_entropy`) is a constant unless
@@ -196,20 +165,17 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_
     distribution softmax(logits / temperature). Positions count real tokens only, as generation
     does with left padding.
 
-    With `packing` (and a model that `can_pack`), the rows are packed (`pack`): no pad token is computed,
-    and positions without a real token get 0.
+    With `packing` (and a model that `can_pack`), the rows go through the packer as one micro-batch: no pad
+    token is computed, and positions without a real token get 0. (The step packs its rollout once, from
+    its flat rows: step.StepBatch.)
     """
     request = LogProbRequest(completion_len, temperature, with_entropy or entropy_grad, entropy_grad, chunk_tokens)
-    if packing and can_pack(model):
-        packed = pack(input_ids, attention_mask, completion_len, one_bin=one_bin(model))
-        flat_logp, flat_entropy = model(input_ids=packed.input_ids, attention_mask=None,
-                                        position_ids=packed.position_ids, logprobs=replace(request, packed=packed))
-        return _unflatten(flat_logp, packed), _unflatten(flat_entropy, packed) if flat_entropy is not None else None
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logprobs=request)
+    if not (packing and can_pack(model)):
+        return padded_logprobs(model, input_ids, attention_mask, request)
+    return packed_logprobs(model, pack_padded(input_ids, attention_mask, completion_len, one_bin=one_bin(model)), request)
 
 
 def _unflatten(values: Tensor, packed: Packed) -> Tensor:
-    """[K] scored values back to [B, T], 0 where a row has no token (differentiably)."""
+    """[K] scored values back to [b, T], 0 where a row has no token (differentiably)."""
     out = values.new_zeros(packed.shape)
     return out.index_put((packed.rows, packed.cols), values)

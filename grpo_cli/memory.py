@@ -32,6 +32,7 @@ import torch
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.logprobs import CHUNK_LOGITS
+from grpo_cli.packer import largest_micro_batch
 
 GIB = float(1 << 30)
 ALLOCATOR_SLACK = 1.6  # resident bytes per byte of the update's transient tensors (fp32, CPU, glibc), measured
@@ -186,8 +187,9 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     generation = {"KV cache": rows * row_len * kv_per_token,
                   "sampling": rows * shape.vocab * 4 * 4}  # logits, scores, noise, log-softmax: [rows, vocab] fp32
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
-    tokens = (budget if budget is not None else t.max_tokens_per_micro_batch) or min(t.micro_batch_size, rows) * row_len
-    tokens = max(tokens, row_len)  # a row longer than the budget still runs, alone
+    # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
+    tokens = largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
+                                 batch_rows=min(t.micro_batch_size, rows))
     completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
     head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
     slack = ALLOCATOR_SLACK

@@ -91,7 +91,7 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
         columns = {USER_PROMPT: [user_text(r["prompt"]) for r in batch],
                    PROMPT_MESSAGES: [r["prompt"] if is_conversation(r["prompt"]) else None for r in batch]}
         roll = generate(generator, model, [r["rendered"] for r in batch], G, sampling, seeds, columns=columns)
-        tokens, ids = roll.completion_mask.sum(1).tolist(), roll.completion_ids()
+        tokens, ids = roll.sampled_tokens().tolist(), roll.completion_ids()
         for i, source in enumerate(batch):
             group = [{"prompt": user_text(source["prompt"]), "completion": roll.completions[i * G + j],
                       "tokens": int(tokens[i * G + j]), "truncated": bool(roll.truncated[i * G + j])} for j in range(G)]

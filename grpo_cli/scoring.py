@@ -60,7 +60,7 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
         cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
         roll = generate(generator, model, p, 1, Sampling(max_new_tokens, greedy=True), columns=cols)
-        tokens = roll.completion_mask.sum(1).tolist()
+        tokens = roll.sampled_tokens().tolist()
         total, per_term = _score(reward_fn, p, roll, a, cols, tokens)
         rewards += total
         for name, values in per_term.items():
@@ -136,7 +136,7 @@ def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, 
         roll = generate(generator, model, p, samples, sampling, seeds, columns=cols)
         per = lambda values: [v for v in values for _ in range(samples)]  # noqa: E731
         total, _ = _score(reward_fn, per(p), roll, per(a), {k: per(v) for k, v in cols.items()},
-                          roll.completion_mask.sum(1).tolist())
+                          roll.sampled_tokens().tolist())
         correct = judge(total, roll.completions, per(a))
         for i, target in enumerate(a):
             block = range(i * samples, (i + 1) * samples)

@@ -38,7 +38,7 @@ from grpo_cli.metrics import StepMetrics
 from grpo_cli.objective import flat_groups
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import score_batch
-from grpo_cli.rollout import ROW_FIELDS, Rollout, concat_rollouts
+from grpo_cli.rollout import ROW_FIELDS, TOKEN_FIELDS, Rollout, concat_rollouts
 from grpo_cli.step import PHASES, Policies, StepSettings, clock, score
 
 
@@ -256,7 +256,7 @@ def scored_state(scored: ScoredRollout) -> dict:
     """A scored rollout as plain types and CPU tensors: for a pipe, or a checkpoint's torch.load(weights_only)."""
     roll = scored.rollout
     out = {name: getattr(roll, name) for name in STATE_FIELDS}
-    out.update({f.name: None if getattr(roll, f.name) is None else getattr(roll, f.name).cpu() for f in ROW_FIELDS})
+    out.update({k: None if getattr(roll, k) is None else getattr(roll, k).cpu() for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)})
     out["episodes"] = (None if roll.episodes is None else  # a live environment stays where it ran
                        [{k: v for k, v in vars(e).items() if k != "environment"} for e in roll.episodes])
     out.update(metrics=scored.metrics.state_dict(), gen_s=scored.gen_s, score_s=scored.score_s)
@@ -265,7 +265,14 @@ def scored_state(scored: ScoredRollout) -> dict:
 
 def scored_from_state(state: dict, device) -> ScoredRollout:
     """The scored rollout, its token fields and metrics on `device` (rewards stay on the host, as sampled)."""
-    rows = {f.name: None if state[f.name] is None else state[f.name].to(device) for f in ROW_FIELDS}
+    if "input_ids" in state:  # stored padded, before rows were flat: the same rows
+        padded = {k: state.pop(k) for k in ("input_ids", "attention_mask", "completion_mask", "sampler_logp")}
+        flat = Rollout.from_padded(state["prompts"], state["group_size"], **padded, truncated=state["truncated"])
+        state.update({k: getattr(flat, k) for k in ("tokens", "lengths", "prompt_lengths", "loss_mask", "sampler_logp")})
+        if state["behaviour_logp"] is not None:
+            state["behaviour_logp"] = flat.from_grid(state["behaviour_logp"])
+    rows = {k: None if state[k] is None else state[k].to("cpu" if k.endswith("lengths") else device)
+            for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}
     episodes = None if state["episodes"] is None else [Episode(**e) for e in state["episodes"]]
     roll = Rollout(**{k: state[k] for k in STATE_FIELDS}, **rows, episodes=episodes)
     return ScoredRollout(roll, StepMetrics.from_state(state["metrics"], device), state["gen_s"], state["score_s"])
@@ -283,7 +290,7 @@ def score_round(roll: Rollout, batch: PromptBatch, reward_fn, judge, metrics: St
 
     total, terms = score_batch(
         reward_fn, per_completion(batch.prompts), roll.completions, per_completion(batch.answers),
-        completion_tokens=roll.completion_mask.sum(1).tolist(), completion_ids=roll.completion_ids(),
+        completion_tokens=roll.sampled_tokens().tolist(), completion_ids=roll.completion_ids(),
         columns={k: per_completion(v) for k, v in batch.columns.items()}, episodes=roll.episodes,
     )
     if roll.episodes is not None:
@@ -353,7 +360,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
     short = n - have() if dist.world_size > 1 else (n if not kept else 0)
     if short:
         pad = last.select_groups([0] * short)
-        pad.weight = torch.zeros(short * G, device=pad.input_ids.device)
+        pad.weight = torch.zeros(short * G, device=pad.tokens.device)
         kept.append(pad)
         kept_answers += [last_answers[0]] * short
         kept_rewards.append(torch.zeros(short, G, dtype=torch.float64))

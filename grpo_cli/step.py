@@ -18,17 +18,19 @@ from types import MappingProxyType
 from typing import Any, Callable, ContextManager
 
 import torch
+from torch import Tensor
 from torch.profiler import record_function
 
 from grpo_cli.distributed import SINGLE, Dist
 from grpo_cli.generation import Sampling
-from grpo_cli.logprobs import token_logprobs
+from grpo_cli.logprobs import LogProbRequest, can_pack, one_bin, packed_logprobs, padded_logprobs
 from grpo_cli.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.metrics import StepMetrics
 from grpo_cli.advantages import ADVANTAGES
 from grpo_cli.objective import POLICY_LOSSES, LossInputs, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.precision import Precision
 from grpo_cli.rewards import Judge, no_score_none
+from grpo_cli.packer import pack, packed_inputs
 from grpo_cli.rollout import Rollout
 
 
@@ -106,53 +108,72 @@ class StepSettings:
                    packing=cfg.trainer.packing, max_tokens=cfg.trainer.max_tokens_per_micro_batch)
 
 
-def micro_batches(roll: Rollout, settings: StepSettings, dist: Dist = SINGLE) -> list[torch.Tensor]:
-    """The rows of each micro-batch. By default `micro_batch_size` consecutive rows. With a token budget
-    (`max_tokens`), as few micro-batches as keep each one's real tokens within it (a row longer than the
-    budget goes alone), the same number on every rank (the largest any rank needs), rows spread so the
-    micro-batches hold about equal tokens (longest first, each to the lightest). The loss is the whole
-    batch's either way: every normaliser is global (docs/math.md, "Aggregation")."""
-    B = roll.input_ids.shape[0]
-    if not settings.max_tokens:
-        return [torch.arange(s, min(s + settings.micro_batch_size, B)) for s in range(0, B, settings.micro_batch_size)]
-    lengths = roll.attention_mask.sum(1).tolist()
-
-    def spread(k: int) -> list[list[int]]:
-        parts, loads = [[] for _ in range(k)], [0] * k
-        for i in sorted(range(B), key=lambda i: (-lengths[i], i)):
-            j = min(range(k), key=lambda j: (loads[j], j))
-            parts[j].append(i)
-            loads[j] += lengths[i]
-        return parts
-
-    def fits(parts) -> bool:
-        return all(len(p) == 1 or sum(lengths[i] for i in p) <= settings.max_tokens for p in parts)
-
-    k = min(max(1, math.ceil(sum(lengths) / settings.max_tokens)), B)
-    while k < B and not fits(spread(k)):
-        k += 1
-    k = min(int(dist.all_max(float(k))), B)  # every rank holds B rows (topped up), so k <= B fits everywhere
-    return [torch.tensor(sorted(p), dtype=torch.long) for p in spread(k) if p]
+def forward_layout(model, settings: StepSettings) -> str:
+    """How the step lays rows out for `model`'s forward (packer.py): in bins where packing is on and the
+    model can take packed rows, one padded row each otherwise."""
+    if not (settings.packing and can_pack(model)):
+        return "padded"
+    return "one_bin" if one_bin(model) else "bins"
 
 
-def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision, dist: Dist = SINGLE,
-          parts: list[torch.Tensor] | None = None):
-    """Token log-probabilities of the rollout under `model`, without gradients: [B, T]; over `parts` (the
-    step's micro-batches, formed once) or micro_batches()."""
-    out = torch.zeros(roll.completion_mask.shape, device=roll.input_ids.device)
+class StepBatch:
+    """A rollout as the step's forwards take it, built once per step and used by every pass: the packer's
+    micro-batches, each one's forward inputs (packed bins, or the padded view's rows), and where each
+    micro-batch's completion columns lie among the rollout's per-token values."""
+
+    def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded"):
+        self.roll, self.T = roll, roll.completion_len
+        lengths = roll.lengths.tolist()
+        self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
+                          batch_rows=settings.micro_batch_size, dist=dist,
+                          padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
+        self.index, self.valid = roll.completion_index()  # [B, T]
+        self.padded = roll.padded()[:2] if layout == "padded" else None
+        offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
+        self.packed = [None if layout == "padded" else packed_inputs(roll.tokens, offsets, lengths, prompts, self.T, mb)
+                       for mb in self.parts]
+
+    def grid(self, values: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Per-token `values` [N] on the completion columns of `rows` (default all): [b, T], 0 where none."""
+        index, valid = (self.index, self.valid) if rows is None else (self.index[rows], self.valid[rows])
+        return torch.where(valid, values[index], torch.zeros((), dtype=values.dtype, device=values.device))
+
+    def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None]:
+        """Micro-batch i's token log-probs (and entropy) under `model`: [b, T] each."""
+        if self.packed[i] is not None and can_pack(model):
+            return packed_logprobs(model, self.packed[i], request)
+        if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
+            self.padded = self.roll.padded()[:2]
+        rows = self.parts[i].rows.to(self.padded[0].device)
+        return padded_logprobs(model, self.padded[0][rows], self.padded[1][rows], request)
+
+
+def score_tokens(model, batch: StepBatch, temperature: float, precision: Precision) -> Tensor:
+    """Each token's log-probability under `model`, without gradients: [N], 0 on prompt tokens."""
+    roll = batch.roll
+    out = torch.zeros(roll.tokens.shape, device=roll.tokens.device)
+    request = LogProbRequest(batch.T, temperature)
     with torch.no_grad(), precision.autocast():
-        for rows in parts if parts is not None else micro_batches(roll, settings, dist):
-            rows = rows.to(out.device)
-            out[rows] = token_logprobs(model, roll.input_ids[rows], roll.attention_mask[rows], roll.completion_len,
-                                       temperature=temperature, packing=settings.packing)[0].float()
+        for i, mb in enumerate(batch.parts):
+            rows = mb.rows.to(out.device)
+            logp = batch.logprobs(model, i, request)[0].float()
+            valid = batch.valid[rows]
+            out[batch.index[rows][valid]] = logp[valid]
     return out
 
 
-def loss_mask(roll: Rollout, mask_truncated: bool) -> torch.Tensor:
-    """Completion tokens that enter the loss: none of a padding row, and with mask_truncated none of a
+def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision,
+          dist: Dist = SINGLE) -> Tensor:
+    """Each token's log-probability under `model`, without gradients: [N] (0 on prompt tokens), in
+    micro-batches as the step would form them."""
+    return score_tokens(model, StepBatch(roll, settings, dist, forward_layout(model, settings)), temperature, precision)
+
+
+def loss_mask(roll: Rollout, mask_truncated: bool, batch: StepBatch | None = None) -> torch.Tensor:
+    """Completion tokens that enter the loss, [B, T]: none of a padding row, and with mask_truncated none of a
     completion cut off by max_new_tokens (DAPO's overlong filtering: its reward judges an unfinished
     answer)."""
-    mask = roll.completion_mask
+    mask = batch.grid(roll.loss_mask) if batch is not None else roll.completion_mask
     if mask_truncated:
         mask = mask * (~roll.truncated)[:, None]
     if roll.weight is not None:
@@ -161,47 +182,46 @@ def loss_mask(roll: Rollout, mask_truncated: bool) -> torch.Tensor:
 
 
 def real_rows(roll: Rollout) -> torch.Tensor:
-    return roll.weight if roll.weight is not None else torch.ones(roll.input_ids.shape[0], device=roll.input_ids.device)
+    return roll.weight if roll.weight is not None else torch.ones(roll.rows, device=roll.tokens.device)
 
 
 def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
-             with_entropy: bool = False, dist: Dist = SINGLE, parts: list[torch.Tensor] | None = None) -> tuple[bool, float]:
+             with_entropy: bool = False, dist: Dist = SINGLE, batch: StepBatch | None = None) -> tuple[bool, float]:
     """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with
     its KL term and entropy bonus, over the whole (global) rollout batch, accumulated
     over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
-    go to `record` when given, the entropy when `with_entropy`. Returns (skipped, gradient norm).
+    go to `record` when given, the entropy when `with_entropy`; `batch` the step's micro-batches (formed
+    here when not given). Returns (skipped, gradient norm).
 
     A non-finite loss or gradient norm skips the step: the weights and the optimizer's moments stay
     as they were. The gradient norm is global (DDP all-reduces the gradients first), so every rank
     decides alike without a collective.
     """
     algo, temperature = settings.algo, settings.sampling.temperature
-    full_mask = loss_mask(roll, algo.mask_truncated)
-    B, T = full_mask.shape
+    batch = batch if batch is not None else StepBatch(roll, settings, dist, forward_layout(policy, settings))
+    full_mask = loss_mask(roll, algo.mask_truncated, batch)
+    request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
     total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
     optimizer.zero_grad(set_to_none=True)
-    parts = parts if parts is not None else micro_batches(roll, settings, dist)
     # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
     # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
     with precision.autocast():
-        for i, rows in enumerate(parts):
-            rows = rows.to(full_mask.device)
+        for i, mb in enumerate(batch.parts):
+            rows = mb.rows.to(full_mask.device)
             mask = full_mask[rows]
-            with dist.no_sync(policy, last=i == len(parts) - 1):  # gradients all-reduced once, after the last
-                logp, entropy = token_logprobs(policy, roll.input_ids[rows], roll.attention_mask[rows], T,
-                                               temperature=temperature, with_entropy=with_entropy,
-                                               entropy_grad=algo.entropy_coef != 0, packing=settings.packing)
+            with dist.no_sync(policy, last=i == len(batch.parts) - 1):  # gradients all-reduced once, after the last
+                logp, entropy = batch.logprobs(policy, i, request)
                 with precision.outside_autocast():
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
-                    old = roll.old_logp[rows] if roll.old_logp is not None else logp.detach()
-                    sampler = roll.sampler_logp[rows] if roll.sampler_logp is not None else None
+                    old = batch.grid(roll.old_logp, rows) if roll.old_logp is not None else logp.detach()
+                    sampler = batch.grid(roll.sampler_logp, rows) if roll.sampler_logp is not None else None
                     weight = (sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
                               if sampler is not None and algo.sampler_correction == "tis" else None)
                     loss, m = policy_loss(LossInputs(
                         logp, old, roll.advantages[rows], mask,
                         clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
-                        ref_logp=roll.ref_logp[rows] if roll.ref_logp is not None else None,
+                        ref_logp=batch.grid(roll.ref_logp, rows) if roll.ref_logp is not None else None,
                         kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
                         max_completion_length=settings.sampling.max_new_tokens,
                         num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
@@ -251,7 +271,7 @@ def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
     real = real_rows(roll).view(-1, roll.group_size)[:, 0].bool().cpu()  # [n]
     out = torch.zeros_like(roll.rewards, dtype=torch.float32)
     out[real] = ADVANTAGES[algo.advantage](roll.rewards[real], algo, dist.all_sum).float()
-    return out.flatten().to(roll.input_ids.device)
+    return out.flatten().to(roll.tokens.device)
 
 
 def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, precision: Precision | None = None,
@@ -270,14 +290,14 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     algo, temp = settings.algo, settings.sampling.temperature
     # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
-    parts = micro_batches(roll, settings, dist)  # once: every pass below runs the same micro-batches
+    batch = StepBatch(roll, settings, dist, forward_layout(policy, settings))  # once: every pass runs these micro-batches
     with record_function(PHASES[1]):  # only the log-probabilities this config needs: none when beta = 0 and mu = 1
         roll.old_logp = roll.behaviour_logp
         if roll.old_logp is None and algo.num_iterations > 1:
-            roll.old_logp = score(policy, roll, temp, settings, precision, dist, parts)
+            roll.old_logp = score_tokens(policy, batch, temp, precision)
         if policies.reference is not None:
             with policies.reference() as reference:
-                roll.ref_logp = score(reference, roll, temp, settings, precision, dist, parts)
+                roll.ref_logp = score_tokens(reference, batch, temp, precision)
         roll.advantages = advantages(roll, algo, dist)
     t_score = clock(device)
 
@@ -286,18 +306,19 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
         for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
             last = i == algo.num_iterations - 1
             failed, grad_norm = optimise(policy, optimizer, roll, settings, precision, record=metrics if last else None,
-                                         with_entropy=i == 0, dist=dist, parts=parts)
+                                         with_entropy=i == 0, dist=dist, batch=batch)
             skipped += failed
     t_end = clock(device)
 
     weights = real_rows(roll)
-    lengths = roll.completion_mask.sum(1).double() * weights.double()
+    lengths = roll.sampled_tokens().to(weights.device).double() * weights.double()
     metrics.mean("completion_len", lengths.sum(), weights.sum())
     real = weights.bool()
     metrics.min("completion_len_min", torch.where(real, lengths, lengths.amax()).amin())  # no host sync
     metrics.max("completion_len_max", lengths.amax())  # padding rows' lengths are already 0
     # The share of a padded [rows, prompt + completion] batch that is padding: what packing leaves out.
-    metrics.mean("padding_frac", roll.attention_mask.numel() - roll.attention_mask.sum(), roll.attention_mask.numel())
+    padded = roll.rows * (int(roll.prompt_lengths.max()) + roll.completion_len)
+    metrics.mean("padding_frac", padded - roll.tokens.numel(), padded)
     metrics.sum("completion_tokens", lengths.sum())
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
     for name, seconds in (("gen_s", scored.gen_s), ("score_s", scored.score_s + t_score - t0),

@@ -78,10 +78,9 @@ def child(args) -> dict:
     ids = torch.randint(3, config.vocab_size, (B, P + T), generator=g)
     completion_mask = (torch.arange(T)[None, :] < torch.tensor(lens)[:, None]).long()
     attention = torch.cat([torch.ones(B, P, dtype=torch.long), completion_mask], 1)
-    roll = Rollout(prompts=[str(i) for i in range(args.prompts)], group_size=args.group_size,
-                   input_ids=(ids * attention).to(device), attention_mask=attention.to(device),
-                   completion_mask=completion_mask.to(device), truncated=torch.zeros(B, dtype=torch.bool, device=device),
-                   advantages=torch.randn(B, generator=g).to(device))
+    roll = Rollout.from_padded([str(i) for i in range(args.prompts)], args.group_size, (ids * attention).to(device),
+                               attention.to(device), completion_mask.to(device),
+                               torch.zeros(B, dtype=torch.bool, device=device), advantages=torch.randn(B, generator=g).to(device))
     cfg = TrainConfig()
     cfg.sampler.max_new_tokens, cfg.trainer.micro_batch_size = args.max_new_tokens, args.micro_batch
     cfg.trainer.packing, cfg.trainer.max_tokens_per_micro_batch = args.packing == "on", args.budget

@@ -142,9 +142,8 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
 
 
 def test_mask_truncated_removes_cut_off_completions_from_the_loss():
-    roll = Rollout(prompts=["p"], group_size=2, input_ids=torch.zeros(2, 3, dtype=torch.long),
-                   attention_mask=torch.ones(2, 3, dtype=torch.long), completion_mask=torch.tensor([[1, 1], [1, 1]]),
-                   truncated=torch.tensor([False, True]), completions=["a", "b"])
+    roll = Rollout.from_padded(["p"], 2, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long),
+                               torch.tensor([[1, 1], [1, 1]]), torch.tensor([False, True]), completions=["a", "b"])
     assert step.loss_mask(roll, False).tolist() == [[1, 1], [1, 1]]
     assert step.loss_mask(roll, True).tolist() == [[1, 1], [0, 0]]
 

@@ -76,7 +76,7 @@ class Rolls:
     def generate(self, model, prompts, group_size, sampling, seeds=None):
         n = len(prompts) * group_size
         out = self.completions[:n]
-        return SimpleNamespace(completions=out, completion_mask=torch.ones(n, 2, dtype=torch.long),
+        return SimpleNamespace(completions=out, sampled_tokens=lambda: torch.full((n,), 2),
                                truncated=torch.zeros(n, dtype=torch.bool), completion_ids=lambda: [[1, 2]] * n,
                                episodes=None)
 

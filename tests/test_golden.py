@@ -1,10 +1,13 @@
-"""Golden trajectories: the first training rows of three runs, pinned as recorded on a 2-core AMD EPYC
+"""Golden trajectories: the first training rows of four runs, pinned as recorded on a 2-core AMD EPYC
 (AVX2), one thread, held-out scoring off (it draws no training randomness):
 - `default`: the default run (`grpo train`), recorded on 2026-11-23;
 - `tool_use`: the tool-use demo (`experiment=tool_use`: multi-turn episodes with a calculator), 4 prompts a
   step, and `staleness_1`: the default run with generation in a worker process one update behind
   (`trainer.max_staleness=1`), both recorded on 2026-11-25 before the rollout stage moved into its own
-  package, as the safety net of that move.
+  package, as the safety net of that move;
+- `default_padded`: the default run with `trainer.packing=false` (the padded forward), recorded on 2026-11-25
+  before rollouts became flat rows with one packer. On the recording machine every number of these rows,
+  and the final weights, came out bit for bit the same after that change.
 An equality test compares two code paths, so a change that moves both sides passes it; these fail when
 any number of the pinned runs moves.
 
@@ -27,10 +30,12 @@ WORKLOADS = {
     "tool_use": [*COMMON, "experiment=tool_use", "trainer.steps=3", "trainer.prompts_per_step=4",
                  "trainer.log_completions_every=0"],
     "staleness_1": [*COMMON, "trainer.steps=4", "trainer.max_staleness=1"],
+    "default_padded": [*COMMON, "trainer.steps=5", "trainer.packing=false"],
 }
 EXACT = ("step", "reward_mean", "completion_tokens", "zero_var_frac")
 CLOSE = ("reward_std", "loss", "kl", "grad_norm", "entropy")
-EXTRA = {"default": (), "tool_use": ("env/tool_calls", "env/turns"), "staleness_1": ("ratio_mean", "staleness")}
+EXTRA = {"default": (), "tool_use": ("env/tool_calls", "env/turns"), "staleness_1": ("ratio_mean", "staleness"),
+         "default_padded": ("padding_frac",)}
 GOLDEN = {
     "default": [
         dict(step=1, reward_mean=0.51953125, completion_tokens=760, zero_var_frac=0.0625, reward_std=0.49961838464315694,
@@ -53,6 +58,13 @@ GOLDEN = {
         {"step": 3, "reward_mean": 0.09375, "completion_tokens": 416, "zero_var_frac": 0.5, "reward_std": 0.2914805954090255,
          "loss": 5.857646465301514e-05, "kl": 0.0004909991358335202, "grad_norm": 0.8442478775978088,
          "entropy": 0.3914812894967886, "env/tool_calls": 0.125, "env/turns": 1.125},
+    ],
+    "default_padded": [  # the default run with trainer.packing=false: the padded forward, to the bit here
+        {"step": 1, "reward_mean": 0.51953125, "completion_tokens": 760, "zero_var_frac": 0.0625, "reward_std": 0.49961838464315694, "loss": -2.3283064365386963e-09, "kl": 0.0, "grad_norm": 0.9011357426643372, "entropy": 0.43226227007414164, "padding_frac": 0.041666666666666664},
+        {"step": 2, "reward_mean": 0.49609375, "completion_tokens": 760, "zero_var_frac": 0.09375, "reward_std": 0.49998474097809975, "loss": 5.322648212313652e-05, "kl": 0.0012950715461843892, "grad_norm": 0.7075716257095337, "entropy": 0.4422290701615183, "padding_frac": 0.059027777777777776},
+        {"step": 3, "reward_mean": 0.546875, "completion_tokens": 753, "zero_var_frac": 0.0625, "reward_std": 0.4977978850648122, "loss": 0.00018153851851820946, "kl": 0.004557107232639673, "grad_norm": 0.5580087900161743, "entropy": 0.46994243485044196, "padding_frac": 0.062065972222222224},
+        {"step": 4, "reward_mean": 0.5703125, "completion_tokens": 768, "zero_var_frac": 0.03125, "reward_std": 0.49503146601377773, "loss": 0.0002956376411020756, "kl": 0.007390799233689904, "grad_norm": 0.7336628437042236, "entropy": 0.4054175913333893, "padding_frac": 0.03125},
+        {"step": 5, "reward_mean": 0.55859375, "completion_tokens": 765, "zero_var_frac": 0.15625, "reward_std": 0.49655490377292366, "loss": 0.0006410649511963129, "kl": 0.01583812423780853, "grad_norm": 0.637715756893158, "entropy": 0.41080696255553, "padding_frac": 0.126171875},
     ],
     "staleness_1": [  # step 1 is the default run's (nothing is stale yet); from step 2 on the sampler lags one update
         {"step": 1, "reward_mean": 0.51953125, "completion_tokens": 760, "zero_var_frac": 0.0625,

@@ -74,7 +74,7 @@ def test_the_reference_under_lora_is_the_base_model_even_after_the_adapter_has_m
         got = step.score(reference, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
     want = step.score(base, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
     moved = step.score(policy, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
-    m = roll.completion_mask.bool()
+    m = roll.loss_mask.bool()
     assert torch.allclose(got[m], want[m], atol=1e-6)
     assert not torch.allclose(moved[m], want[m], atol=1e-3)  # with the adapter on, the policy differs
 

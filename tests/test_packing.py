@@ -10,11 +10,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_cli import generation
 from grpo_cli.config import LoraConfig
 from grpo_cli.distributed import Dist
-from grpo_cli.logprobs import can_pack, enable_logprob_forward, pack, token_logprobs
+from grpo_cli.logprobs import can_pack, enable_logprob_forward, token_logprobs
 from grpo_cli.objective import LossInputs, policy_loss
 from grpo_cli.precision import Precision
 from grpo_cli.rollout import Rollout
-from grpo_cli.step import StepSettings, micro_batches, optimise
+from grpo_cli.packer import LAYOUTS, largest_micro_batch, pack, pack_padded
+from grpo_cli.step import StepBatch, StepSettings, optimise
 from helpers import generate
 
 PAD = 0
@@ -58,7 +59,7 @@ def alone(model, ids, mask):
 
 def test_a_packed_layout_holds_every_real_token_once_and_no_pad_between_rows():
     ids, mask, _ = batch()
-    packed = pack(ids, mask, T)
+    packed = pack_padded(ids, mask, T)
     lengths = [p + c for p, c in SHAPES]
     assert packed.input_ids.shape[1] == max(lengths)  # bins as long as the longest row
     assert packed.real_tokens == sum(lengths)
@@ -158,9 +159,13 @@ def test_a_model_that_transforms_its_logits_is_scored_padded():
 
 def _rollout(ids, mask, cmask) -> Rollout:
     B = ids.shape[0]
-    return Rollout(prompts=[str(i) for i in range(B // 2)], group_size=2, input_ids=ids, attention_mask=mask,
-                   completion_mask=cmask, truncated=torch.zeros(B, dtype=torch.bool),
-                   advantages=torch.randn(B, generator=torch.Generator().manual_seed(5)))
+    return Rollout.from_padded([str(i) for i in range(B // 2)], 2, ids, mask, cmask, torch.zeros(B, dtype=torch.bool),
+                               advantages=torch.randn(B, generator=torch.Generator().manual_seed(5)))
+
+
+def micro_batches(roll, settings, dist=Dist()) -> list[torch.Tensor]:
+    """The rows of each micro-batch the step forms in one bin each (so a budget counts real tokens)."""
+    return [mb.rows for mb in StepBatch(roll, settings, dist, layout="one_bin").parts]
 
 
 def _settings(**kw) -> StepSettings:
@@ -251,3 +256,33 @@ def test_finished_rows_leave_the_decode_batch_without_changing_a_sampled_token(t
     assert len(set(keep_rows[1:])) == 1  # every row decoded to the end
     assert min(drop_rows[1:]) < keep_rows[1]  # rows left the batch
     assert sum(drop_rows[1:]) < sum(keep_rows[1:])
+
+
+def test_the_packer_lays_a_hand_worked_micro_batch_into_bins_of_the_longest_row():
+    # Rows of 12, 4, 4, 11 and 10 tokens in bins of 12 (the longest), first-fit decreasing: 12, 11 and 10 open
+    # a bin each; neither 4 fits in 1 or 2 free tokens, so they share a fourth (8 <= 12): 4 x 12 positions.
+    (mb,) = pack([12, 4, 4, 11, 10], layout="bins", batch_rows=5)
+    assert mb.bins == ((0,), (3,), (4,), (1, 2)) and mb.capacity == 12 and mb.positions == 48
+    (mb,) = pack([12, 4, 4, 11, 10], layout="one_bin", batch_rows=5)
+    assert mb.bins == ((0, 3, 4, 1, 2),) and mb.positions == 41
+    (mb,) = pack([12, 4, 4, 11, 10], layout="padded", batch_rows=5, padded_length=14)
+    assert mb.bins is None and mb.positions == 5 * 14
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_no_micro_batch_computes_more_positions_than_the_memory_planner_counts(layout):
+    """The planner counts `largest_micro_batch` (memory.py); the step's packer must never exceed it, pads
+    and filler included, and must hold every row exactly once."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        rows, longest = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(1, 60, (1,), generator=g))
+        lengths = torch.randint(1, longest + 1, (rows,), generator=g).tolist()
+        padded = max(lengths) + int(torch.randint(0, 5, (1,), generator=g))  # a padded row: longest prompt + completion
+        budget = int(torch.randint(0, 4 * longest, (1,), generator=g))
+        batch_rows = int(torch.randint(1, 9, (1,), generator=g))
+        parts = pack(lengths, layout=layout, token_budget=budget, batch_rows=batch_rows, padded_length=padded)
+        assert sorted(i for mb in parts for i in mb.rows.tolist()) == list(range(rows))
+        bound = largest_micro_batch(padded, token_budget=budget, batch_rows=batch_rows)
+        assert max(mb.positions for mb in parts) <= bound, (trial, layout)
+        if layout != "padded":  # every bin holds its rows within its capacity
+            assert all(sum(lengths[mb.rows[i]] for i in b) <= mb.capacity for mb in parts for b in mb.bins)

@@ -91,14 +91,14 @@ def test_bf16_mixed_loss_and_gradients_agree_with_fp32_within_bf16_tolerance():
     roll = rollout(fp32, tok, cfg)
     # ratios scattered around 1 (some clipped), so the loss is not zero by the advantages' symmetry
     noise = torch.empty(roll.completion_mask.shape).uniform_(-0.4, 0.4, generator=torch.Generator().manual_seed(0))
-    roll.old_logp = step.score(fp32, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32")) + noise
+    roll.old_logp = step.score(fp32, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32")) + roll.from_grid(noise)
     grads, losses = {}, {}
     for name in ("fp32", "bf16-mixed"):
         model = copy.deepcopy(fp32).train()
         mask = roll.completion_mask
         with Precision(name).autocast():
             logp, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len)
-        loss, _ = policy_loss(LossInputs(logp, roll.old_logp, roll.advantages, mask))
+        loss, _ = policy_loss(LossInputs(logp, roll.completion_grid(roll.old_logp), roll.advantages, mask))
         loss.backward()
         losses[name], grads[name] = float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
     assert losses["bf16-mixed"] == pytest.approx(losses["fp32"], rel=2e-2)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from grpo_cli.logprobs import token_logprobs
@@ -74,7 +75,7 @@ def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_mode
                     seeds=[0, 1, 2], with_logprobs=True)
     got, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len, temperature=1.3)
     m = roll.completion_mask.bool()
-    assert torch.allclose(roll.sampler_logp[m], got[m], atol=1e-5)
+    assert torch.allclose(roll.completion_grid(roll.sampler_logp)[m], got[m], atol=1e-5)
 
 
 def test_a_group_s_completions_depend_on_its_seed_not_on_the_rest_of_the_batch(tiny_model):
@@ -130,3 +131,50 @@ def test_top_k_sampling_only_draws_from_the_top_k(tiny_model):
     roll = generate(model, tok, ["3+4="], 64, max_new_tokens=1, top_k=1, seeds=[0])
     greedy = generate(model, tok, ["3+4="], max_new_tokens=1, greedy=True)
     assert set(roll.completions) == set(greedy.completions)
+
+
+def _padded_three_rows():
+    """Three rows of a padded batch, worked by hand: prompts of 2, 1 and 2 tokens left-padded to P = 2,
+    completions of 3, 1 and 2 tokens right-padded to T = 3 (pad 0); row 2's middle token is the
+    environment's (attention 1, loss mask 0)."""
+    from grpo_cli.rollout import Rollout
+
+    ids = torch.tensor([[11, 12, 21, 22, 23], [0, 13, 24, 0, 0], [14, 15, 25, 26, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    action = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]])
+    sampler = torch.tensor([[-0.1, -0.2, -0.3], [-0.4, 0.0, 0.0], [-0.5, 0.0, 0.0]])
+    roll = Rollout.from_padded(["a"], 3, ids, attention, action, torch.tensor([False, False, True]),
+                               sampler_logp=sampler, completions=["x", "y", "z"])
+    return roll, ids, attention, action, sampler
+
+
+def test_a_rollout_s_rows_are_flat_and_its_padded_view_is_the_padded_batch_it_came_from():
+    roll, ids, attention, action, sampler = _padded_three_rows()
+    assert roll.tokens.tolist() == [11, 12, 21, 22, 23, 13, 24, 14, 15, 25, 26]  # no pad token anywhere
+    assert roll.lengths.tolist() == [5, 2, 4] and roll.prompt_lengths.tolist() == [2, 1, 2]
+    assert roll.loss_mask.tolist() == [0, 0, 1, 1, 1, 0, 1, 0, 0, 1, 0]
+    assert roll.sampler_logp.tolist() == pytest.approx([0, 0, -0.1, -0.2, -0.3, 0, -0.4, 0, 0, -0.5, 0])
+    assert roll.sampled_tokens().tolist() == [3, 1, 1]
+    assert roll.completion_ids() == [[21, 22, 23], [24], [25, 26]]
+    input_ids, mask, completion = roll.padded()
+    assert torch.equal(input_ids, ids) and torch.equal(mask, attention) and torch.equal(completion, action)
+    assert torch.equal(roll.completion_grid(roll.sampler_logp), sampler)
+    assert torch.equal(roll.from_grid(sampler), roll.sampler_logp)
+
+
+def test_picking_groups_and_joining_rollouts_moves_whole_rows_without_re_padding():
+    from grpo_cli.rollout import concat_rollouts
+
+    roll, *_ = _padded_three_rows()
+    roll.group_size = 1
+    roll.prompts = ["a", "b", "c"]
+    picked = roll.select_groups([2, 1])
+    assert picked.tokens.tolist() == [14, 15, 25, 26, 13, 24]
+    assert picked.loss_mask.tolist() == [0, 0, 1, 0, 0, 1]
+    assert picked.truncated.tolist() == [True, False] and picked.completions == ["z", "y"]
+    picked.weight = torch.zeros(2)
+    joined = concat_rollouts([roll.select_groups([1]), picked])
+    assert joined.tokens.tolist() == [13, 24, 14, 15, 25, 26, 13, 24]
+    assert joined.lengths.tolist() == [2, 4, 2] and joined.weight.tolist() == [1.0, 0.0, 0.0]
+    # The joined padded view pads to the longest prompt and completion of all parts: P = 2, T = 2.
+    assert joined.padded()[0].tolist() == [[0, 13, 24, 0], [14, 15, 25, 26], [0, 13, 24, 0]]

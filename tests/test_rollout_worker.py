@@ -123,7 +123,8 @@ def test_at_staleness_1_each_update_trains_on_rollouts_of_the_weights_one_update
         row, roll = seen[t]
         behaviour = completion_logp(weights[t - 2], roll, 1.0)
         current = completion_logp(weights[t - 1], roll, 1.0)
-        got = [roll.old_logp[i, : len(b)].double() for i, b in enumerate(behaviour)]
+        old = roll.completion_grid(roll.old_logp)  # [rows, T] from the rollout's per-token values
+        got = [old[i, : len(b)].double() for i, b in enumerate(behaviour)]
         for b, g in zip(behaviour, got):
             torch.testing.assert_close(g, b, atol=1e-5, rtol=0)
         gap = max(float((c - b).abs().max()) for c, b in zip(current, behaviour) if len(b))

@@ -70,7 +70,7 @@ def fixed_completions(model, tok):
 def trainer_logprobs(model, roll) -> list[list[float]]:
     cfg = TrainConfig()
     cfg.trainer.micro_batch_size = 64  # the trainer's own scoring, packed as in a run
-    logp = step.score(model, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
+    logp = roll.completion_grid(step.score(model, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32")))
     return [row[: int(n)] for row, n in zip(logp.tolist(), roll.completion_mask.sum(1).tolist())]
 
 
