@@ -178,3 +178,39 @@ def test_picking_groups_and_joining_rollouts_moves_whole_rows_without_re_padding
     assert joined.lengths.tolist() == [2, 4, 2] and joined.weight.tolist() == [1.0, 0.0, 0.0]
     # The joined padded view pads to the longest prompt and completion of all parts: P = 2, T = 2.
     assert joined.padded()[0].tolist() == [[0, 13, 24, 0], [14, 15, 25, 26], [0, 13, 24, 0]]
+
+
+def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
+    """A row that ended may stay in the decode batch (rows leave it only in bulk); what it draws after
+    its EOS must not keep the batch decoding: the last step is the longest completion's EOS. (Before the
+    fix, three of these six batches of the built-in tiny model decoded three steps past it.)"""
+    from grpo_cli.generation import Sampling, decode, eos_token_ids
+
+    model, tok = tiny_model
+    prompts = [tok(p)["input_ids"] for p in ["3+4=", "12+30=", "7+7=", "40+2=", "99+99=", "5+5=", "123+4=", "1+1="]]
+    eos = eos_token_ids(model, tok)
+    stopped_early = 0
+    for seed in range(6):
+        tokens, _ = decode(model, prompts, 4, Sampling(max_new_tokens=40, temperature=3.0), eos_ids=eos,
+                           pad_id=tok.pad_token_id, seeds=[seed * 10 + i for i in range(8)])
+        mask, _ = completion_mask(tokens, eos)
+        assert tokens.shape[1] == int(mask.sum(1).max()), seed
+        stopped_early += tokens.shape[1] < 40
+    assert stopped_early >= 3  # batches that ended before max_new_tokens: the ones the check is about
+
+
+def test_a_rollout_in_flight_stored_padded_by_an_older_version_loads_as_the_same_flat_rows():
+    from grpo_cli.metrics import StepMetrics
+    from grpo_cli.source import ScoredRollout, scored_from_state, scored_state
+
+    roll, ids, attention, action, sampler = _padded_three_rows()
+    roll.rewards, roll.answers = torch.tensor([[1.0, 0.0, 1.0]]), ["7"]
+    flat = scored_state(ScoredRollout(roll, StepMetrics(), 1.0))
+    old = {k: v for k, v in flat.items() if k not in ("tokens", "lengths", "prompt_lengths", "loss_mask")}
+    old.update(input_ids=ids, attention_mask=attention, completion_mask=action, sampler_logp=sampler,
+               behaviour_logp=sampler - 1)  # the padded format: [rows, P+T] and [rows, T] tensors
+    loaded = scored_from_state(old, "cpu").rollout
+    assert torch.equal(loaded.tokens, roll.tokens) and torch.equal(loaded.loss_mask, roll.loss_mask)
+    assert torch.equal(loaded.lengths, roll.lengths) and torch.equal(loaded.sampler_logp, roll.sampler_logp)
+    assert torch.equal(loaded.completion_grid(loaded.behaviour_logp), (sampler - 1) * (attention[:, 2:] == 1))
+    assert torch.equal(scored_from_state(flat, "cpu").rollout.tokens, roll.tokens)
