@@ -18,11 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from grpo_cli.compose import check_command_line
+from grpo_cli.commands.compose import check_command_line
 from grpo_cli.config import COMMAND_SCHEMAS, register_configs
-from grpo_cli.console import Console
+from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
-from grpo_cli.stopping import Stopped
+from grpo_cli.run.stopping import Stopped
 
 COMMANDS = {
     "train": "post-train a model with GRPO",
@@ -77,8 +77,8 @@ def _job(command: str, cfg) -> object:
                    else Path(HydraConfig.get().runtime.output_dir))
         plain = OmegaConf.to_object(cfg)
         if command == "train":
-            from grpo_cli.distributed import SINGLE
-            from grpo_cli.trainer import train
+            from grpo_cli.models.distributed import SINGLE
+            from grpo_cli.run.trainer import train
 
             overrides = list(HydraConfig.get().overrides.task)
             summary = train(plain, out_dir, console, _dist or SINGLE, command=f"grpo train {' '.join(overrides)}".strip())
@@ -87,10 +87,10 @@ def _job(command: str, cfg) -> object:
                 write_job_summary(out_dir, {"status": "done", **summary})
             return float(summary[plain.objective]) if plain.objective else summary
         if command == "evaluate":
-            from grpo_cli.evaluation import run_evaluate
+            from grpo_cli.commands.evaluation import run_evaluate
 
             return run_evaluate(plain, out_dir, console, overrides=list(HydraConfig.get().overrides.task))
-        from grpo_cli.sampling import run_sample
+        from grpo_cli.commands.sampling import run_sample
 
         return run_sample(plain, console, overrides=list(HydraConfig.get().overrides.task))
     except GrpoError as e:
@@ -109,7 +109,7 @@ def _job(command: str, cfg) -> object:
         console.print("[bold red]interrupted[/]")
         sys.exit(130)
     except Exception as e:
-        from grpo_cli.distributed import peer_failure
+        from grpo_cli.models.distributed import peer_failure
 
         if _dist is None or not peer_failure(e):
             raise
@@ -122,7 +122,7 @@ def _job(command: str, cfg) -> object:
 def write_job_summary(out_dir: Path, row: dict) -> None:
     """summary.json in a sweep job's directory: what the sweep's table is built from, whichever launcher
     ran the job (in this process, joblib workers, Slurm through submitit)."""
-    from grpo_cli.sweep import SUMMARY_FILE
+    from grpo_cli.commands.sweep import SUMMARY_FILE
 
     job = HydraConfig.get().job
     row = {"job": job.num, "overrides": list(HydraConfig.get().overrides.task), **row, "run_dir": str(out_dir)}
@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> object:
     from_python = argv is not None
     global _job_started, _result, _error
     _job_started, _result, _error = False, None, None
-    import grpo_cli.console
+    import grpo_cli.run.console
 
-    grpo_cli.console.STARTED = time.perf_counter()
+    grpo_cli.run.console.STARTED = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
     if _answered_without_a_job(argv):
         return None
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> object:
         sys.exit(2)
     register_configs()
     if "--help" in rest or "-h" in rest:  # ours, with each key's comment; --hydra-help is Hydra's
-        from grpo_cli.help import print_help
+        from grpo_cli.commands.help import print_help
 
         sys.exit(print_help(command, rest))
     try:  # composition errors and bad values: one sentence, before torch is imported
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> object:
     sys.argv = [f"grpo {command}"] + rest
     try:
         _entry(command)()
-        from grpo_cli.sweep import failed_jobs
+        from grpo_cli.commands.sweep import failed_jobs
 
         if failed_jobs:
             print(f"error: sweep jobs {', '.join(failed_jobs)} failed (see the table above).", file=sys.stderr)
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> object:
         raise
     finally:
         if _dist is not None:
-            from grpo_cli.generators import close_all
+            from grpo_cli.rollout.generators import close_all
 
             close_all()  # an engine sharing the process group (vLLM) goes before it
             _dist.close()
@@ -241,7 +241,7 @@ def _join_process_group(command: str, overrides: list[str]) -> list[str]:
     global _dist
     if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):  # distributed.launched(), without importing torch
         return overrides
-    from grpo_cli.distributed import from_environment
+    from grpo_cli.models.distributed import from_environment
 
     if command != "train":
         print(f"error: grpo {command} runs in one process; launch it without torchrun.", file=sys.stderr)

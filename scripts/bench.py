@@ -6,7 +6,7 @@
     .venv-vllm/bin/python scripts/bench.py --models qwen0.5b-shape --generator hf,vllm   # make vllm-env first
     make bench ARGS="--models tiny --threads 1"
 
-Each step is `grpo_cli.step.grpo_step`, the trainer's own step, and the phases are the ones it
+Each step is `grpo_cli.update.step.grpo_step`, the trainer's own step, and the phases are the ones it
 times (gen_s, score_s, update_s):
   generation  sampling n prompts x G completions (one batched, KV-cached `generate`, or the vLLM
               engine with --generator vllm) and the reward calls
@@ -45,20 +45,20 @@ from torch.profiler import ProfilerActivity
 from rich.console import Console
 from rich.table import Table
 
-from grpo_cli import step as step_fn  # a loop below names its counter `step`
-from grpo_cli import run as run_setup
+from grpo_cli.update import step as step_fn  # a loop below names its counter `step`
+from grpo_cli.run import build as run_setup
 from grpo_cli.choices import PRECISIONS
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
-from grpo_cli.data import PromptBatch, PromptOrder, arithmetic_problems
+from grpo_cli.rollout.data import PromptBatch, PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import group_seed
-from grpo_cli.generators import make_generator
-from grpo_cli.logprobs import enable_logprob_forward
-from grpo_cli.models import disable_dropout, load_model, load_tokenizer, resolve_device
-from grpo_cli.lora import adapter_disabled, add_adapter
-from grpo_cli.precision import training_precision
-from grpo_cli.runtime import prepare_process
-from grpo_cli.source import LocalSource
+from grpo_cli.rollout.generation import group_seed
+from grpo_cli.rollout.generators import make_generator
+from grpo_cli.models.logprobs import enable_logprob_forward
+from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer, resolve_device
+from grpo_cli.models.lora import adapter_disabled, add_adapter
+from grpo_cli.models.precision import training_precision
+from grpo_cli.models.runtime import prepare_process
+from grpo_cli.rollout.source import LocalSource
 from grpo_cli.rewards import build_reward, checked
 
 

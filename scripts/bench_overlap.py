@@ -96,7 +96,7 @@ def build_qwen_shape(out: Path, prompts: int, prompt_len: int) -> list[str]:
     rows = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(prompt_len)) for _ in range(prompts)]
     (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": ""}) + "\n" for p in rows))
     (out / "coin.py").write_text(REWARD)
-    from grpo_cli.models import load_tokenizer
+    from grpo_cli.models.loading import load_tokenizer
 
     assert len(load_tokenizer(str(out / "model"))(rows[0]).input_ids) == prompt_len, "the prompts must keep their length"
     return [f"model.path={out / 'model'}", "data=files", f"data.train_file={out / 'prompts.jsonl'}", "data.test_size=2",

@@ -49,12 +49,12 @@ def child(args) -> dict:
     import transformers
 
     from grpo_cli.config import TrainConfig
-    from grpo_cli.logprobs import enable_logprob_forward
-    from grpo_cli.memory import peak_resident_bytes
-    from grpo_cli.precision import Precision
-    from grpo_cli.rollout import Rollout
-    from grpo_cli.runtime import prepare_process
-    from grpo_cli.step import StepSettings, optimise, score
+    from grpo_cli.models.logprobs import enable_logprob_forward
+    from grpo_cli.models.memory import peak_resident_bytes
+    from grpo_cli.models.precision import Precision
+    from grpo_cli.update.batch import Rollout
+    from grpo_cli.models.runtime import prepare_process
+    from grpo_cli.update.step import StepSettings, optimise, score
 
     device = torch.device(args.device)
     prepare_process(args.threads, device)

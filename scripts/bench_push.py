@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     import torch.distributed as tdist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-    from grpo_cli.transport import buckets
+    from grpo_cli.procs.transport import buckets
 
     torch.set_num_threads(1)
     rank = 1 if a._rank1 else 0

@@ -4,7 +4,7 @@
     python scripts/build_tiny_model.py --out /tmp/t --steps 100
     python scripts/build_tiny_model.py --tools          # the tool-calling model, grpo_cli/assets/tiny_tools
 
-Deterministic for a given seed on CPU. See grpo_cli/tiny.py for what the warm-up does and why.
+Deterministic for a given seed on CPU. See grpo_cli/demo/tiny.py for what the warm-up does and why.
 """
 
 import argparse
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import torch
 
-from grpo_cli import tiny, tiny_tools
+from grpo_cli.demo import tiny
+from grpo_cli.demo import tiny_tools
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tools", action="store_true", help="build the tool-calling model (grpo_cli/tiny_tools.py)")
+    p.add_argument("--tools", action="store_true", help="build the tool-calling model (grpo_cli/demo/tiny_tools.py)")
     p.add_argument("--out", default=None, help="default: grpo_cli/assets/tiny (tiny_tools with --tools)")
     p.add_argument("--steps", type=int, default=None, help="supervised warm-up steps (default 1500; 1200 with --tools)")
     p.add_argument("--p-correct", type=float, default=0.35, help="share of warm-up targets that are right")

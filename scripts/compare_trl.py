@@ -80,7 +80,7 @@ def usage() -> dict:
 
 def default_prompts(steps: int) -> list[dict]:
     """grpo-cli's prompts for steps 1..steps, in order (32 per step): TRL reads them unshuffled."""
-    from grpo_cli.data import PromptOrder, arithmetic_problems
+    from grpo_cli.rollout.data import PromptOrder, arithmetic_problems
 
     train = arithmetic_problems(49, 200, 0)["train"]
     order = PromptOrder(len(train), 32, 0)
@@ -155,7 +155,7 @@ def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bo
     import compare_rewards as rewards
 
     if task == "default":
-        from grpo_cli.models import resolve_path
+        from grpo_cli.models.loading import resolve_path
 
         model, data, reward = resolve_path("builtin:tiny"), default_prompts(steps), rewards.exact
         shape = dict(num_generations=8, per_device_train_batch_size=64, gradient_accumulation_steps=4,

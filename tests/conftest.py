@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from grpo_cli import tiny
+from grpo_cli.demo import tiny
 
 
 @pytest.fixture(scope="session")
@@ -14,7 +14,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_dir):
-    from grpo_cli.models import load_model, load_tokenizer
+    from grpo_cli.models.loading import load_model, load_tokenizer
 
     return load_model(str(tiny_dir), device="cpu"), load_tokenizer(str(tiny_dir))
 
@@ -30,7 +30,7 @@ def chat_dir(tiny_dir, tmp_path):
     """The tiny model with CHAT_TEMPLATE as its chat template."""
     import shutil
 
-    from grpo_cli.models import load_tokenizer
+    from grpo_cli.models.loading import load_tokenizer
 
     out = tmp_path / "chat"
     shutil.copytree(tiny_dir, out)

@@ -4,18 +4,21 @@ import json
 
 import torch
 
-from grpo_cli import run as run_setup, source, step, trainer
+from grpo_cli.run import build as run_setup
+from grpo_cli.rollout import source
+from grpo_cli.update import step
+from grpo_cli.run import trainer
 from grpo_cli.config import TrainConfig
-from grpo_cli.console import Console
-from grpo_cli.models import load_model, load_tokenizer
+from grpo_cli.run.console import Console
+from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.rewards import build_reward
-from grpo_cli.distributed import SINGLE
-from grpo_cli.generation import HFGenerator
-from grpo_cli.policies import RunPolicies
-from grpo_cli.precision import Precision
-from grpo_cli.rollout import Rollout
-from grpo_cli.data import PromptBatch
-from grpo_cli.step import Policies
+from grpo_cli.models.distributed import SINGLE
+from grpo_cli.rollout.generation import HFGenerator
+from grpo_cli.update.policies import RunPolicies
+from grpo_cli.models.precision import Precision
+from grpo_cli.update.batch import Rollout
+from grpo_cli.rollout.data import PromptBatch
+from grpo_cli.update.step import Policies
 
 
 def small_config(**algo) -> TrainConfig:

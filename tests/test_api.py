@@ -8,8 +8,8 @@ from helpers import FAST, read_jsonl
 
 
 def test_train_evaluate_and_sample_from_python_with_a_notebook_reward(tmp_path):
-    import grpo_cli.evaluation  # noqa: F401  (every module loaded first: no submodule shadows a function)
-    import grpo_cli.sampling  # noqa: F401
+    import grpo_cli.commands.evaluation  # noqa: F401  (every module loaded first: no submodule shadows a function)
+    import grpo_cli.commands.sampling  # noqa: F401
     from grpo_cli import GrpoError, evaluate, sample, train
 
     assert all(callable(f) and not isinstance(f, type(grpo_cli)) for f in (train, evaluate, sample))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_cli.cli import main
-from grpo_cli.models import resolve_path
+from grpo_cli.models.loading import resolve_path
 from helpers import FAST
 
 FAST = [*FAST, "trainer.log_completions_every=0"]
@@ -284,7 +284,7 @@ CASES = [
     (TRAIN + " env.max_tokens=0", "env.max_tokens=0 must be >= 1"),
     (TRAIN + " env.timeout_s=-1", "env.timeout_s=-1.0 must be > 0"),
     (TRAIN + " env.tool_format=json", "env.tool_format='json' must be one of hermes"),
-    (TRAIN + " env.tools=[grpo_cli.demo_tools:add]", "env.tools needs the chat template"),
+    (TRAIN + " env.tools=[grpo_cli.demo.tools:add]", "env.tools needs the chat template"),
     (TRAIN + " env.tools=[/missing.py:f] data.chat_template=true", "env.tools=/missing.py:f: there is no file /missing.py"),
     (TRAIN + " env.tools=[no_such_module_xyz:f] data.chat_template=true",
      "env.tools='no_such_module_xyz:f' cannot be imported"),
@@ -417,7 +417,7 @@ def test_a_full_disk_during_a_save_is_one_sentence_and_keeps_the_previous_checkp
         assert "the disk is full" in text
         saved = sorted(p.name for p in (disk / "run" / "checkpoints").iterdir())
         assert "step-1" in saved and not any(name.startswith(".tmp") for name in saved)
-        from grpo_cli.checkpoint import load_state
+        from grpo_cli.run.checkpoint import load_state
 
         assert load_state(disk / "run" / "checkpoints" / "step-1")["step"] == 1
     finally:

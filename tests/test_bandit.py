@@ -1,4 +1,4 @@
-"""Expectations of grpo_cli.objective on a K-armed bandit, computed by exact enumeration.
+"""Expectations of grpo_cli.algo.objective on a K-armed bandit, computed by exact enumeration.
 
 The policy is a categorical pi = softmax(theta) over K = 5 actions (float64 logits); a completion
 is a single token, so every "sequence" has T = 1. Because the action set is tiny, an expectation
@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from grpo_cli.objective import (
+from grpo_cli.algo.objective import (
     AGGREGATIONS,
     RATIO_LEVELS,
     group_advantages,

@@ -10,12 +10,14 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from grpo_cli import source, step, tiny
+from grpo_cli.rollout import source
+from grpo_cli.update import step
+from grpo_cli.demo import tiny
 from helpers import SMALL, grpo, grpo_process, read_jsonl
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import HFGenerator
-from grpo_cli.data import PromptBatch
+from grpo_cli.rollout.generation import HFGenerator
+from grpo_cli.rollout.data import PromptBatch
 from grpo_cli.rewards import build_reward
 
 OWN_DATA = ["trainer.steps=2", *SMALL, "trainer.save_every=1000"]  # the data is the test's own files
@@ -129,7 +131,7 @@ def test_a_reward_model_scores_only_as_many_tokens_as_its_tokenizer_allows(tmp_p
 def test_a_device_torch_does_not_know_is_one_sentence_naming_its_option(tmp_path):
     import torch
 
-    from grpo_cli.models import resolve_device
+    from grpo_cli.models.loading import resolve_device
 
     with pytest.raises(GrpoError, match="model.device=gpu is not a device torch knows; use model.device=auto"):
         resolve_device("gpu")
@@ -213,7 +215,7 @@ def test_combo_logs_each_term_and_trains_on_the_weighted_sum(tmp_path, capsys):
 
 def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kept_groups(reward_module):
     from grpo_cli.config import TrainConfig
-    from grpo_cli.models import load_model, load_tokenizer
+    from grpo_cli.models.loading import load_model, load_tokenizer
 
     spec = reward_module("def score(completions, level, **kw):\n    return [float(x * (i % 2)) for i, x in enumerate(level)]\n")
     reward = build_reward(RewardConfig(name="combo", terms=["python", "length"], weights=[2.0, 1.0],

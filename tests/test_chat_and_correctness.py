@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 from helpers import grpo
 from grpo_cli.config import RewardConfig
-from grpo_cli.scoring import Draws, greedy_scores, pass_at_k, sampled_scores
-from grpo_cli.generation import HFGenerator
+from grpo_cli.rollout.scoring import Draws, greedy_scores, pass_at_k, sampled_scores
+from grpo_cli.rollout.generation import HFGenerator
 from grpo_cli.rewards import Judge, build_reward
 
 # One step with held-out scoring on: what a chat run prints and writes.
@@ -35,7 +35,7 @@ def prompt_ids(monkeypatch):
 
 
 def test_sample_and_evaluate_prompt_a_chat_model_with_the_ids_training_used(chat_dir, tmp_path, prompt_ids, capsys):
-    from grpo_cli.models import load_tokenizer
+    from grpo_cli.models.loading import load_tokenizer
 
     run = tmp_path / "run"
     assert grpo("train", f"model.path={chat_dir}", f"output_dir={run}", *ONE_STEP, "data.chat_template=true",
@@ -125,8 +125,8 @@ def test_correct_follows_a_threshold_a_max_reward_attribute_or_the_answer_rule(p
 
 
 def test_a_real_model_path_on_the_built_in_settings_gets_one_note_and_a_preset_does_not(tiny_dir):
-    from grpo_cli.compose import compose_config
-    from grpo_cli.run import builtin_settings_note
+    from grpo_cli.commands.compose import compose_config
+    from grpo_cli.run.build import builtin_settings_note
 
     plain = compose_config("train", [f"model.path={tiny_dir}"])
     note = builtin_settings_note(plain)
@@ -136,7 +136,7 @@ def test_a_real_model_path_on_the_built_in_settings_gets_one_note_and_a_preset_d
 
 
 def test_a_hub_id_that_cannot_be_reached_fails_in_seconds_with_one_sentence(monkeypatch, capsys):
-    import grpo_cli.hub as hub
+    import grpo_cli.models.hub as hub
 
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
     from huggingface_hub import constants

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import FAST, TIMING, grpo as grpo_in_process, grpo_process as grpo, read_jsonl as read_rows
-from grpo_cli.models import resolve_path
+from grpo_cli.models.loading import resolve_path
 
 def run_in_process(*args):
     code = grpo_in_process(*args)
@@ -76,7 +76,7 @@ def test_an_unwritable_output_dir_is_reported_before_any_work(tiny_dir, tmp_path
 
 def test_a_model_directory_of_an_unknown_architecture_is_one_sentence(tmp_path):
     from grpo_cli.errors import GrpoError
-    from grpo_cli.models import load_model, load_tokenizer
+    from grpo_cli.models.loading import load_model, load_tokenizer
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
     with pytest.raises(GrpoError, match="^Could not load a tokenizer from "):
@@ -127,7 +127,7 @@ def test_a_local_model_directory_of_another_architecture_trains(tmp_path):
     """model.path= takes any Hugging Face causal LM directory (here a random tiny Qwen2, built offline)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_cli import tiny
+    from grpo_cli.demo import tiny
 
     tok = tiny.build_tokenizer()
     torch.manual_seed(0)
@@ -151,7 +151,7 @@ def test_outside_a_terminal_progress_is_a_plain_line_per_log_every_steps(tmp_pat
 
 
 def test_outside_a_terminal_a_long_warning_stays_on_one_line(capsys):
-    from grpo_cli.console import Console
+    from grpo_cli.run.console import Console
 
     message = "this warning is long " * 12  # ~250 characters, far past 80 columns
     Console().warn(message.strip())

@@ -107,7 +107,7 @@ def test_bad_tests_are_named_with_the_row_and_the_fix():
 
 
 def test_every_built_in_code_problems_reference_program_passes_its_tests_in_the_sandbox():
-    from grpo_cli.code_tasks import code_problems
+    from grpo_cli.rollout.code_tasks import code_problems
 
     data = code_problems()
     rows = [r for split in ("train", "test") for r in data[split]]

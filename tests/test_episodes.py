@@ -1,4 +1,4 @@
-"""Multi-turn episodes (grpo_cli/episodes.py): token-exact trajectories, environment tokens outside the
+"""Multi-turn episodes (grpo_cli/rollout/episodes.py): token-exact trajectories, environment tokens outside the
 loss, one forward per episode, TRL-style tools and environments unchanged, failures as observations.
 
 Most tests drive a small random Llama whose tokenizer and chat template follow Qwen2.5's tool format
@@ -20,14 +20,14 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig, TrainConfig
-from grpo_cli.console import Console
-from grpo_cli.environments import EnvSpec, parse_hermes
+from grpo_cli.run.console import Console
+from grpo_cli.rollout.environments import EnvSpec, parse_hermes
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import HFGenerator, Sampling
-from grpo_cli.generators import GENERATORS, make_generator, register_generator
-from grpo_cli.logprobs import token_logprobs
-from grpo_cli.models import load_model, load_tokenizer
-from grpo_cli.objective import LossInputs, policy_loss
+from grpo_cli.rollout.generation import HFGenerator, Sampling
+from grpo_cli.rollout.generators import GENERATORS, make_generator, register_generator
+from grpo_cli.models.logprobs import token_logprobs
+from grpo_cli.models.loading import load_model, load_tokenizer
+from grpo_cli.algo.objective import LossInputs, policy_loss
 from grpo_cli.rewards.python_fn import load_function
 
 INPUTS = __import__("pathlib").Path(__file__).parent / "inputs"
@@ -239,7 +239,7 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
     """Counter (tests/inputs/trl_env.py) as TRL's environment_factory, add as a standalone tool: reset() text
     joins the prompt, both methods are tools, get_reward() is a reward term named Counter (weight 1), and the
     whole transcript reaches completions.jsonl; the episodes' environment calls are counted."""
-    from grpo_cli.trainer import train
+    from grpo_cli.run.trainer import train
 
     Scripted.SCRIPT = [call("increment", step=3), call("read"), call("add", a=1, b=2), "done"]
     load_function("trl_env.py:Counter", str(INPUTS)).prompts.clear()
@@ -269,7 +269,7 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
 
 
 def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are_counted(qwen_dir, scripted, tmp_path):
-    from grpo_cli.trainer import train
+    from grpo_cli.run.trainer import train
 
     Scripted.SCRIPT = [call("broken", x=1) + "\n" + call("slow", x=1) + "\n" + call("numbers", n=3) + "\n"
                        + call("nope") + "\n<tool_call>{oops</tool_call>\n" + call("quits", x=1) + "\n"

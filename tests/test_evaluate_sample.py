@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from grpo_cli.config import EvaluateConfig
-from grpo_cli.checks import check_evaluate as check_evaluate_config
-from grpo_cli.evaluation import checkpoints_to_evaluate
-from grpo_cli.scoring import maj_at_k, majority, pass_at_k
+from grpo_cli.run.checks import check_evaluate as check_evaluate_config
+from grpo_cli.commands.evaluation import checkpoints_to_evaluate
+from grpo_cli.rollout.scoring import maj_at_k, majority, pass_at_k
 from helpers import FAST, TIMING, grpo, read_jsonl
 
 SHOWN = ["trainer.save_every=1", "trainer.eval_every=1", "trainer.log_completions_every=1"]

@@ -29,8 +29,8 @@ def conversational_jsonl(path: Path, rows: int = 8) -> Path:
 
 def test_conversational_prompts_are_rendered_by_the_chat_template_system_message_included(chat_dir, tmp_path):
     from grpo_cli.config import DataConfig
-    from grpo_cli.data import load_data
-    from grpo_cli.models import load_tokenizer
+    from grpo_cli.rollout.data import load_data
+    from grpo_cli.models.loading import load_tokenizer
 
     file = conversational_jsonl(tmp_path / "chat.jsonl")
     cfg = DataConfig(name="files", train_file=str(file), test_size=0.25, answer_field="solution", chat_template=True)
@@ -175,7 +175,7 @@ def test_a_preset_of_one_s_own_under_config_dir_passes_the_pre_check_and_trains(
 def test_precision_auto_follows_the_cpu_s_own_capability_report(monkeypatch, avx512_bf16, amx, ratio, want):
     import torch
 
-    from grpo_cli import precision
+    from grpo_cli.models import precision
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -193,7 +193,7 @@ def test_precision_auto_follows_the_cpu_s_own_capability_report(monkeypatch, avx
 def test_the_first_lines_of_a_run_say_which_precision_auto_chose_and_why(monkeypatch, capsys, tmp_path):
     import torch
 
-    from grpo_cli import precision
+    from grpo_cli.models import precision
     from helpers import FAST, grpo
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
@@ -269,10 +269,10 @@ def test_help_and_cfg_job_answer_in_under_two_seconds_and_a_run_s_first_line_in_
 def test_evaluate_and_sample_override_the_saved_settings_key_by_key(tmp_path):
     from dataclasses import asdict
 
-    from grpo_cli.checkpoint import CONFIG_FILE, write_config
-    from grpo_cli.compose import compose_config
-    from grpo_cli.console import Console
-    from grpo_cli.inference import with_training_settings
+    from grpo_cli.run.checkpoint import CONFIG_FILE, write_config
+    from grpo_cli.commands.compose import compose_config
+    from grpo_cli.run.console import Console
+    from grpo_cli.commands.inference import with_training_settings
 
     trained = compose_config("train", ["sampler.max_new_tokens=24", "sampler.temperature=0.7", "data.chat_template=true"])
     write_config(tmp_path / CONFIG_FILE, asdict(trained))
@@ -291,7 +291,7 @@ def test_evaluate_and_sample_override_the_saved_settings_key_by_key(tmp_path):
 def test_the_held_out_curve_ends_at_the_last_step_scored_once_and_a_short_run_leaves_completions(
         tmp_path, monkeypatch, steps, evals_at):
     from grpo_cli.cli import main
-    from grpo_cli.held_out import HeldOut
+    from grpo_cli.rollout.held_out import HeldOut
     from helpers import SMALL, SMALL_DATA
 
     calls = []
@@ -308,7 +308,7 @@ def test_the_held_out_curve_ends_at_the_last_step_scored_once_and_a_short_run_le
 
 
 def test_the_readme_s_trl_table_is_the_one_the_suggester_reads():
-    from grpo_cli.compose import TRL_NAMES, schema_keys
+    from grpo_cli.commands.compose import TRL_NAMES, schema_keys
     from grpo_cli.config import schema_of
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from grpo_cli.distributed import SINGLE
-from grpo_cli.metrics import StepMetrics
-from grpo_cli.objective import LossInputs, policy_loss, sampler_correction_weight
-from grpo_cli.step import record_mismatch
-from grpo_cli.vllm_engine import fingerprint, full_weights
+from grpo_cli.models.distributed import SINGLE
+from grpo_cli.update.metrics import StepMetrics
+from grpo_cli.algo.objective import LossInputs, policy_loss, sampler_correction_weight
+from grpo_cli.update.step import record_mismatch
+from grpo_cli.rollout.vllm_engine import fingerprint, full_weights
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -56,8 +56,8 @@ def test_mismatch_metrics_by_hand():
 def _lora(tiny_dir, r=4):
     from types import SimpleNamespace
 
-    from grpo_cli.lora import add_adapter
-    from grpo_cli.models import load_model
+    from grpo_cli.models.lora import add_adapter
+    from grpo_cli.models.loading import load_model
 
     model = add_adapter(load_model(str(tiny_dir), device="cpu"), SimpleNamespace(
         r=r, alpha=8.0, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"]))
@@ -91,7 +91,7 @@ def test_full_weights_of_a_lora_policy_equal_peft_s_merge_and_leave_the_policy_u
 
 def test_the_fingerprint_changes_exactly_when_the_sampling_weights_do(tiny_dir):
     pytest.importorskip("peft", reason="peft is not installed (the peft extra)")
-    from grpo_cli.lora import AdapterCopy
+    from grpo_cli.models.lora import AdapterCopy
 
     model = _lora(tiny_dir)
     first = fingerprint(model)

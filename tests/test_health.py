@@ -1,4 +1,4 @@
-"""Health checks (grpo_cli/health.py): each rule fires on rows made to break it and stays quiet just
+"""Health checks (grpo_cli/run/health.py): each rule fires on rows made to break it and stays quiet just
 short of its threshold; runs built to break (completions cut at one token, a constant reward, a reward
 that leaks memory) fire their rule, in metrics.jsonl and the summary, and `trainer.health=stop` saves a
 checkpoint and stops with one sentence. The full default run fires none (slow lane)."""
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_cli import health
-from grpo_cli.health import Health
+from grpo_cli.run import health
+from grpo_cli.run.health import Health
 from helpers import grpo_process, read_jsonl
 
 CFG = SimpleNamespace(sampler=SimpleNamespace(max_new_tokens=6), trainer=SimpleNamespace(zero_variance_warn_steps=5))

@@ -1,6 +1,6 @@
-"""The shape of the package: no import cycle (lazy imports inside functions included), no module over
-450 lines, no function over 60 lines or with more than 12 parameters, so every file reads in a sitting
-and `train` and the step stay readable."""
+"""The shape of the package: a sub-package per stage with imports flowing one way between them, no import
+cycle (lazy imports inside functions included), no module over 450 lines, no function over 60 lines or
+with more than 12 parameters, so every file reads in a sitting and `train` and the step stay readable."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "grpo_cli"
 MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 12
 MAX_MODULE_LINES = 450
+# The stages, bottom up: a package imports only from those before it and from the shared root modules.
+STAGES = ("procs", "models", "algo", "rewards", "update", "rollout", "demo", "run", "commands")
+SHARED = ("errors", "choices", "registry", "config", "conf")
 
 
 def _module_name(path: Path) -> str:
@@ -85,7 +88,7 @@ def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path):
 
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
-    assert len(graph) > 30 and graph["grpo_cli.trainer"]  # the walk saw the package
+    assert len(graph) > 30 and graph["grpo_cli.run.trainer"]  # the walk saw the package
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
@@ -131,11 +134,49 @@ def test_no_module_is_longer_than_a_sitting():
     assert not big, f"modules over {MAX_MODULE_LINES} lines: " + "; ".join(big)
 
 
-def test_the_readme_layout_names_every_module():
+def _stage(module: str) -> str | None:
+    """A module's stage package; None for a root module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGES) else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports against the stages' order (a root module other than the shared ones is an entry point)."""
+    upward = []
+    for module, targets in graph.items():
+        here = _stage(module)
+        for target in targets:
+            there, root = _stage(target), target.split(".")[1]
+            if there is None and root in SHARED:
+                continue  # the shared vocabulary
+            if here is None and module.split(".")[-1] not in SHARED:
+                continue  # an entry point (cli, api) may import any stage
+            if there is None or here is None or STAGES.index(there) > STAGES.index(here):
+                upward.append(f"{module} -> {target}")
+    return sorted(upward)
+
+
+def test_imports_flow_one_way_between_the_stages():
+    assert upward_imports({"grpo_cli.models.x": {"grpo_cli.update.y", "grpo_cli.errors"},
+                           "grpo_cli.update.y": {"grpo_cli.models.x"}, "grpo_cli.cli": {"grpo_cli.run.z"},
+                           "grpo_cli.config": {"grpo_cli.cli"}}) == ["grpo_cli.config -> grpo_cli.cli",
+                                                                    "grpo_cli.models.x -> grpo_cli.update.y"]
+    graph = import_graph()
+    assert {_stage(m) for m in graph} - {None} == set(STAGES)  # every package is a stage, in the order
+    upward = upward_imports(graph)
+    assert not upward, "imports against the stages' order: " + "; ".join(upward)
+
+
+def test_the_readme_layout_names_every_package_and_module():
     readme = (PACKAGE.parent / "README.md").read_text()
     layout = readme[readme.index("Layout, by stage"):]
     layout = layout[: layout.index("`tests/test_house.py` keeps the house so")]
     named = set(re.findall(r"`([\w/]+\.py|\w+/)`", layout))
     modules = {p.name for p in PACKAGE.glob("*.py")} | {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    missing = sorted(modules - named - {"__init__.py"})
+    modules |= {p.name for stage in STAGES for p in (PACKAGE / stage).glob("*.py")}
+    rewards = {p.name for p in (PACKAGE / "rewards").glob("*.py")} - {"reward_pool.py", "reward_worker.py"}
+    missing = sorted(modules - named - rewards - {"__init__.py"})  # the rewards: "one module per reward"
     assert not missing, f"README's layout does not name: {', '.join(missing)}"
+    for stage in STAGES:  # and each package says what lives there, in its docstring's first line
+        doc = ast.get_docstring(ast.parse((PACKAGE / stage / "__init__.py").read_text()))
+        assert doc and doc.splitlines()[0].endswith("."), stage

@@ -9,18 +9,18 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grpo_cli import step
+from grpo_cli.update import step
 from grpo_cli.cli import main
 from grpo_cli.config import LoraConfig, TrainConfig
-from grpo_cli.console import Console
+from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import HFGenerator, Sampling
-from grpo_cli.logprobs import token_logprobs
-from grpo_cli.lora import AdapterCopy, adapter_disabled, add_adapter, adapter_state
-from grpo_cli.models import load_model, load_tokenizer
-from grpo_cli.policies import RunPolicies, load_policy
-from grpo_cli.precision import Precision
-from grpo_cli.trainer import train
+from grpo_cli.rollout.generation import HFGenerator, Sampling
+from grpo_cli.models.logprobs import token_logprobs
+from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, adapter_state
+from grpo_cli.models.loading import load_model, load_tokenizer
+from grpo_cli.update.policies import RunPolicies, load_policy
+from grpo_cli.models.precision import Precision
+from grpo_cli.run.trainer import train
 from helpers import SMALL, SMALL_DATA, generate, grpo, metric_rows
 
 TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "model.lora.r=8", "optimizer.lr=2e-3"]
@@ -126,7 +126,7 @@ def test_final_is_a_merged_model_with_the_same_greedy_completions_and_final_adap
     tok = load_tokenizer(str(tmp_path / "final"))
     prompts = [f"{a}+{b}=" for a in range(10) for b in range(0, 10, 3)]
     greedy = Sampling(6, greedy=True)
-    from grpo_cli.logprobs import enable_logprob_forward
+    from grpo_cli.models.logprobs import enable_logprob_forward
 
     enable_logprob_forward(merged)
     a = HFGenerator(tok).generate(merged, prompts, 1, greedy).completions
@@ -168,7 +168,7 @@ def test_lora_with_bf16_mixed_and_gradient_checkpointing_trains_a_float32_adapte
 
 
 def test_ref_refresh_under_lora_and_qlora_on_cpu_are_refused_with_one_sentence(tmp_path):
-    from grpo_cli.checks import check_train as check_config
+    from grpo_cli.run.checks import check_train as check_config
 
     cfg = lora_cfg(ref_refresh=10)
     with pytest.raises(GrpoError, match="algo.ref_refresh copies the policy into a second model"):

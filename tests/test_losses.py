@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from grpo_cli.losses import POLICY_LOSSES, register_loss
-from grpo_cli.objective import LossInputs, policy_loss
+from grpo_cli.algo.losses import POLICY_LOSSES, register_loss
+from grpo_cli.algo.objective import LossInputs, policy_loss
 
 
 def _logps(*probs: float) -> torch.Tensor:
@@ -81,7 +81,7 @@ def test_entropy_bonus_subtracts_coef_times_the_steps_token_mean_entropy():
 
 
 def test_entropy_with_gradient_matches_a_full_vocabulary_computation(tiny_model):
-    from grpo_cli.logprobs import token_logprobs
+    from grpo_cli.models.logprobs import token_logprobs
 
     model, _ = tiny_model
     torch.manual_seed(0)
@@ -117,5 +117,5 @@ def test_the_loss_registry_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, grpo_cli.losses, grpo_cli.checks; print('torch' in sys.modules)"
+    code = "import sys, grpo_cli.algo.losses, grpo_cli.run.checks; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -18,7 +18,7 @@ import torch
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-trl installs it)")
 
-from grpo_cli.objective import LossInputs, policy_loss  # noqa: E402
+from grpo_cli.algo.objective import LossInputs, policy_loss  # noqa: E402
 
 pytestmark = pytest.mark.trl
 

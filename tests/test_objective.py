@@ -1,4 +1,4 @@
-"""The seed math of grpo_cli.objective, checked against hand numbers and loop-written references."""
+"""The seed math of grpo_cli.algo.objective, checked against hand numbers and loop-written references."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import floats
 
-from grpo_cli.objective import (
+from grpo_cli.algo.objective import (
     AGGREGATIONS,
     RATIO_LEVELS,
     group_advantages,
@@ -426,7 +426,7 @@ def test_rloo_advantages_are_the_leave_one_out_baseline_worked_by_hand():
     completion and a flat group get 0 (advantages.py). The numbers are worked by hand."""
     from types import SimpleNamespace
 
-    from grpo_cli.advantages import ADVANTAGES
+    from grpo_cli.algo.advantages import ADVANTAGES
 
     nan = float("nan")
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0],  # 1 - 1/3 = 2/3; 0 - 2/3 = -2/3

@@ -7,15 +7,15 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from grpo_cli import generation
+from grpo_cli.rollout import generation
 from grpo_cli.config import LoraConfig
-from grpo_cli.distributed import Dist
-from grpo_cli.logprobs import can_pack, enable_logprob_forward, token_logprobs
-from grpo_cli.objective import LossInputs, policy_loss
-from grpo_cli.precision import Precision
-from grpo_cli.rollout import Rollout
-from grpo_cli.packer import LAYOUTS, largest_micro_batch, pack, pack_padded
-from grpo_cli.step import StepBatch, StepSettings, optimise
+from grpo_cli.models.distributed import Dist
+from grpo_cli.models.logprobs import can_pack, enable_logprob_forward, token_logprobs
+from grpo_cli.algo.objective import LossInputs, policy_loss
+from grpo_cli.models.precision import Precision
+from grpo_cli.update.batch import Rollout
+from grpo_cli.models.packer import LAYOUTS, largest_micro_batch, pack, pack_padded
+from grpo_cli.update.step import StepBatch, StepSettings, optimise
 from helpers import generate
 
 PAD = 0
@@ -120,7 +120,7 @@ def test_packed_and_padded_give_the_same_loss_and_gradients_in_fp32():
 
 
 def test_packed_and_padded_give_the_same_loss_and_gradients_under_lora():
-    from grpo_cli.lora import add_adapter
+    from grpo_cli.models.lora import add_adapter
 
     model = add_adapter(llama(), LoraConfig(r=4))
     for p in model.parameters():  # a non-zero adapter, so its gradients are not trivially alike
@@ -220,7 +220,7 @@ def test_token_budget_micro_batches_give_the_whole_batch_s_loss_and_update(packi
                      _settings(max_tokens=20, packing=packing)):
         model = llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        from grpo_cli.metrics import StepMetrics
+        from grpo_cli.update.metrics import StepMetrics
 
         record = StepMetrics()
         _, norm = optimise(model, optimizer, _rollout(ids, mask, cmask), settings, Precision("fp32"), record=record,

@@ -9,12 +9,12 @@ import json
 import pytest
 
 from grpo_cli.config import TrainConfig
-from grpo_cli.console import Console
+from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
-from grpo_cli.generation import HFGenerator
-from grpo_cli.generators import GENERATORS, register_generator
-from grpo_cli.losses import POLICY_LOSSES, register_loss
-from grpo_cli.trainer import train
+from grpo_cli.rollout.generation import HFGenerator
+from grpo_cli.rollout.generators import GENERATORS, register_generator
+from grpo_cli.algo.losses import POLICY_LOSSES, register_loss
+from grpo_cli.run.trainer import train
 
 
 class RecordingGenerator(HFGenerator):
@@ -82,7 +82,7 @@ def test_a_generator_and_a_loss_registered_outside_the_package_train_end_to_end(
 
 
 def test_a_generator_missing_a_member_of_the_protocol_is_refused_when_built(plugins):
-    from grpo_cli.generators import make_generator
+    from grpo_cli.rollout.generators import make_generator
 
     class NoCapabilities:  # generates, but declares none of the capabilities the step asks
         def __init__(self, tokenizer, settings, **placement):
@@ -95,7 +95,7 @@ def test_a_generator_missing_a_member_of_the_protocol_is_refused_when_built(plug
 
     register_generator("incomplete", NoCapabilities)
     try:
-        with pytest.raises(TypeError, match="does not have every member of grpo_cli.generators.Generator"):
+        with pytest.raises(TypeError, match="does not have every member of grpo_cli.rollout.generators.Generator"):
             make_generator(type("S", (), {"name": "incomplete"})(), None, chat_template=False, precision=None,
                            device="cpu")
     finally:

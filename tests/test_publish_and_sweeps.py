@@ -92,7 +92,7 @@ def test_final_has_a_model_card_with_the_base_model_settings_metrics_and_command
 
 
 def test_hub_push_is_refused_up_front_when_the_hub_cannot_be_reached(tmp_path, monkeypatch, capsys):
-    import grpo_cli.hub as hub
+    import grpo_cli.models.hub as hub
 
     monkeypatch.setattr(hub, "_HUB_STATE", "hub.invalid: Name or service not known")
     with pytest.raises(SystemExit) as e:
@@ -108,7 +108,7 @@ def test_hub_push_is_refused_up_front_when_the_hub_cannot_be_reached(tmp_path, m
 def test_hub_push_uploads_final_with_its_card(tmp_path, monkeypatch):
     import huggingface_hub
 
-    import grpo_cli.hub as hub
+    import grpo_cli.models.hub as hub
 
     calls = []
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.cli import main
-from grpo_cli.compose import check_command_line
+from grpo_cli.commands.compose import check_command_line
 from grpo_cli.config import register_configs, schema_of
 
 README = Path(__file__).resolve().parent.parent / "README.md"

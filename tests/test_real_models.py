@@ -15,18 +15,20 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from grpo_cli import run as run_setup, step, trainer
+from grpo_cli.run import build as run_setup
+from grpo_cli.update import step
+from grpo_cli.run import trainer
 from grpo_cli.config import TrainConfig
-from grpo_cli.console import Console
-from grpo_cli.distributed import SINGLE
+from grpo_cli.run.console import Console
+from grpo_cli.models.distributed import SINGLE
 from grpo_cli.errors import GrpoError
-from grpo_cli.metrics import StepMetrics
-from grpo_cli.generation import HFGenerator, Sampling, encode_prompts, eos_token_ids
-from grpo_cli.logprobs import enable_logprob_forward, token_logprobs
-from grpo_cli.models import disable_dropout, load_model, load_tokenizer
-from grpo_cli.objective import LossInputs, group_advantages, policy_loss
-from grpo_cli.policies import RunPolicies
-from grpo_cli.precision import Precision, check_pure_bf16_lr
+from grpo_cli.update.metrics import StepMetrics
+from grpo_cli.rollout.generation import HFGenerator, Sampling, encode_prompts, eos_token_ids
+from grpo_cli.models.logprobs import enable_logprob_forward, token_logprobs
+from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
+from grpo_cli.algo.objective import LossInputs, group_advantages, policy_loss
+from grpo_cli.update.policies import RunPolicies
+from grpo_cli.models.precision import Precision, check_pure_bf16_lr
 from helpers import floats, generate
 from ranks import run_ranks
 
@@ -290,7 +292,7 @@ def test_constant_norm_divides_by_sampler_max_new_tokens_not_the_batch_s_longest
 
 
 def test_dropout_is_off_in_every_loaded_model(tmp_path):
-    from grpo_cli import tiny
+    from grpo_cli.demo import tiny
 
     tok = tiny.build_tokenizer()
     torch.manual_seed(0)
@@ -325,7 +327,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
 
 
 def test_trainer_threads_sets_torch_s_intra_op_threads():
-    from grpo_cli.runtime import set_threads
+    from grpo_cli.models.runtime import set_threads
 
     before = torch.get_num_threads()
     try:
@@ -336,7 +338,7 @@ def test_trainer_threads_sets_torch_s_intra_op_threads():
 
 ALLOCATION_LOOP = """
 import json, resource, torch
-from grpo_cli.runtime import reuse_freed_memory
+from grpo_cli.models.runtime import reuse_freed_memory
 applied = reuse_freed_memory()
 faults = []
 for _ in range(40):  # a step's pattern: large blocks of two dtypes and temporaries, all freed at the end
@@ -406,7 +408,7 @@ def test_chat_template_prompt_ids_equal_apply_chat_template_s_with_one_bos():
 
 def test_the_data_pipeline_renders_chat_prompts_that_encode_to_apply_chat_template_s_ids():
     from grpo_cli.config import DataConfig
-    from grpo_cli.data import load_data
+    from grpo_cli.rollout.data import load_data
 
     tok = chat_tokenizer()
     cfg = DataConfig(name="arithmetic", max_operand=9, num_test=5, chat_template=True, system_prompt="there",

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli.checkpoint import experiment_diff, list_checkpoints, load_state
+from grpo_cli.run.checkpoint import experiment_diff, list_checkpoints, load_state
 from grpo_cli.cli import main
-from grpo_cli.console import MetricsLog
-from grpo_cli.stopping import GracefulStop
+from grpo_cli.run.console import MetricsLog
+from grpo_cli.run.stopping import GracefulStop
 from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows, wait_for
 
 TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8"]
@@ -236,7 +236,7 @@ def test_a_sweep_with_a_bad_value_in_one_combination_stops_before_any_job_runs(t
 def test_a_sweep_job_that_crashes_with_a_bug_ends_the_sweep_with_its_trace_and_no_summary(tmp_path, monkeypatch, capsys):
     """Unlike a user mistake (a failed row in the table, exit 2), a bug keeps its trace: Hydra re-raises
     it once the batch has run, so there is no sweep table or sweep.csv, and the exit code is Hydra's 1."""
-    from grpo_cli import run
+    from grpo_cli.run import build as run
 
     def bug(cfg):
         raise RuntimeError("a bug in grpo_cli")

@@ -11,7 +11,7 @@ import torch
 
 from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.objective import group_advantages
+from grpo_cli.algo.objective import group_advantages
 from grpo_cli.rewards import build_reward
 from helpers import grpo_process, read_jsonl
 

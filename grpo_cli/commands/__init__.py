@@ -1,0 +1,1 @@
+"""The commands besides training: composing and checking configs, --help, evaluate, sample, sweeps."""

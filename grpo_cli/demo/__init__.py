@@ -1,0 +1,1 @@
+"""The built-in demo: the tiny models trained at build time and the calculator tool."""

@@ -1,0 +1,181 @@
+"""Token log-probabilities through the model's own forward, lean under gradient.
+
+`enable_logprob_forward(model)` gives a causal LM's `forward` one more keyword, `logprobs=`: with a
+`LogProbRequest`, forward runs the model's body, then applies the LM head a chunk of positions at a
+time and returns `(logp [B, T], entropy [B, T] or None)` for the last T tokens of each row instead of
+logits. Because this happens inside `forward`, every wrapper's hooks run: DDP's gradient all-reduce,
+FSDP's unshard and reshard, PEFT's adapters (and `disable_adapter()`). Without `logprobs=`, forward is
+the model's own, so generation and `save_pretrained` are unaffected.
+
+Memory: each chunk's head runs under activation checkpointing, so the backward keeps the hidden
+states (which the body's backward needs anyway) and per-token results, never a float32
+[positions, vocab] tensor: with Qwen's 151,936-token vocabulary a 64 x 512-token micro-batch would
+otherwise hold 18 GiB of logits for backward. The price is one more head forward per chunk in the
+backward pass.
+
+Models whose forward transforms logits after the head (Gemma's soft-capping, Cohere's and Granite's
+scaling) are scored through their own full forward instead (`logits_to_keep`), which is exact but
+keeps [B, T, vocab] logits.
+
+Packing (docs/math.md "Packed batches"): no pad token enters the forward. The packer (packer.py) lays a
+micro-batch's rows end to end in bins, with position ids restarting at 0 for every row; transformers
+reads the restarts as sequence boundaries (its packed-sequence support: a block-diagonal causal mask for
+sdpa and eager, variable-length kernels for flash attention), so a token attends to its own row only and
+sees exactly the positions the padded forward gives it. Only the states that predict a completion token
+go through the head, and the results land on the micro-batch's [b, T] completion columns (0 where a row
+has no token), where the loss reads them.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from grpo_cli.models.packer import Packed, pack_padded
+
+# Positions per head chunk: about 64M logits (256 MB in float32) at a time, whatever the vocabulary.
+CHUNK_LOGITS = 1 << 26
+# Config attributes of architectures whose forward changes the head's logits before returning them.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+@dataclass(frozen=True)
+class LogProbRequest:
+    completion_len: int  # T: score the last T tokens of each row
+    temperature: float = 1.0  # the sampler's: ratios compare the tempered distributions
+    with_entropy: bool = False
+    entropy_grad: bool = False  # the entropy with its gradient (an entropy bonus); else a constant
+    chunk_tokens: int | None = None  # positions per head chunk; None = CHUNK_LOGITS // vocab
+    packed: Packed | None = None  # set: input_ids are packed bins (packer.py), and these states predict these targets
+
+
+def enable_logprob_forward(model) -> None:
+    """Patch this model instance's forward (not its class) to accept `logprobs=LogProbRequest(...)`."""
+    if getattr(model.forward, "__func__", None) is _forward:
+        return
+    model.forward = types.MethodType(_forward, model)
+
+
+def _forward(self, *args, logprobs: LogProbRequest | None = None, **kwargs):
+    if logprobs is None:
+        return type(self).forward(self, *args, **kwargs)
+    return _logprob_forward(self, logprobs, **kwargs)
+
+
+def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_mask: Tensor | None,
+                     position_ids: Tensor, **_ignored) -> tuple[Tensor, Tensor | None]:
+    T = req.completion_len
+    if req.packed is not None:  # attention_mask None: transformers finds the rows from the position ids
+        hidden = self.base_model(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state  # [bins, capacity, H]
+        states = hidden.reshape(-1, hidden.shape[-1])[req.packed.states]  # [K, H]
+        return _from_head(self.get_output_embeddings(), states, req.packed.targets, req)
+    targets = input_ids[:, -T:]  # [B, T]
+    if any(getattr(self.config, key, None) is not None for key in LOGIT_TRANSFORMS):
+        logits = type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    use_cache=False, logits_to_keep=T + 1).logits[:, :-1]  # [B, T, V]
+        logp, entropy = _from_head(lambda x: x, logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), req)
+    else:
+        hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state  # [B, L, H]
+        states = hidden[:, -T - 1 : -1].reshape(-1, hidden.shape[-1])  # [B*T, H]: the states predicting each token
+        logp, entropy = _from_head(self.get_output_embeddings(), states, targets.reshape(-1), req)
+    return logp.view(-1, T), entropy.view(-1, T) if entropy is not None else None
+
+
+def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest):
+    """log pi(target) (and entropy) of each position, `head` applied a chunk of positions at a time: [K] each."""
+    vocab = getattr(head, "out_features", None) or states.shape[-1]
+    chunk = req.chunk_tokens or max(1, CHUNK_LOGITS // vocab)
+    lean = torch.is_grad_enabled() and states.requires_grad
+    logps, entropies = [], []
+    for s in range(0, states.shape[0], chunk):
+        args = (head, states[s : s + chunk], targets[s : s + chunk], req.temperature, req.with_entropy, req.entropy_grad)
+        logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if lean else _chunk(*args)
+        logps.append(logp)
+        entropies.append(entropy)
+    if not logps:  # nothing to score (a packed micro-batch without completion tokens)
+        empty = states.new_zeros(0, dtype=torch.float32)
+        return empty, empty if req.with_entropy else None
+    return torch.cat(logps), torch.cat(entropies) if req.with_entropy else None
+
+
+def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool = False):
+    """Chosen logit minus logsumexp in float32, of softmax(head(states) / temperature)."""
+    logits = head(states).float()  # [chunk, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = logits.logsumexp(dim=-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+# Attention implementations that read packed rows from position ids (transformers' packed-sequence support).
+PACKABLE_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def lm_config(model):
+    """The innermost causal LM's config, through DDP (.module) and PEFT (attribute forwarding)."""
+    return getattr(getattr(model, "module", model), "config", None)
+
+
+def can_pack(model) -> bool:
+    """Whether `model`'s forward can take packed rows: an attention that reads position-id restarts, and
+    a head whose logits are not transformed after it (those models go through their own full forward)."""
+    config = lm_config(model)
+    return (config is not None and getattr(config, "_attn_implementation", None) in PACKABLE_ATTENTION
+            and not any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS))
+
+
+def one_bin(model) -> bool:
+    """Variable-length kernels take the whole micro-batch as one sequence of rows."""
+    return str(getattr(lm_config(model), "_attn_implementation", "")).startswith(("flash", "flex"))
+
+
+def padded_logprobs(model, input_ids: Tensor, attention_mask: Tensor, request: LogProbRequest):
+    """The last `request.completion_len` tokens of padded rows scored: ([B, T], [B, T] or None). Positions
+    count real tokens only, as generation does with left padding."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logprobs=request)
+
+
+def packed_logprobs(model, packed: Packed, request: LogProbRequest):
+    """A packed micro-batch's completion tokens scored, on its [b, T] completion columns (0 where none)."""
+    flat_logp, flat_entropy = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
+                                    logprobs=replace(request, packed=packed))
+    return _unflatten(flat_logp, packed), _unflatten(flat_entropy, packed) if flat_entropy is not None else None
+
+
+def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_len: int, *,
+                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
+                   chunk_tokens: int | None = None, packing: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log pi(y_t | x, y_<t) for the last `completion_len` tokens of each padded row: [B, T] float32.
+
+    `model` is anything whose innermost causal LM had `enable_logprob_forward` (load_model does it):
+    the bare model, or one wrapped by DDP, FSDP or PEFT. The entropy (`with_entropy`) is a constant unless
+    `entropy_grad` (an entropy bonus differentiates it). The policy is the sampler's tempered
+    distribution softmax(logits / temperature). Positions count real tokens only, as generation
+    does with left padding.
+
+    With `packing` (and a model that `can_pack`), the rows go through the packer as one micro-batch: no pad
+    token is computed, and positions without a real token get 0. (The step packs its rollout once, from
+    its flat rows: step.StepBatch.)
+    """
+    request = LogProbRequest(completion_len, temperature, with_entropy or entropy_grad, entropy_grad, chunk_tokens)
+    if not (packing and can_pack(model)):
+        return padded_logprobs(model, input_ids, attention_mask, request)
+    return packed_logprobs(model, pack_padded(input_ids, attention_mask, completion_len, one_bin=one_bin(model)), request)
+
+
+def _unflatten(values: Tensor, packed: Packed) -> Tensor:
+    """[K] scored values back to [b, T], 0 where a row has no token (differentiably)."""
+    out = values.new_zeros(packed.shape)
+    return out.index_put((packed.rows, packed.cols), values)

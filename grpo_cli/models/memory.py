@@ -1,0 +1,270 @@
+"""The memory planner: peak memory by part, estimated from the config and the model's config before
+any weights load, and the token budget that fits `trainer.memory_gib`.
+
+Peak = what stays all run + the larger of the two phases:
+- all run: the process itself (measured: Python, torch, transformers, the data), the policy's weights,
+  a frozen reference (beta != 0, not under LoRA) or behaviour copy, and AdamW's two moments;
+- generation: the KV cache of every row of the step at its full length (prompt + max_new_tokens), and
+  the sampler's per-row [vocab] temporaries;
+- the update: the gradients, the activations autograd keeps for backward (per token and layer, counted
+  from a Llama-style block: two RMSNorms 2h each, q, k, v, the attention output and o_proj's input, h
+  each, with k and v repeated to every head when a mask is in play, the MLP's four [intermediate]
+  tensors, the attention mask's row when rows are packed or padded), the head's logits chunk (logits,
+  softmax and their gradient, at most logprobs.CHUNK_LOGITS positions x vocab) and one layer's
+  gradients in flight. With gradient checkpointing a layer keeps only its input, plus one layer's
+  activations while it is recomputed.
+
+Activations are counted at the compute dtype's width. The update's transient tensors (activations,
+logits, backward) are multiplied by ALLOCATOR_SLACK, the resident memory the process holds per byte
+of them, measured once on a calibration shape that is not among the tests' (hidden 320, 6 layers,
+vocabulary 8,000, 8 rows of 336 tokens, fp32 on CPU: glibc keeps freed blocks mapped, and the
+backward's gradients land in fresh ones). The estimate is checked against measured peaks in
+tests/test_memory.py (within 20% on three other shapes). It assumes every row runs to max_new_tokens,
+so it is an upper bound for runs whose completions stop early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grpo_cli.errors import GrpoError
+from grpo_cli.models.logprobs import CHUNK_LOGITS
+from grpo_cli.models.packer import largest_micro_batch
+
+GIB = float(1 << 30)
+ALLOCATOR_SLACK = 1.6  # resident bytes per byte of the update's transient tensors (fp32, CPU, glibc), measured
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate reads of a decoder: sizes per layer and the parameter counts."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    parameters: int  # all of the policy's
+    trainable: int  # the ones AdamW updates (all, or a LoRA adapter's)
+
+
+@dataclass
+class Plan:
+    """Bytes by part; `tokens` the micro-batch size in tokens the activations are counted for."""
+
+    persistent: dict[str, float]
+    generation: dict[str, float]
+    update: dict[str, float]
+    tokens: int
+    per_token: float  # activation bytes per token of a micro-batch
+
+    @property
+    def total(self) -> float:
+        return sum(self.persistent.values()) + max(sum(self.generation.values()), sum(self.update.values()))
+
+    def line(self) -> str:
+        """One line: the total, then each part in GiB."""
+        def parts(d):
+            return ", ".join(f"{k} {v / GIB:.2f}" for k, v in d.items() if v >= 0.005 * GIB)
+
+        return (f"memory plan: peak {self.total / GIB:.2f} GiB = all run ({parts(self.persistent)}) + the larger of "
+                f"generation ({parts(self.generation)}) and the update ({parts(self.update)}; "
+                f"{self.per_token / 2**10:.0f} KiB per token, {self.tokens:,} tokens per micro-batch) [GiB]")
+
+
+def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
+    """The decoder's sizes from its config.json, and exact parameter counts from the model built on the
+    meta device (no weights are read or allocated); under LoRA the adapter is added there too."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_cli.models.loading import resolve_path
+
+    config = AutoConfig.from_pretrained(resolve_path(path), trust_remote_code=trust_remote_code)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    parameters = sum(p.numel() for p in model.parameters())
+    trainable = parameters
+    if lora is not None and lora.r:
+        from grpo_cli.models.lora import add_adapter
+
+        with torch.device("meta"):
+            model = add_adapter(model, lora)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    heads = text.num_attention_heads
+    hidden = text.hidden_size
+    return Shape(layers=text.num_hidden_layers, hidden=hidden,
+                 intermediate=getattr(text, "intermediate_size", None) or 4 * hidden, heads=heads,
+                 kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+                 head_dim=getattr(text, "head_dim", None) or hidden // heads, vocab=text.vocab_size,
+                 parameters=parameters, trainable=trainable)
+
+
+def _status_bytes(field: str) -> float:
+    """A memory figure of this process from Linux's /proc/self/status, in bytes (0 where it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def resident_bytes() -> float:
+    """This process's resident memory now."""
+    return _status_bytes("VmRSS")
+
+
+def peak_resident_bytes() -> float:
+    """This process's peak resident memory so far (its high-water mark)."""
+    return _status_bytes("VmHWM")
+
+
+def current_bytes(device: torch.device) -> float:
+    """Memory in use now: CUDA's allocated tensors on a GPU, the process's resident memory on CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.memory_allocated(device))
+    return resident_bytes()
+
+
+def peak_bytes(device: torch.device) -> float:
+    """The peak so far: CUDA's allocated tensors on a GPU, the process's resident memory on CPU."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    return peak_resident_bytes()
+
+
+def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpointing: bool) -> float:
+    """Activation bytes autograd keeps per token of a micro-batch (see the module docstring)."""
+    kv = s.kv_heads * s.head_dim
+    q = s.heads * s.head_dim
+    # norms 2 x 2h; q, k and v (repeated to every head under a mask); attention output and o_proj's input;
+    # the residual stream's width for o_proj's output; the MLP's gate, its activation, up and their product;
+    # the float attention mask's row.
+    k_and_v = 2 * q if kv < q else 2 * kv
+    per_layer = (4 * s.hidden + q + k_and_v + 2 * q + 4 * s.intermediate) * act_bytes + 4 * row_len
+    if checkpointing:  # each layer keeps its input; one layer's full set lives while it is recomputed
+        return s.layers * s.hidden * act_bytes + per_layer
+    return s.layers * per_layer
+
+
+def row_length(cfg, longest_prompt: int) -> int:
+    """The longest row a step can hold: the longest prompt and max_new_tokens, or an episode's env.max_tokens."""
+    after = cfg.sampler.max_new_tokens
+    env = getattr(cfg, "env", None)
+    if env is not None and (env.tools or env.factory):
+        after = max(after, env.max_tokens)  # an episode's tokens after its prompt
+    return longest_prompt + after
+
+
+def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
+         world_size: int = 1, runtime: float | None = None, budget: int | None = None) -> Plan:
+    """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
+    given, stands for trainer.max_tokens_per_micro_batch."""
+    t, s, algo = cfg.trainer, cfg.sampler, cfg.algo
+    lora = cfg.model.lora.r > 0
+    P = shape.parameters
+    row_len = row_length(cfg, longest_prompt)
+    persistent = {"runtime": resident_bytes() if runtime is None else runtime,
+                  "weights": P * (frozen_bytes if lora else param_bytes)}
+    if lora:
+        persistent["weights"] += shape.trainable * 4  # the adapter is float32
+    if algo.beta != 0 and not lora:
+        persistent["reference"] = P * frozen_bytes
+    if algo.behaviour in ("frozen", "lagged") and not lora:
+        persistent["behaviour"] = P * frozen_bytes
+    trainable_bytes = 4 if lora else param_bytes
+    persistent["optimizer"] = 2 * shape.trainable * trainable_bytes  # AdamW's two moments
+    rows = t.prompts_per_step // max(world_size, 1) * s.group_size
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * act_bytes
+    generation = {"KV cache": rows * row_len * kv_per_token,
+                  "sampling": rows * shape.vocab * 4 * 4}  # logits, scores, noise, log-softmax: [rows, vocab] fp32
+    per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
+    # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
+    tokens = largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
+                                 batch_rows=min(t.micro_batch_size, rows))
+    completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
+    head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
+    slack = ALLOCATOR_SLACK
+    update = {"gradients": shape.trainable * trainable_bytes,
+              "activations": slack * tokens * per_token,
+              "logits": slack * 3 * head_positions * shape.vocab * 4,
+              "backward": slack * tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4}
+    if act_bytes < param_bytes and not lora:  # bf16-mixed: autocast keeps a bf16 copy of the weights it cast
+        update["cast weights"] = P * act_bytes
+    return Plan(persistent=persistent, generation=generation, update=update, tokens=int(tokens),
+                per_token=slack * per_token)
+
+
+def fit(cfg, shape: Shape, **plan_args) -> int:
+    """The largest token budget per micro-batch whose plan stays within trainer.memory_gib, or a GrpoError
+    naming the knob when nothing fits (or the budget the config sets does not)."""
+    t, s = cfg.trainer, cfg.sampler
+    limit = t.memory_gib * GIB
+    row_len = row_length(cfg, plan_args["longest_prompt"])
+
+    def total(tokens: int) -> float:
+        return plan(cfg, shape, budget=tokens, **plan_args).total
+
+    smallest = plan(cfg, shape, budget=1, **plan_args)
+    fixed, gen = sum(smallest.persistent.values()), sum(smallest.generation.values())
+    if fixed + gen > limit:
+        raise GrpoError(
+            f"trainer.memory_gib={t.memory_gib:g} cannot hold generation: the weights, optimizer state and process "
+            f"need {fixed / GIB:.2f} GiB and the KV cache of {t.prompts_per_step} prompts x {s.group_size} completions "
+            f"{gen / GIB:.2f} GiB more; lower trainer.prompts_per_step or sampler.max_new_tokens, use model.lora, or "
+            f"raise trainer.memory_gib.")
+    low, high = 0, 1
+    while total(high) <= limit and high < 1 << 40:  # the plan grows with the budget: bisect its last fit
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if total(mid) <= limit else (low, mid)
+    if t.max_tokens_per_micro_batch:
+        if t.max_tokens_per_micro_batch > low:
+            raise GrpoError(
+                f"trainer.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} does not fit in "
+                f"trainer.memory_gib={t.memory_gib:g} (room for {low:,} tokens); lower it, or leave it at 0 and the "
+                "planner picks the budget.")
+        return t.max_tokens_per_micro_batch
+    if low < row_len:
+        raise GrpoError(
+            f"trainer.memory_gib={t.memory_gib:g} leaves room for {low:,} tokens per micro-batch, fewer than one "
+            f"completion with the longest prompt ({row_len:,}); raise trainer.memory_gib, lower "
+            "sampler.max_new_tokens, or set model.gradient_checkpointing=true.")
+    return low
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return DTYPE_BYTES.get(dtype, 4)
+
+
+def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_size: int = 1,
+            resumed_budget: int | None = None, device: torch.device | None = None) -> tuple[Plan, int]:
+    """(the plan, the token budget per micro-batch to run with: trainer.max_tokens_per_micro_batch, or the
+    one memory_gib picks). Raises GrpoError when trainer.memory_gib cannot be met. A resumed run keeps the
+    budget its checkpoint ran with (`resumed_budget`) while memory_gib is still set, so it batches, and
+    so computes, exactly as the uninterrupted run would."""
+    m = cfg.model
+    shape = model_shape(m.path, m.trust_remote_code, m.lora if m.lora.r else None)
+    longest = max((len(p) for p in tokenizer_prompts), default=0) if tokenizer_prompts else 0
+    compute = precision.frozen_dtype  # the compute dtype
+    kwargs = dict(longest_prompt=longest, param_bytes=dtype_bytes(precision.param_dtype),
+                  frozen_bytes=dtype_bytes(precision.frozen_dtype), act_bytes=dtype_bytes(compute),
+                  world_size=world_size)
+    # The process, measured once so every plan below counts the same; on a GPU the plan is of CUDA's
+    # allocations, which the process's own memory is not part of.
+    kwargs["runtime"] = 0.0 if device is not None and device.type == "cuda" else resident_bytes()
+    budget = cfg.trainer.max_tokens_per_micro_batch
+    if cfg.trainer.memory_gib:
+        budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)
+    return plan(cfg, shape, budget=budget or None, **kwargs), budget
+
+

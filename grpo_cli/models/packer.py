@@ -1,0 +1,168 @@
+"""The one packer: how a step's rows become micro-batches, and how each micro-batch's rows lie in the
+forward. `pack` runs once per step (step.py), and the memory planner (memory.py) asks it the same
+question about the worst case, so the tokens the planner counts are the tokens the step computes.
+
+Micro-batches: `batch_rows` consecutive rows each; or, with a token budget, as few micro-batches as keep
+the positions each one's forward computes (its tokens with their padding or filler) within it (a row
+longer than the budget goes alone), the same number on every rank (the largest any rank needs), rows
+spread so the micro-batches hold about equal tokens (longest first, each to the lightest). So no
+micro-batch computes more than `largest_micro_batch` positions, which is what the planner counts. The
+loss is the whole batch's either way: every normaliser is global (docs/math.md, "Aggregation").
+
+Layout of a micro-batch's forward:
+- "padded": one row per sequence, every row as long as the step's longest prompt plus its longest
+  completion (the padded view, rollout.py);
+- "bins": rows laid end to end in bins as long as the micro-batch's longest row (first-fit decreasing), so
+  attention never costs more than one padded row and no pad token is computed (docs/math.md, "Packed
+  batches");
+- "one_bin": the whole micro-batch as one sequence of rows (variable-length attention kernels).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpo_cli.models.distributed import SINGLE, Dist
+
+LAYOUTS = ("padded", "bins", "one_bin")
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: Tensor  # [b] the step's rows in it, ascending
+    bins: tuple[tuple[int, ...], ...] | None  # "bins"/"one_bin": each bin's rows (positions in `rows`), in order
+    capacity: int  # positions per bin, or per padded row
+
+    @property
+    def positions(self) -> int:
+        """The positions the forward computes: tokens, padding and filler."""
+        return (len(self.bins) if self.bins is not None else len(self.rows)) * self.capacity
+
+
+def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, batch_rows: int = 1,
+         padded_length: int | None = None, dist: Dist = SINGLE) -> list[MicroBatch]:
+    """The step's micro-batches of rows with these token `lengths` (see the module docstring);
+    `padded_length` is a padded row's (the longest prompt plus the longest completion; default the longest row)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}.")
+    padded = padded_length if padded_length is not None else max(lengths, default=1)
+
+    def micro_batch(rows: list[int]) -> MicroBatch:
+        if layout == "padded":
+            return MicroBatch(torch.tensor(rows, dtype=torch.long), None, padded)
+        bins, capacity = fill_bins([lengths[i] for i in rows], one_bin=layout == "one_bin")
+        return MicroBatch(torch.tensor(rows, dtype=torch.long), bins, capacity)
+
+    if not token_budget:
+        return [micro_batch(list(range(s, min(s + batch_rows, len(lengths))))) for s in range(0, len(lengths), batch_rows)]
+    return [micro_batch(rows) for rows in split_by_tokens(lengths, token_budget, lambda rows: micro_batch(rows).positions,
+                                                          dist)]
+
+
+def largest_micro_batch(row_len: int, *, token_budget: int = 0, batch_rows: int = 1) -> int:
+    """The most positions `pack` gives one micro-batch when no row (padded or not) is longer than `row_len`:
+    the budget, or one longer row alone; without a budget, `batch_rows` rows at full length. The memory
+    planner counts this (memory.py)."""
+    return max(token_budget, row_len) if token_budget else batch_rows * row_len
+
+
+def split_by_tokens(lengths: list[int], budget: int, cost, dist: Dist = SINGLE) -> list[list[int]]:
+    """Rows into as few parts as keep each one's `cost(rows)` (the positions it computes) within `budget`,
+    spread evenly by tokens, the count agreed on by every rank (each holds as many rows, topped up, so any
+    count up to that fits everywhere)."""
+    B = len(lengths)
+
+    def spread(k: int) -> list[list[int]]:
+        parts, loads = [[] for _ in range(k)], [(0, j) for j in range(k)]  # loads: a heap of (tokens, part)
+        for i in sorted(range(B), key=lambda i: (-lengths[i], i)):
+            load, j = heapq.heappop(loads)
+            parts[j].append(i)
+            heapq.heappush(loads, (load + lengths[i], j))
+        return parts
+
+    def fits(parts) -> bool:
+        return all(len(p) < 2 or cost(sorted(p)) <= budget for p in parts)
+
+    k = min(max(1, math.ceil(sum(lengths) / budget)), B)
+    while k < B and not fits(spread(k)):
+        k += 1
+    k = min(int(dist.all_max(float(k))), B)
+    return [sorted(p) for p in spread(k) if p]
+
+
+def fill_bins(lengths: list[int], one_bin: bool = False) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """First-fit decreasing of rows into bins as long as the longest row (or one bin of them all):
+    (each bin's rows in the order they lie, the capacity)."""
+    capacity = max(sum(lengths) if one_bin else max(lengths, default=1), 1)
+    bins, fill = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = next((b for b, f in enumerate(fill) if f + lengths[i] <= capacity), len(fill))
+        if b == len(fill):
+            bins.append([])
+            fill.append(0)
+        bins[b].append(i)
+        fill[b] += lengths[i]
+    return tuple(tuple(b) for b in bins), capacity
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch's rows laid end to end in bins, as tensors for the forward (logprobs.py)."""
+
+    input_ids: Tensor  # [bins, capacity]
+    position_ids: Tensor  # [bins, capacity]: each row's from 0; filler restarts too, so it is a sequence of its own
+    states: Tensor  # [K] flat index (into bins * capacity) of the state that predicts each scored token
+    targets: Tensor  # [K] the token ids scored
+    rows: Tensor  # [K] row (in the micro-batch) of each scored token in the [b, T] result
+    cols: Tensor  # [K] its completion column
+    shape: tuple[int, int]  # (b, T)
+    real_tokens: int  # tokens in the bins that are not filler
+
+
+def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int],
+                  completion_len: int, mb: MicroBatch, fill_id: int = 0) -> Packed:
+    """The micro-batch's rows (`tokens` [N] flat, each row at its offset) laid in its bins, position ids
+    restarting at 0 for every row, and where the state predicting each completion token lands (a row's
+    first token has none: it is not scored)."""
+    device, capacity = tokens.device, mb.capacity
+    rows = mb.rows.tolist()
+    start, fill = [0] * len(rows), []
+    for b, members in enumerate(mb.bins):
+        used = 0
+        for i in members:
+            start[i], used = b * capacity + used, used + lengths[rows[i]]
+        fill.append(used)
+    n_bins = len(mb.bins)
+    # Filler counts from 0 after each bin's rows: a sequence of its own, attended by nothing real.
+    positions = (torch.arange(capacity).repeat(n_bins, 1) - torch.tensor(fill)[:, None]).flatten().clamp(min=0)
+    row_len = torch.tensor([lengths[r] for r in rows])
+    local = torch.repeat_interleave(torch.arange(len(rows)), row_len)  # each token's row in the micro-batch
+    rank = torch.arange(int(row_len.sum())) - torch.repeat_interleave(row_len.cumsum(0) - row_len, row_len)
+    dest = torch.tensor(start)[local] + rank  # each token's flat place in the bins
+    source = torch.tensor([offsets[r] for r in rows])[local] + rank  # and in `tokens`
+    ids = torch.full((n_bins * capacity,), fill_id, dtype=tokens.dtype, device=device)
+    ids[dest.to(device)] = tokens[source.to(device)]
+    positions[dest] = rank
+    # Scored: every token after its row's prompt, row by row, column by column (the padded [b, T] order).
+    col = rank - torch.tensor([prompt_lengths[r] for r in rows])[local]
+    scored = (col >= 0) & (rank >= 1)
+    return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity).to(device),
+                  states=(dest[scored] - 1).to(device), targets=tokens[source[scored].to(device)],
+                  rows=local[scored].to(device), cols=col[scored].to(device), shape=(len(rows), completion_len),
+                  real_tokens=int(row_len.sum()))
+
+
+def pack_padded(input_ids: Tensor, attention_mask: Tensor, completion_len: int, *, one_bin: bool = False) -> Packed:
+    """Padded rows (real tokens contiguous in each, the last `completion_len` columns scored) as one packed
+    micro-batch."""
+    real = attention_mask.bool()
+    lengths = real.sum(1).tolist()
+    prompts = [n - int(c) for n, c in zip(lengths, real[:, -completion_len:].sum(1).tolist())]
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    mb = pack(lengths, layout="one_bin" if one_bin else "bins", batch_rows=max(len(lengths), 1))[0]
+    return packed_inputs(input_ids[real], offsets, lengths, prompts, completion_len, mb)

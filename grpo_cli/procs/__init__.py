@@ -1,0 +1,1 @@
+"""Helper processes (spawn, framed messages, deadlines, how they ended) and weight transports."""

@@ -1,0 +1,392 @@
+"""Prompt datasets through `datasets`: built-in generated tasks, local files and hub names, as a
+DatasetDict with `train` and `test` splits, and the order in which training draws prompts.
+
+After `load_data`, column `data.prompt_field` of every split holds the text the model is prompted
+with (`data.template` rendered, the chat template applied) and `data.answer_field` the reference
+answer as text (after `data.answer_extract`); every other column is kept as loaded, for rewards.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import torch
+from datasets import Dataset, DatasetDict, load_dataset
+from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.rollout.generation import group_seed
+from grpo_cli.rewards import PROMPT_MESSAGES  # the column rewards read conversational prompts from
+from grpo_cli.rewards.exact_match import extract_answer
+
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def addition_split(pairs: list[tuple[int, int]]) -> Dataset:
+    """Prompts `a+b=` with their sums; the operands are columns too, for templates such as
+    `data.template="What is {a} + {b}?"` (instruct models)."""
+    return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs],
+                              "a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
+
+
+def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> DatasetDict:
+    """Every `a+b=` with 0 <= a, b <= max_operand, split deterministically into train and test.
+
+    The test problems are never trained on, so held-out accuracy measures addition, not recall.
+    """
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    if not 0 < num_test < len(pairs):  # checks.check_data refuses it
+        raise ValueError(f"num_test={num_test} must be between 1 and {len(pairs) - 1}.")
+    random.Random(seed).shuffle(pairs)
+    return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
+
+
+def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> DatasetDict:
+    """`a+b=` with operands of up to `digits` digits: distinct problems drawn by a seeded generator,
+    the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over many steps."""
+    limit = 10**digits
+    if digits < 1 or num_train < 1 or num_test < 1 or num_train + num_test > limit * limit // 2:  # checks.check_data
+        raise ValueError(f"digits={digits}, num_train={num_train}, num_test={num_test} are out of range.")
+    rng, seen, pairs = random.Random(seed), set(), []
+    while len(pairs) < num_train + num_test:
+        pair = (rng.randrange(limit), rng.randrange(limit))
+        if pair not in seen:
+            seen.add(pair)
+            pairs.append(pair)
+    return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
+
+
+def read_file(path: str, key: str) -> Dataset:
+    """One local .jsonl/.json/.csv/.parquet file as a Dataset; `key` names the option it came from."""
+    local = Path(path).expanduser()
+    fmt = FILE_FORMATS.get(local.suffix.lower())
+    if fmt is None:
+        raise GrpoError(f"data.{key}={path} is not a .jsonl, .json, .csv or .parquet file.")
+    if not local.is_file():
+        raise GrpoError(f"data.{key}={path} does not exist.")
+    if local.stat().st_size == 0 or (fmt == "parquet" and _parquet_rows(local) == 0):
+        raise GrpoError(f"data.{key}={path} has no rows; give it some.")
+    quiet = not are_progress_bars_disabled()
+    if quiet:  # reading a local file takes a moment; its "Generating train split" bar is noise
+        disable_progress_bars()
+    try:
+        return load_dataset(fmt, data_files=str(local), split="train")
+    except Exception as e:  # a malformed file: the parser's message (the cause) says where
+        if "corresponds to no data" in str(e):  # how `datasets` reports a csv with a header only
+            raise GrpoError(f"data.{key}={path} has no rows; give it some.") from None
+        raise GrpoError(f"Could not read data.{key}={path} as {fmt} ({first_line(e.__cause__ or e)}).") from None
+    finally:
+        if quiet:
+            enable_progress_bars()
+
+
+def _parquet_rows(path: Path) -> int | None:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows
+    except Exception:  # not parquet after all: let `datasets` say so
+        return None
+
+
+def read_files(cfg) -> DatasetDict:
+    train = read_file(cfg.train_file, "train_file")
+    if cfg.test_file:
+        return DatasetDict(train=train, test=read_file(cfg.test_file, "test_file"))
+    return split_off_test(train, cfg, f"data.train_file={cfg.train_file}")
+
+
+def read_hub(cfg) -> DatasetDict:
+    """A hub dataset's train and test splits (or the train split cut in two when test_split=null)."""
+    what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
+    from grpo_cli.models.hub import go_offline, hub_unreachable
+
+    unreachable = hub_unreachable()
+    if unreachable:  # read the local datasets cache only, instead of a minute of retries
+        go_offline()
+    try:
+        loaded = load_dataset(cfg.hub_name, cfg.hub_config)
+    except Exception as e:  # unreachable hub, offline mode, a wrong name or config: the cause is in its message
+        if unreachable:
+            raise GrpoError(f"Could not load the dataset {what}: the Hugging Face hub cannot be reached ({unreachable}) "
+                            "and the dataset is not in the local cache; connect to the network, or use data=files "
+                            "with a local copy.") from None
+        raise GrpoError(
+            f"Could not load the dataset {what} from the Hugging Face hub ({first_line(e)}); check the name, "
+            "data.hub_config and the network (offline mode, HF_HUB_OFFLINE=1, finds cached datasets only), or use data=files."
+        ) from None
+    for split in (cfg.train_split, cfg.test_split):
+        if split is not None and split not in loaded:
+            raise GrpoError(f"The dataset {what} has no split {split!r}; it has {list(loaded)}: set data.train_split/data.test_split.")
+    if cfg.test_split is None:
+        return split_off_test(loaded[cfg.train_split], cfg, what)
+    return DatasetDict(train=loaded[cfg.train_split], test=loaded[cfg.test_split])
+
+
+def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
+    """A seeded held-out split of one dataset: `test_size` rows, or that fraction of them when < 1."""
+    n, size = len(rows), cfg.test_size
+    count = round(size * n) if 0 < size < 1 else int(size)
+    if not 0 < count < n:
+        raise GrpoError(
+            f"data.test_size={size} holds out {count} of the {n} rows of {source}, leaving an empty split; "
+            "give a fraction in (0, 1) or a count below the number of rows."
+        )
+    order = list(range(n))
+    random.Random(cfg.seed).shuffle(order)
+    return DatasetDict(train=rows.select(order[count:]), test=rows.select(order[:count]))
+
+
+USER_PROMPT = "_user_prompt"  # the prompt before the chat template, kept beside the rendered one
+
+
+def is_conversation(value) -> bool:
+    """A prompt given as chat messages (TRL's conversational format): [{"role": ..., "content": ...}, ...]."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def chat_messages(value, system_prompt: str | None) -> list[dict]:
+    """A prompt as chat messages: text becomes one user message; given messages are kept (None keys that
+    Arrow fills in dropped); data.system_prompt goes first unless they start with their own."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+    if not is_conversation(value):
+        return system + [{"role": "user", "content": value}]
+    given = [{k: v for k, v in m.items() if v is not None} for m in value]
+    return given if given[0]["role"] == "system" else system + given
+
+
+def render_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = None) -> list[str]:
+    """The prompt text of each row: the template filled from its columns, then the chat template (with the
+    tools' schemas, when an environment has tools). A prompt of chat messages goes through the chat
+    template as it is (its system message included)."""
+    if cfg.template is None:
+        values = [row[cfg.prompt_field] for row in rows]
+        texts = [v if is_conversation(v) else str(v) for v in values]
+    else:  # prompt_field need not exist yet: the rendered prompt is stored under it
+        try:
+            texts = [cfg.template.format(**row) for row in rows]
+        except KeyError as e:
+            raise GrpoError(
+                f"data.template names the column {e.args[0]!r}, which the data does not have; it has "
+                f"{list(rows[0])}."
+            ) from None
+        except (ValueError, IndexError) as e:
+            raise GrpoError(
+                f"data.template {cfg.template!r} is not a format string ({e}); write columns as {{name}} "
+                "and literal braces as {{ }}."
+            ) from None
+    if not cfg.chat_template:
+        if any(is_conversation(t) for t in texts):  # never str()-ed into a prompt
+            raise GrpoError("A prompt is given as chat messages (TRL's conversational format); set "
+                            "data.chat_template=true to render them with the model's chat template.")
+        return texts
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
+    return [tokenizer.apply_chat_template(chat_messages(t, cfg.system_prompt), tools=tools or None, tokenize=False,
+                                          add_generation_prompt=True) for t in texts]
+
+
+def user_text(value) -> str:
+    """What a person wrote: the text, or a conversation's last user message (for tables and logs)."""
+    if not is_conversation(value):
+        return str(value)
+    users = [m.get("content") for m in value if m.get("role") == "user"]
+    return str(users[-1] if users else value[-1].get("content"))
+
+
+def render_user_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = None) -> list[str]:
+    """Prompts typed by a user (`grpo sample`), rendered as training renders the dataset's: `data.template`
+    when the row has every column it names (a .jsonl row of the training file), else the text as is;
+    then the chat template with `data.system_prompt` when `data.chat_template=true`."""
+    import string
+
+    names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
+    texts = [{"prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
+    plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
+                            system_prompt=cfg.system_prompt)
+    return render_prompts(texts, plain, tokenizer, tools)
+
+
+def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None],
+            tools: list[dict] | None = None) -> Dataset:
+    """The split with rendered prompts and text answers, prompts over max_prompt_length dropped."""
+    where = f"the {split_name!r} split of data={cfg.name}"
+    if len(split) == 0:
+        raise GrpoError(f"{where[0].upper()}{where[1:]} is empty; give it some rows.")
+    # With a template the prompt is built from the columns it names and stored under prompt_field.
+    required = {**({"prompt_field": cfg.prompt_field} if cfg.template is None else {}), "answer_field": cfg.answer_field}
+    for key, column in required.items():
+        if column not in split.column_names:
+            raise GrpoError(
+                f"Column {column!r} is missing from {where}; it has {split.column_names}: "
+                f"set data.{key} to one of them."
+            )
+    columns = split.to_dict()
+    rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    check_required(columns, rows, list(required.values()), where)
+    answers = [str(row[cfg.answer_field]) for row in rows]
+    if cfg.answer_extract is not None:
+        extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
+        for i, a in enumerate(extracted):
+            if a is None:
+                raise GrpoError(
+                    f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
+                )
+        answers = [a.strip() for a in extracted]
+    conversational = cfg.template is None and any(is_conversation(row[cfg.prompt_field]) for row in rows)
+    if conversational:
+        check_conversations(rows, cfg, where)
+        columns[PROMPT_MESSAGES] = [row[cfg.prompt_field] for row in rows]  # what a TRL reward reads as `prompts`
+    rendered = render_prompts(rows, cfg, tokenizer, tools)
+    if cfg.chat_template:  # what the user wrote, for tables and logs (columns starting with _ never reach a reward)
+        plain = SimpleNamespace(template=cfg.template, prompt_field=cfg.prompt_field, chat_template=False,
+                                system_prompt=None)
+        columns[USER_PROMPT] = ([user_text(row[cfg.prompt_field]) for row in rows] if conversational
+                                else render_prompts(rows, plain, None))
+    columns[cfg.prompt_field], columns[cfg.answer_field] = rendered, answers
+
+    if cfg.max_prompt_length is not None:
+        if tokenizer is None:
+            raise GrpoError("data.max_prompt_length needs the model's tokenizer to count tokens.")
+        from grpo_cli.rollout.generation import encode_prompts  # the same ids generation will see
+
+        lengths = [len(ids) for ids in encode_prompts(tokenizer, columns[cfg.prompt_field], cfg.chat_template)]
+        keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
+        if len(keep) < len(rows):
+            log(f"dropped {len(rows) - len(keep)} of {len(rows)} prompts of {where}: longer than "
+                f"data.max_prompt_length={cfg.max_prompt_length} tokens.")
+            if not keep:
+                raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
+            columns = {k: [v[i] for i in keep] for k, v in columns.items()}
+    return to_dataset(columns, where)
+
+
+def check_required(columns: dict[str, list], rows: list[dict], required: list[str], where: str) -> None:
+    """Every row has a value in each required column, all of one type."""
+    for i, row in enumerate(rows):
+        for column in required:
+            if row[column] is None:
+                raise GrpoError(f"Row {i} of {where} has no value in column {column!r}; fill it or drop the row.")
+    for column in required:  # a JSON column of mixed types loads as it is; "5" and 5 are not one answer
+        first_of = {}
+        for i, v in enumerate(columns[column]):
+            first_of.setdefault(type(v).__name__, i)
+        if len(first_of) > 1:
+            kinds = ", ".join(f"{k} in row {i}" for k, i in first_of.items())
+            raise GrpoError(f"Column {column!r} of {where} mixes value types ({kinds}); give every row the same type "
+                            "(quote numbers in JSON if they are text).")
+
+
+def to_dataset(columns: dict[str, list], where: str) -> Dataset:
+    """The columns as a Dataset, or a GrpoError naming a column whose rows Arrow cannot hold in one type
+    (say, lists of text in some rows and of numbers in others)."""
+    import pyarrow as pa
+
+    try:
+        return Dataset.from_dict(columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        failing = [name for name, values in columns.items() if not _one_arrow_type(values)]
+        raise GrpoError(f"Column {(failing or ['?'])[0]!r} of {where} holds values of different types ({e}); give "
+                        "every row the same type.") from None
+
+
+def _one_arrow_type(values: list) -> bool:
+    import pyarrow as pa
+
+    try:
+        pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
+
+
+def check_conversations(rows: list[dict], cfg, where: str) -> None:
+    """Once one row's prompt is chat messages, every row's must be (render_prompts wants the chat template)."""
+    for i, row in enumerate(rows):
+        value = row[cfg.prompt_field]
+        if not is_conversation(value) or not all(isinstance(m.get("content"), str) for m in value):
+            raise GrpoError(f"Row {i} of {where} is not a list of chat messages with text content like the others "
+                            f"({str(value)[:60]!r}); give every row's {cfg.prompt_field!r} as [{{\"role\": ..., "
+                            "\"content\": ...}, ...].")
+
+
+def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
+              tools: list[dict] | None = None) -> DatasetDict:
+    """The data group's train and test splits, prompts rendered for `tokenizer`'s model (which the
+    chat template and max_prompt_length need), with `tools` (JSON schemas) shown by the chat template;
+    `log` reports dropped prompts (default: stderr)."""
+    log = log or (lambda message: print(message, file=sys.stderr))
+    if cfg.name == "arithmetic":
+        data = arithmetic_problems(cfg.max_operand, cfg.num_test, cfg.seed)
+    elif cfg.name == "long_addition":
+        data = long_addition_problems(cfg.digits, cfg.num_train, cfg.num_test, cfg.seed)
+    elif cfg.name == "code":
+        from grpo_cli.rollout.code_tasks import code_problems
+
+        data = code_problems(cfg.num_test, cfg.seed)
+    elif cfg.name == "files":
+        data = read_files(cfg)
+    elif cfg.name == "hub":
+        data = read_hub(cfg)
+    else:
+        raise ValueError(f"unknown data source {cfg.name!r} (checks.check_data lists them).")
+    return DatasetDict({name: prepare(split, name, cfg, tokenizer, log, tools) for name, split in data.items()})
+
+
+@dataclass
+class PromptBatch:
+    """The prompts of one sampling round, with what rewards need and each group's sampling seed."""
+
+    prompts: list[str]
+    answers: list[str]
+    seeds: list[int]
+    columns: dict[str, list] = field(default_factory=dict)  # dataset columns, one entry per prompt
+
+
+class PromptOrder:
+    """Which prompts each step draws, and this rank's share of them. The order is a fresh seeded
+    permutation per epoch, so step k's batch is a pure function of (seed, k) and a resumed run needs
+    only the step to continue it. Every group's sampling noise is seeded by (run seed, step, its
+    position in the whole batch, round), so the groups are the same on 1 or N processes."""
+
+    def __init__(self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, rows=None,
+                 fields: tuple[str, str] = ("prompt", "answer")):
+        if batch_size > num_rows:
+            raise GrpoError(
+                f"trainer.prompts_per_step={batch_size} exceeds the {num_rows} training prompts; lower it."
+            )
+        self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
+        self.per_epoch = num_rows // batch_size  # the remainder of each epoch is skipped
+        self.per_rank, self.first = batch_size // world_size, rank * (batch_size // world_size)
+        self.rows, self.fields = rows, fields  # the training split, and its prompt and answer columns
+
+    def _generator(self, *parts: int) -> torch.Generator:
+        """The one seeding rule of the prompt draws: run seed, then epoch (or step and round)."""
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + sum(parts))
+
+    def indices(self, step: int) -> list[int]:
+        """The rows of step `step + 1`'s prompts (steps count from 0 here), the whole batch."""
+        epoch, k = divmod(step, self.per_epoch)
+        perm = torch.randperm(self.num_rows, generator=self._generator(epoch))
+        return perm[k * self.batch_size : (k + 1) * self.batch_size].tolist()
+
+    def share(self, step: int, indices: list[int] | None = None, round_: int = 0) -> PromptBatch:
+        """This rank's slice of step `step`'s prompts (positions rank * n_local ...), as a PromptBatch."""
+        indices = self.indices(step - 1) if indices is None else indices
+        first, n = self.first, self.per_rank
+        picked = self.rows[indices[first : first + n]]
+        seeds = [group_seed(self.seed, step, first + i, round_) for i in range(n)]
+        return PromptBatch(picked[self.fields[0]], picked[self.fields[1]], seeds, picked)
+
+    def refill(self, step: int):
+        """More prompts for dynamic sampling: round r draws a batch with replacement, seeded by (step, r)."""
+        def draw(round_: int) -> PromptBatch:
+            g = self._generator(step * 1_009, round_)
+            drawn = torch.randint(self.num_rows, (self.batch_size,), generator=g).tolist()
+            return self.share(step, drawn, round_)
+        return draw

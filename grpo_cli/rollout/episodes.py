@@ -1,0 +1,344 @@
+"""Multi-turn episodes: the model calls tools or acts in an environment, turn after turn, and is
+rewarded for the whole episode (docs/math.md, "Episodes").
+
+A rollout of one prompt is an episode: the model generates until it stops (an end-of-sequence token);
+its turn is parsed for tool calls (or handed to a step environment); the environment's answer is
+rendered by the chat template and appended *as token ids*; the model continues from the joined ids;
+until no tool is called, the environment says done, `env.max_turns` turns were taken or `env.max_tokens`
+tokens are spent. What is trained on is exactly the ids the model generated with the environment's ids
+spliced in, never re-tokenised text; the Rollout's `completion_mask` is the action mask (the model's
+own tokens), so the environment's tokens are context for the loss, the KL and the entropy, and one
+forward scores the whole episode.
+
+The tools and environments, their calls with a deadline and their seeding live in environments.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+
+from grpo_cli.rollout.environments import EnvSpec, Timeout, call_with_timeout, reset_arguments, seeded, step_result
+from grpo_cli.errors import GrpoError
+from grpo_cli.rollout.generation import Sampling, eos_token_ids, group_seed
+from grpo_cli.update.batch import Rollout
+
+
+# ---- episodes ---------------------------------------------------------------------------------------
+@dataclass
+class Episode:
+    """One rollout of one prompt: what came after the prompt, as ids and as messages."""
+
+    prompt_ids: list[int]
+    seed: int  # the episode's own: its turns' sampling noise and its environment calls derive from it
+    environment: Any = None
+    ids: list[int] = field(default_factory=list)  # every token after the prompt, model and environment
+    action: list[int] = field(default_factory=list)  # 1 where the model generated the token
+    logps: list[float] = field(default_factory=list)  # the sampler's log-prob of each model token (0 elsewhere)
+    messages: list[dict] = field(default_factory=list)  # assistant, tool and observation messages after the prompt
+    turns: int = 0
+    calls: int = 0  # environment calls: tool calls and steps
+    tool_calls: int = 0
+    errors: int = 0  # calls that raised, unknown tools, malformed calls
+    timeouts: int = 0
+    non_string: int = 0
+    cut: str | None = None  # "turns" or "tokens" when the episode ran out of either
+    done: bool = False
+    reward: float = 0.0  # a step environment's rewards, added up
+    seconds: float = 0.0  # time spent in the environment
+
+    @property
+    def final_text(self) -> str:
+        """The last assistant message's text: what built-in rewards (exact_match, ...) score."""
+        return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
+
+    def transcript(self) -> str:
+        """The episode as readable lines, for the console and completions.jsonl."""
+        lines = []
+        for m in self.messages:
+            calls = "".join(f" -> {c['function']['name']}({json.dumps(c['function']['arguments'])})"
+                            for c in m.get("tool_calls", []))
+            lines.append(f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {m['content']}{calls}")
+        return "\n".join(lines)
+
+
+class EnvTokens:
+    """The environment's messages as the chat template renders them between two assistant turns, as ids:
+    the suffix of a dummy conversation after the assistant's end-of-turn token (TRL's construction), so
+    the model's own ids are never re-tokenised."""
+
+    def __init__(self, tokenizer, eos_ids: list[int], chat_template: bool):
+        self.tokenizer, self.eos, self.chat = tokenizer, set(eos_ids), chat_template
+        self._prefixes: dict[str | None, tuple[list, list[int]]] = {}  # the dummy conversation, by tool name
+
+    def _ids(self, messages, generation_prompt: bool, tools=None) -> list[int]:
+        out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
+                                                 tokenize=True, return_dict=False)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    def after_turn(self, new: list[dict], tool_name: str | None = None) -> list[int]:
+        """Ids of `new` (tool messages, or one user observation) and the next assistant header."""
+        if not self.chat:  # plain prompts: an observation is appended as its own text
+            return self.tokenizer("".join(m["content"] for m in new), add_special_tokens=False)["input_ids"]
+        if tool_name not in self._prefixes:
+            assistant = {"role": "assistant", "content": "x"}
+            if tool_name is not None:
+                assistant = {"role": "assistant", "content": "",
+                             "tool_calls": [{"type": "function", "function": {"name": tool_name, "arguments": {}}}]}
+            dummy = [{"role": "user", "content": "x"}, assistant]
+            prefix = self._ids(dummy, False)
+            ends = [i for i, t in enumerate(prefix) if t in self.eos]
+            self._prefixes[tool_name] = dummy, prefix[: ends[-1] + 1] if ends else prefix
+        dummy, prefix = self._prefixes[tool_name]
+        full = self._ids(dummy + new, True)
+        if full[: len(prefix)] != prefix:
+            raise GrpoError("The chat template renders an assistant turn differently once a tool or user message "
+                            "follows it, so the environment's tokens cannot be appended as ids; use a template that "
+                            "renders a conversation's turns as prefixes of each other.")
+        return full[len(prefix) :]
+
+    def check_tools(self) -> None:
+        """The template renders a tool call and its result (one sentence when it cannot)."""
+        try:
+            self.after_turn([{"role": "tool", "name": "f", "content": "1"}], "f")
+        except GrpoError:
+            raise
+        except Exception as e:  # the template's own failure, e.g. it has no tool role
+            raise GrpoError(f"The model's chat template cannot render a tool call and its result ({type(e).__name__}: "
+                            f"{e}); use a model whose template supports tools, or a step environment.") from None
+
+
+class EpisodeGenerator:
+    """A generator (hf, vllm, ...) driven turn by turn through an environment: same `generate` as any
+    generator, returning a Rollout whose rows are whole episodes (`roll.episodes`)."""
+
+    takes_columns = True  # generate(..., columns=) hands each prompt's dataset row to reset()
+
+    def __init__(self, base, spec: EnvSpec, tokenizer, *, chat_template: bool, system_prompt: str | None = None):
+        self.base, self.spec, self.tokenizer, self.cfg = base, spec, tokenizer, spec.cfg
+        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.returns_logprobs, self.needs_weights = base.returns_logprobs, base.needs_weights
+        if spec.kind == "tools" and not chat_template:
+            raise GrpoError("Tool calling needs the chat template to render tool calls and results; set "
+                            "data.chat_template=true (or use a step environment, which plain prompts can drive).")
+        if spec.kind == "tools":
+            EnvTokens(tokenizer, [tokenizer.eos_token_id], True).check_tools()
+        if not callable(getattr(base, "complete", None)):
+            raise GrpoError(f"The generator {type(base).__name__} cannot continue an episode from its token ids (it has "
+                            "no complete method); use generator=hf or generator=vllm with env.tools or env.factory.")
+
+    def update(self, model) -> None:
+        self.base.update(model)
+
+    def sleep(self) -> None:
+        self.base.sleep()
+
+    def close(self) -> None:
+        self.base.close()
+
+    # -- one episode's environment calls --------------------------------------------------------------
+    def _call(self, ep: Episode, fn: Callable, *args, **kwargs):
+        """fn under the episode's seed and the deadline: (value, None) or (None, the error text)."""
+        t = time.perf_counter()
+        try:
+            with seeded(group_seed(ep.seed, "env", ep.calls)):
+                return call_with_timeout(fn, args, kwargs, self.cfg.timeout_s), None
+        except Timeout as e:
+            ep.timeouts += 1
+            return None, str(e)
+        except Exception as e:  # the environment's own failure becomes what the model reads
+            ep.errors += 1
+            return None, str(e)
+        finally:
+            ep.calls += 1
+            ep.seconds += time.perf_counter() - t
+
+    def _tool_messages(self, ep: Episode, calls: list[dict]) -> list[dict]:
+        tools, out = self.spec.tools_of(ep.environment), []
+        for call in calls:
+            ep.tool_calls += 1
+            name = call.get("name", "unknown")
+            if "error" in call:
+                ep.errors += 1
+                result, error = None, call["error"]
+            elif name not in tools:
+                ep.errors += 1
+                result, error = None, f"Tool {name} not found."
+            else:
+                result, error = self._call(ep, tools[name], **call["arguments"])
+            if error is not None:
+                content = str({"error": error})  # TRL's wording
+            else:
+                if not isinstance(result, str):
+                    ep.non_string += 1
+                content = str(result)
+            out.append({"role": "tool", "name": name, "content": content})
+        return out
+
+    def _start(self, prompt: str, prompt_ids: list[int], row: dict, seed: int) -> Episode:
+        ep = Episode(prompt_ids=list(prompt_ids), seed=seed)
+        ep.environment = self.spec.new()
+        reset = getattr(ep.environment, "reset", None)
+        if reset is None:
+            return ep
+        text, error = self._call(ep, reset, **reset_arguments(row))
+        if error is not None:
+            raise GrpoError(f"env.factory={self.cfg.factory}: reset() failed ({error}); fix the environment's reset.")
+        if text:
+            if not isinstance(text, str):
+                raise GrpoError(f"env.factory={self.cfg.factory}: reset() returned {type(text).__name__}; it must return "
+                                "None or the text to append to the prompt.")
+            ep.prompt_ids = self._prompt_with(prompt, row, text)
+        return ep
+
+    def _prompt_with(self, prompt: str, row: dict, text: str) -> list[int]:
+        """The prompt's ids with `text` appended to its last user message (reset()'s observation)."""
+        from grpo_cli.rollout.data import USER_PROMPT, chat_messages
+        from grpo_cli.rewards import PROMPT_MESSAGES
+
+        if not self.chat_template:
+            return self.base.encode([prompt + text])[0]
+        value = row.get(PROMPT_MESSAGES) or row.get(USER_PROMPT)
+        if value is None:
+            raise GrpoError("reset() returned text for the prompt, but the prompt's messages are unknown here; "
+                            "return None from reset() or give the data as chat messages.")
+        messages = chat_messages(value, self.system_prompt)
+        messages[-1] = {**messages[-1], "content": messages[-1]["content"] + text}
+        rendered = self.tokenizer.apply_chat_template(messages, tools=self.spec.schemas or None, tokenize=False,
+                                                      add_generation_prompt=True)
+        return self.base.encode([rendered])[0]
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
+                 *, with_logprobs: bool = False, columns: dict | None = None) -> Rollout:
+        prompts, G, cfg = list(prompts), group_size, self.cfg
+        seeds = self.base.group_seeds(prompts, sampling, seeds)
+        prompt_ids = self.base.encode(prompts)
+        columns = columns or {}
+        rows = [{k: v[i] for k, v in columns.items()} for i in range(len(prompts))]
+        eos = eos_token_ids(model, self.tokenizer)
+        env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
+        episodes = []
+        for i, p in enumerate(prompts):
+            for j in range(G):
+                seed = group_seed(seeds[i] if seeds is not None else 0, "episode", j)
+                episodes.append(self._start(p, prompt_ids[i], rows[i], seed))
+        live = list(episodes)
+        for turn in range(cfg.max_turns):
+            budget = [cfg.max_tokens - len(ep.ids) for ep in live]
+            turn_sampling = replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, max(budget))))
+            turn_seeds = None if sampling.greedy else [group_seed(ep.seed, "turn", turn) for ep in live]
+            outs = self.base.complete(model, [ep.prompt_ids + ep.ids for ep in live], turn_sampling, turn_seeds,
+                                      with_logprobs=with_logprobs)
+            for ep, room, (ids, logps, finished) in zip(live, budget, outs):
+                if len(ids) > room:  # past the episode's token budget
+                    ids, logps, finished = ids[:room], (logps[:room] if logps is not None else None), False
+                ep.ids += ids
+                ep.action += [1] * len(ids)
+                ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
+                ep.turns += 1
+                self._after_turn(ep, ids, finished, turn, env_tokens)
+            live = [ep for ep in live if not ep.done]  # the last turn ends every episode (_after_turn)
+            if not live:
+                break
+        return self._rollout(prompts, G, episodes, with_logprobs, eos, model)
+
+    def _after_turn(self, ep: Episode, ids: list[int], finished: bool, turn: int, env_tokens: EnvTokens) -> None:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if not finished:  # the turn hit the token limit without ending: nothing to act on
+            ep.messages.append({"role": "assistant", "content": text})
+            ep.done, ep.cut = True, "tokens"
+            return
+        if self.spec.kind == "step":
+            ep.messages.append({"role": "assistant", "content": text})
+            value, error = self._call(ep, ep.environment.step, text)
+            observation, reward, done = (str({"error": error}), 0.0, False) if error is not None else step_result(value)
+            ep.reward += reward
+            if done:
+                ep.done = True
+                return
+            new, tool_name = [{"role": "user", "content": observation}], None
+        else:
+            content, calls = self.spec.parse(text)
+            message = {"role": "assistant", "content": content}
+            good = [c for c in calls if "error" not in c]
+            if good:
+                message["tool_calls"] = [{"type": "function", "function": c} for c in good]
+            ep.messages.append(message)
+            if not calls:
+                ep.done = True
+                return
+            if turn + 1 == self.cfg.max_turns:  # no turn left to read the results: the calls are not made
+                ep.done, ep.cut = True, "turns"
+                return
+            new, tool_name = self._tool_messages(ep, calls), (good[0]["name"] if good else None)
+        if turn + 1 == self.cfg.max_turns:
+            ep.done, ep.cut = True, "turns"
+            return
+        suffix = env_tokens.after_turn(new, tool_name)
+        if len(ep.ids) + len(suffix) >= self.cfg.max_tokens:  # no room for the answer and a reply
+            ep.done, ep.cut = True, "tokens"
+            return
+        ep.messages += new
+        ep.ids += suffix
+        ep.action += [0] * len(suffix)
+        ep.logps += [0.0] * len(suffix)
+
+    def _rollout(self, prompts, G, episodes: list[Episode], with_logprobs: bool, eos: list[int], model) -> Rollout:
+        device = next(model.parameters()).device
+        for ep in episodes:
+            if not ep.ids:  # nothing generated at all: one end-of-sequence token, as single-turn does
+                ep.ids, ep.action, ep.logps = [eos[0]], [1], [0.0]
+
+        def flat(field, prompt_value, dtype):  # each episode's prompt then its tokens, end to end
+            values = [v for ep in episodes for v in [prompt_value] * len(ep.prompt_ids) + list(getattr(ep, field))]
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        action = flat("action", 0, torch.long)
+        return Rollout(
+            prompts=list(prompts), group_size=G, tokens=torch.tensor(
+                [t for ep in episodes for t in [*ep.prompt_ids, *ep.ids]], dtype=torch.long, device=device),
+            lengths=torch.tensor([len(ep.prompt_ids) + len(ep.ids) for ep in episodes]),
+            prompt_lengths=torch.tensor([len(ep.prompt_ids) for ep in episodes]), loss_mask=action,
+            truncated=torch.tensor([ep.cut is not None for ep in episodes], device=device),
+            completions=[ep.final_text for ep in episodes], pad_token_id=self.tokenizer.pad_token_id,
+            sampler_logp=flat("logps", 0.0, torch.float32) * action if with_logprobs else None, episodes=episodes,
+        )
+
+
+def context_note(cfg, model, tokenizer, prompts: list[str], chat_template: bool) -> str | None:
+    """A warning when the longest prompt plus env.max_tokens runs past the model's positions (an episode
+    that long is scored where the model was never trained), or None."""
+    from grpo_cli.rollout.generation import encode_prompts
+
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not positions or not prompts:
+        return None
+    longest = max(len(ids) for ids in encode_prompts(tokenizer, list(prompts), chat_template))
+    if longest + cfg.max_tokens <= positions:
+        return None
+    return (f"the longest prompt ({longest} tokens) plus env.max_tokens={cfg.max_tokens} exceeds the model's "
+            f"{positions} positions; lower env.max_tokens to {max(positions - longest, 1)} or less.")
+
+
+def episode_metrics(episodes: list[Episode], record) -> None:
+    """The step's episode counts, per episode (means over episodes): turns, tool calls, errors, ..."""
+    n = len(episodes)
+    sums = {
+        "env/turns": sum(ep.turns for ep in episodes),
+        "env/tool_calls": sum(ep.tool_calls for ep in episodes),
+        "env/tool_use_frac": sum(ep.tool_calls > 0 for ep in episodes),
+        "env/errors": sum(ep.errors for ep in episodes),
+        "env/timeouts": sum(ep.timeouts for ep in episodes),
+        "env/non_string": sum(ep.non_string for ep in episodes),
+        "env/cut_turns_frac": sum(ep.cut == "turns" for ep in episodes),
+        "env/cut_tokens_frac": sum(ep.cut == "tokens" for ep in episodes),
+        "env/episode_tokens": sum(len(ep.ids) for ep in episodes),
+    }
+    for k, v in sums.items():
+        record.mean(k, float(v), n)
+    record.sum("env/seconds", sum(ep.seconds for ep in episodes))

@@ -1,0 +1,265 @@
+"""Generation behind one small interface that training, held-out evaluation, `grpo evaluate` and
+`grpo sample` share: `generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`,
+`generator.update(model)` after an optimizer step and `generator.sleep()` while the update runs.
+The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a registered backend
+(generators.py, which builds it).
+
+`HFGenerator` samples with the model's own forward and KV cache:
+- each distinct prompt is prefilled once and its cache repeated for its G completions;
+- sampling is exactly softmax(logits / temperature) after optional top-k / top-p, with no other
+  processing (no repetition penalty from a model's generation_config), so the trainer's log-probs
+  describe the distribution the tokens came from;
+- each group draws its noise from its own generator seeded by `seeds[i]` (Gumbel-max), so a group's
+  completions depend on its seed alone, not on which other prompts share the batch, the rank it runs
+  on, or the batch size: runs on 1 or N processes sample the same completions;
+- rows that have finished are dropped from the batch as it shrinks, so a few long completions do not
+  keep every short one's rows computing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import Tensor
+
+from grpo_cli.models.precision import Precision
+from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
+
+NEG_INF = float("-inf")
+# Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
+# the KV cache, so it waits until a quarter of the batch has finished.
+DROP_FINISHED_AT = 0.75
+
+
+def group_seed(*parts: int | str) -> int:
+    """A 63-bit seed from its parts (run seed, step, prompt index, ...), stable across processes."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every end-of-sequence id the model's generation config lists (e.g. <|im_end|> and <|endoftext|>),
+    and the tokenizer's."""
+    ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
+    ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[list[int]]:
+    """Token ids of each prompt, special tokens added once: a chat-rendered prompt already holds them
+    (its ids are exactly apply_chat_template(..., tokenize=True)'s); a plain prompt gets the
+    tokenizer's own (BOS, where it has one)."""
+    return tokenizer(list(prompts), add_special_tokens=not chat_template)["input_ids"]
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _filter(scores: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Logits outside the top-k, or outside the smallest set holding top_p of the mass, set to -inf."""
+    if top_k and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, NEG_INF)
+    if top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        probs = sorted_scores.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # the top token is always kept
+        scores = scores.masked_fill(drop, NEG_INF)
+    return scores
+
+
+class _Noise:
+    """Per-row noise for the exponential race, drawn from each group's own generator: a group's draws
+    depend on its seed only. argmax(logit - log E) with E ~ Exp(1) is an exact sample from
+    softmax(logit) (the Gumbel-max trick: -log E is Gumbel noise)."""
+
+    def __init__(self, seeds: list[int], group_size: int, vocab: int, device):
+        self.G, self.vocab, self.device = group_size, vocab, device
+        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+    def __call__(self, rows: Tensor) -> Tensor:
+        """log E, [len(rows), vocab], for the given original row indices (sorted, on the host, so reading
+        them costs no device sync); one draw per live group."""
+        groups = torch.unique_consecutive(rows // self.G).tolist()
+        drawn = torch.empty(len(groups), self.G, self.vocab, device=self.device)
+        for k, g in enumerate(groups):
+            drawn[k].uniform_(generator=self.generators[g])  # (exponential_ is 7x slower on CPU)
+        # E = -log U ~ Exp(1); in place, so no [rows, vocab] temporaries
+        drawn = drawn.clamp_(min=1e-20).log_().neg_().log_().view(-1, self.vocab)
+        if len(groups) * self.G == len(rows):  # every row of every live group is live: no gather
+            return drawn
+        slot = {g: k for k, g in enumerate(groups)}
+        index = torch.tensor([slot[g] * self.G + r % self.G for g, r in zip((rows // self.G).tolist(), rows.tolist())],
+                             device=self.device)
+        return drawn[index]
+
+
+@torch.no_grad()
+def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
+           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False):
+    """`group_size` completions of each prompt: ([n*G, T'] ids, pad after EOS; [n*G, T'] sampling log-probs
+    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops when
+    every row has ended."""
+    device = next(model.parameters()).device
+    n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
+    ids, mask = _left_pad(prompt_ids, pad_id, device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache, logits = out.past_key_values, out.logits[:, -1]  # prefilled once per distinct prompt
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+        logits, mask = logits.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+    position = positions[:, -1].repeat_interleave(G) + 1  # [n*G] position of the next token
+    B, eos = n * G, torch.tensor(eos_ids, device=device)
+    noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device)
+    tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+    logps = torch.zeros((B, T), device=device) if with_logprobs else None
+    rows = torch.arange(B, device=device)  # original index of each live row
+    host_rows = rows.cpu()  # the same, on the host: what the noise reads
+    done = torch.zeros(B, dtype=torch.bool)  # each live row's: it has sampled an EOS
+    for t in range(T):
+        scores = logits.float()
+        if sampling.greedy:
+            chosen = scores.argmax(-1)
+        else:
+            if sampling.temperature != 1.0:
+                scores = scores / sampling.temperature
+            chosen = (_filter(scores, sampling.top_k, sampling.top_p) - noise(host_rows)).argmax(-1)
+        tokens[rows, t] = chosen
+        if with_logprobs:
+            logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
+        done |= torch.isin(chosen, eos).cpu()  # the one host read per token, as any sampler that stops early
+        live = ~done  # a row that ended stays ended, whatever it draws after its EOS while still in the batch
+        n_live = int(live.sum())
+        if t + 1 == T or n_live == 0:
+            return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
+        if n_live <= DROP_FINISHED_AT * live.numel():  # finished rows leave the batch
+            host_keep = live.nonzero().squeeze(-1)
+            keep = host_keep.to(device)
+            cache.batch_select_indices(keep)
+            host_rows, rows, done = host_rows[host_keep], rows[keep], done[host_keep]
+            chosen, mask, position = chosen[keep], mask[keep], position[keep]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
+                    past_key_values=cache, use_cache=True)
+        logits, position = out.logits[:, -1], position + 1
+    return tokens[:, :0], None  # max_new_tokens = 0
+
+
+def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, completion_ids: Tensor,
+             eos_ids: list[int], tokenizer, logprobs: Tensor | None = None, truncated: Tensor | None = None) -> Rollout:
+    """The Rollout of sampled completions: left-padded prompt + completion rows, masks and text.
+    `truncated` (the engine's finish reason) defaults to: no EOS among the tokens."""
+    pad_id = tokenizer.pad_token_id
+    device = completion_ids.device
+    if completion_ids.shape[1] == 0:  # nothing generated: keep one column, an immediate stop
+        completion_ids = torch.full((completion_ids.shape[0], 1), eos_ids[0], device=device)
+    mask, no_eos = completion_mask(completion_ids, eos_ids)
+    truncated = no_eos if truncated is None else truncated
+    ids, prompt_mask = _left_pad(prompt_ids, pad_id, device)
+    ids, prompt_mask = ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
+    completion_ids = completion_ids.masked_fill(mask == 0, pad_id)  # tokens after EOS are padding
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return Rollout.from_padded(
+        prompts, group_size, torch.cat([ids, completion_ids], dim=1), torch.cat([prompt_mask, mask], dim=1), mask,
+        truncated, sampler_logp=None if logprobs is None else logprobs[:, : mask.shape[1]] * mask, completions=texts,
+        pad_token_id=pad_id,
+    )
+
+
+def continuations(tokens: Tensor, logps: Tensor | None, eos_ids: list[int]):
+    """Rows of generated ids cut after their first EOS: [(ids, log-probs or None, ended with EOS)]."""
+    if tokens.shape[1] == 0:
+        return [([], [] if logps is not None else None, False) for _ in range(tokens.shape[0])]
+    mask, no_eos = completion_mask(tokens, eos_ids)
+    lengths = mask.sum(1).tolist()
+    ended = (~no_eos).tolist()
+    rows, lps = tokens.tolist(), logps.tolist() if logps is not None else None
+    return [(rows[i][:n], lps[i][:n] if lps is not None else None, bool(ended[i])) for i, n in enumerate(lengths)]
+
+
+class PromptIds:
+    """What every generator shares: each prompt tokenized once per run, and one seed per group."""
+
+    def __init__(self, tokenizer, chat_template: bool):
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+        self._ids: dict[str, list[int]] = {}
+
+    def encode(self, prompts: list[str]) -> list[list[int]]:
+        new = [p for p in dict.fromkeys(prompts) if p not in self._ids]
+        if new:
+            self._ids.update(zip(new, encode_prompts(self.tokenizer, new, self.chat_template)))
+        return [self._ids[p] for p in prompts]
+
+    @staticmethod
+    def group_seeds(prompts: list[str], sampling: Sampling, seeds: list[int] | None) -> list[int] | None:
+        """`seeds` checked (one per prompt), or drawn from torch's global generator when sampling."""
+        if seeds is None and not sampling.greedy:
+            seeds = torch.randint(2**62, (len(prompts),)).tolist()
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one seed per prompt (its group's).")
+        return seeds
+
+
+class HFGenerator(PromptIds):
+    """Generation with the model's own forward (see the module docstring). The model is passed per
+    call (the policy, or a behaviour policy), so there are no weights to push after an update."""
+
+    returns_logprobs = False  # sampling log-probs only when asked (with_logprobs, for algo.sampler_correction)
+    needs_weights = False  # generation reads the model passed in; nothing to push after an update
+
+    def __init__(self, tokenizer, settings=None, *, chat_template: bool = False, precision: Precision | None = None,
+                 **_placement):
+        super().__init__(tokenizer, chat_template)
+        self.precision = precision or Precision("fp32")
+
+    def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
+                 *, with_logprobs: bool = False) -> Rollout:
+        """`group_size` completions of each prompt; `seeds` (one per prompt) fix each group's sampling
+        noise, and default to draws from torch's global generator."""
+        prompts = list(prompts)
+        seeds = self.group_seeds(prompts, sampling, seeds)
+        prompt_ids = self.encode(prompts)
+        eos = eos_token_ids(model, self.tokenizer)
+        completion_ids, logps = self._decode(model, prompt_ids, group_size, sampling, seeds, with_logprobs, eos)
+        return assemble(prompts, prompt_ids, group_size, completion_ids, eos, self.tokenizer, logps)
+
+    def complete(self, model, contexts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None, *,
+                 with_logprobs: bool = False) -> list[tuple[list[int], list[float] | None, bool]]:
+        """One continuation of each context (token ids, e.g. an episode so far; episodes.py), seeded per row:
+        (its ids up to and including EOS, their sampling log-probs or None, whether it ended with EOS)."""
+        eos = eos_token_ids(model, self.tokenizer)
+        return continuations(*self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos), eos)
+
+    def _decode(self, model, ids: list[list[int]], group_size: int, sampling: Sampling, seeds, with_logprobs: bool,
+                eos: list[int]):
+        """decode() in eval mode (so no gradient checkpointing, which would turn the cache off) under the
+        run's autocast, the model's mode restored after."""
+        was_training = model.training
+        model.eval()
+        try:
+            with self.precision.autocast():
+                return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
+                              seeds=seeds, with_logprobs=with_logprobs)
+        finally:
+            model.train(was_training)
+
+    def update(self, model) -> None:
+        """Nothing to do: generation reads the model's current weights."""
+
+    def sleep(self) -> None:
+        """Nothing to free: there is no second copy of the weights."""
+
+    def close(self) -> None:
+        """Nothing to shut down."""

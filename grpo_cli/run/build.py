@@ -1,0 +1,434 @@
+"""A training run's life around the loop (trainer.py): `start_run` checks the config, claims the run
+directory (resume policy included), loads the policies and everything that feeds them, and returns a
+`Run`; `Run.save` writes a checkpoint; `finish_run` writes final/, the summary, the model card and the
+hub push. Rank 0 writes every file; every rank builds the same objects.
+"""
+
+from __future__ import annotations
+
+import random
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from rich.markup import escape
+from transformers import get_scheduler
+
+from grpo_cli.run.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff, load_sharded, load_state,
+                                 resolve_resume, save_checkpoint, save_final, set_rng_state, write_config)
+from grpo_cli.run.checks import check_train, env_active
+from grpo_cli.run.console import Console, MetricsLog
+from grpo_cli.rollout.data import USER_PROMPT, PromptOrder, load_data
+from grpo_cli.models.distributed import SINGLE, Dist, is_sharded, unwrap
+from grpo_cli.rollout.environments import environment
+from grpo_cli.rollout.episodes import context_note
+from grpo_cli.errors import GrpoError, SourceLost
+from grpo_cli.rollout.generators import check_available, make_generator
+from grpo_cli.rollout.held_out import HeldOut
+from grpo_cli.rollout.generation import encode_prompts
+from grpo_cli.models.lora import merged_copy
+from grpo_cli.models.memory import planned
+from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
+from grpo_cli.update.policies import RunPolicies, load_policy
+from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
+from grpo_cli.run.publish import check_push, push, write_model_card
+from grpo_cli.rollout import rollout_worker
+from grpo_cli.rewards import build_reward, check_reward_columns, load_user_rewards
+from grpo_cli.models.runtime import prepare_process
+from grpo_cli.rollout.source import LocalSource, RolloutSource, WorkerSource
+from grpo_cli.update.step import StepSettings
+from grpo_cli.run.trackers import check_trackers, open_trackers
+
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_optimizer(model, cfg, total_steps: int):
+    """AdamW over the trainable parameters and the transformers schedule `optimizer.scheduler` names
+    (both checked in checks.py)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Fused: one pass over each tensor instead of one per arithmetic op (1.37 s -> 0.31 s for 494M
+    # float32 parameters on this CPU); torch has it for CPU and CUDA floating-point tensors, FSDP's too.
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, eps=cfg.eps,
+                            fused=fused or None)
+    sched = get_scheduler(cfg.scheduler, opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=max(total_steps, 1))
+    return opt, sched
+
+
+def resolve_strategy(strategy: str, dist: Dist) -> str:
+    if strategy == "auto":
+        return "ddp" if dist.world_size > 1 else "single"
+    if strategy == "single" and dist.world_size > 1:
+        raise GrpoError(f"trainer.strategy=single, but torchrun started {dist.world_size} processes; set "
+                        "trainer.strategy=ddp (or fsdp), or launch one process.")
+    if strategy != "single" and dist.world_size == 1 and dist is SINGLE:
+        raise GrpoError(f"trainer.strategy={strategy} needs a process group: launch with torchrun "
+                        "(torchrun --nproc-per-node N -m grpo_cli train ...), or set trainer.strategy=auto.")
+    return strategy
+
+
+def open_run_dir(run_dir: Path, dist: Dist) -> None:
+    """The run directory exists and can be written (rank 0 checks; every rank hears the answer)."""
+    problem = None
+    if dist.is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / ".write_test").write_text("")
+            (run_dir / ".write_test").unlink()
+        except OSError as e:
+            problem = e.strerror or str(e)
+    problem = dist.broadcast_object(problem)
+    if problem:
+        raise GrpoError(f"Cannot write to the run directory {run_dir} ({problem}); choose another with output_dir=DIR.")
+
+
+def resume_point(cfg, run_dir: Path, console: Console) -> tuple[Path | None, dict, Path]:
+    """(checkpoint to resume from, its state, the run directory): a new run's directory must not hold
+    another run already, unless overwrite=true clears it."""
+    resume_from = resolve_resume(cfg.resume, run_dir, warn=console.warn)
+    if resume_from is None:
+        held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        if held and str(cfg.resume).strip().lower() != "auto" and not cfg.overwrite:
+            raise GrpoError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or "
+                            "start over there with overwrite=true (which deletes it), or choose another output_dir.")
+        return None, {}, run_dir
+    state = load_state(resume_from)
+    if not cfg.output_dir and str(cfg.resume).lower() != "auto":
+        run_dir = resume_from.parent.parent  # resume=PATH continues in that checkpoint's run
+    if state["step"] > cfg.trainer.steps:
+        raise GrpoError(f"{resume_from} is at step {state['step']}, past trainer.steps={cfg.trainer.steps}; raise "
+                        "trainer.steps to continue the run (its final/ is left as it is).")
+    changed = experiment_diff(state.get("config", {}), asdict(cfg))
+    if changed:
+        raise GrpoError(
+            f"Refusing to resume from {resume_from}: these settings differ from the run being resumed "
+            f"({'; '.join(changed)}); drop those overrides, or start a new run with resume=false."
+        )
+    console.print(f"resuming from {resume_from} (step {state['step']})")
+    return resume_from, state, run_dir
+
+
+# The built-in model's settings (conf/train.yaml, sampler/default.yaml, optimizer/adamw.yaml): tuned for a
+# 3 MB model that answers in a few characters. A real model left on them truncates and diverges.
+BUILTIN_MODEL_SETTINGS = {"sampler.max_new_tokens": 6, "optimizer.lr": 3e-4, "trainer.micro_batch_size": 64}
+
+
+def builtin_settings_note(cfg) -> str | None:
+    """A start-up note when model.path leaves the built-in model but the run keeps its settings."""
+    if cfg.model.path.startswith("builtin:"):
+        return None
+    settings = OmegaConf.structured(cfg)
+    kept = {k: v for k, v in BUILTIN_MODEL_SETTINGS.items() if OmegaConf.select(settings, k) == v}
+    if not kept:
+        return None
+    return (f"model.path={cfg.model.path} runs with the built-in tiny model's settings "
+            f"({', '.join(f'{k}={v:g}' for k, v in kept.items())}), which suit a 3 MB model, not a real one; "
+            "start from a preset (experiment=instruct, experiment=qwen_gsm8k) or set those keys.")
+
+
+@dataclass
+class Run:
+    """Everything the loop uses, built once by `start_run`."""
+
+    cfg: object
+    run_dir: Path
+    console: Console
+    dist: Dist
+    command: str | None
+    precision: Precision
+    tokenizer: object
+    policy: torch.nn.Module  # wrapped for DDP / FSDP when launched so
+    policies: RunPolicies
+    reward_fn: object
+    settings: StepSettings
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    prompts: PromptOrder  # this rank's prompts of each step, from the training split
+    user_text: dict  # chat-rendered prompt -> what the user wrote, for completions.jsonl
+    metrics: MetricsLog
+    samples_log: MetricsLog
+    first_step: int
+    source: RolloutSource | None = None  # the rollout stage (source.py): in this process or a worker's
+    held_out: HeldOut | None = None  # scored through the source
+    held_out_before: dict | None = None
+    saved: int = 0  # the newest step saved by this run
+
+    def save(self, step: int) -> None:
+        """A checkpoint of this step. No data position: PromptOrder makes every step's prompts a function
+        of (seed, step). Each rank's rollouts sampled ahead and not yet trained on go with it: a resumed
+        run trains on these, as the uninterrupted one would."""
+        ahead = self.dist.gather_objects(self.source.state_dict())
+        save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
+            "optimizer": {} if is_sharded(self.policy) else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "config": asdict(self.cfg), "held_out_before": self.held_out_before, **self.policies.state_dict(),
+            "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
+            **({"sampled_ahead_per_rank": ahead} if any(ahead) else {}),
+        }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
+        self.saved = step
+
+    @contextmanager
+    def stop_if_source_lost(self, step: int):
+        """A rollout source that cannot sample step `step` (a dead or stuck worker) stops the run: a
+        checkpoint of the last finished step first, then one sentence naming it and the resume command.
+        Under torchrun the other ranks are elsewhere in the step (a save is collective), so this rank
+        names the newest checkpoint and exits, and its exit takes the others down."""
+        try:
+            yield
+        except SourceLost as e:
+            from grpo_cli.run.checkpoint import list_checkpoints
+
+            done = step - 1
+            if self.first_step <= done != self.saved and self.dist.world_size == 1:
+                self.save(done)
+            kept = list_checkpoints(self.run_dir)
+            where = (f"{kept[-1].name} is the newest checkpoint; continue with: {resume_command(self.command, self.run_dir)}"
+                     if kept else "no checkpoint was written yet; start the run again")
+            raise GrpoError(f"Training stopped at step {step}: {e}; {where}.") from None
+
+
+def resume_command(command: str | None, run_dir: Path) -> str:
+    """The command that continues this run where it stopped: the same overrides, this directory, resume=auto."""
+    import shlex
+
+    kept = [a for a in (command or "grpo train").split()[2:]
+            if not a.startswith(("output_dir=", "resume=", "hydra.run.dir=", "overwrite="))]
+    return shlex.join(["grpo", "train", *kept, f"output_dir={run_dir}", "resume=auto"])
+
+
+def check_run(cfg, console: Console, dist: Dist):
+    """What can be refused before anything loads: the config, the user's reward and environment files, a
+    hub push, the strategy for this launch; returns (the environment, the strategy)."""
+    check_train(cfg)
+    if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
+        cfg.reward.fn_dir = os.getcwd()
+    if env_active(cfg.env) and cfg.env.fn_dir is None:  # as reward.fn_dir: tools are found from anywhere later
+        cfg.env.fn_dir = os.getcwd()
+    load_user_rewards(cfg.reward)  # a reward file or module that is not there: refused now, before any model loads
+    env = environment(cfg.env)  # tools and environment classes too
+    check_push(cfg)  # before any work: a push that cannot happen is refused now, not after training
+    note = builtin_settings_note(cfg)
+    if note:
+        console.print(f"[bold]note:[/] {escape(note)}", highlight=False)
+    t, world = cfg.trainer, dist.world_size
+    strategy = resolve_strategy(t.strategy, dist)
+    if t.prompts_per_step % world:
+        raise GrpoError(f"trainer.prompts_per_step={t.prompts_per_step} must divide by the {world} processes, so each "
+                        f"rank samples whole groups; use a multiple of {world}.")
+    return env, strategy
+
+
+def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | None) -> Run:
+    """Check the config, claim the run directory, load the policies and restore a checkpoint's state."""
+    import transformers
+
+    console.phase(f"loaded torch {torch.__version__} and transformers {transformers.__version__}")
+    env, strategy = check_run(cfg, console, dist)
+    t, world = cfg.trainer, dist.world_size
+    device = resolve_device(cfg.model.device)
+    worker_device = rollout_worker.worker_device(cfg, device, dist.local_rank) if t.max_staleness or cfg.generator.worker else None
+    shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
+    threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1))
+    trackers = list(dict.fromkeys(t.trackers))
+    check_trackers(trackers)  # a missing extra is reported before anything is loaded
+    check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
+    open_run_dir(run_dir, dist)
+    set_seed(t.seed)
+    resume_from, state, run_dir = resume_point(cfg, run_dir, console)
+    precision, why = training_precision(t.precision, device)
+    if why:
+        console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
+    tokenizer, data, max_tokens = load_inputs(cfg, resume_from, state, precision, env, world, device, console)
+    train_rows = data["train"]
+    claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
+    policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
+                  f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
+    note = env and context_note(cfg.env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field],
+                                cfg.data.chat_template)
+    if note:
+        console.warn(note)
+    prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
+                          (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
+    reward_fn = build_reward(cfg.reward)
+    if env is not None:
+        env.score_with(reward_fn)  # an environment that scores episodes is one more reward term
+    optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
+    restore_optimizer(state, resume_from, policy, optimizer, scheduler, world, console)
+    resumed_at = state.get("step", 0)
+    metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
+    settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=max_tokens)
+    user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
+                 if USER_PROMPT in train_rows.column_names else {})
+    run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
+              tokenizer=tokenizer, policy=policy, policies=policies, reward_fn=reward_fn, settings=settings,
+              optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts, metrics=metrics,
+              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at)
+    run.source = open_source(run, env, worker_device, cfg.generator.threads or threads, state)
+    run.held_out = HeldOut(cfg, data["test"], run.source, settings.judge, dist, console, metrics)
+    if t.eval_before_after and not state.get("held_out_before"):
+        console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
+    run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
+    console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
+    if state:
+        rngs = state.get("rng_per_rank") or [state["rng"]]
+        set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step
+    return run
+
+
+def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) -> tuple[MetricsLog, MetricsLog]:
+    """metrics.jsonl (with the trackers) and completions.jsonl, written by rank 0 alone; rows a resumed
+    run's checkpoint does not cover are redone, not duplicated."""
+    resumed_at, writes = state.get("step", 0), dist.is_main
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes,
+                         trackers=open_trackers(trackers, run_dir, asdict(cfg), cfg.trainer.tracker_project,
+                                                resumed_at if state else None) if writes else None)
+    samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
+    for log in (metrics, samples_log):
+        log.truncate(resumed_at)
+    return metrics, samples_log
+
+
+def open_source(run: Run, env, worker_device, threads: int, state: dict) -> RolloutSource:
+    """The run's rollout source (source.py): in this process, or the whole chain in a worker process on
+    `worker_device` (trainer.max_staleness > 0 or generator.worker), which takes the weights the run
+    starts from. A resumed run's source takes the rollouts the checkpoint kept in flight. This process
+    builds a generator only when it samples itself, or scores the held-out prompts itself (the worker
+    samples a behaviour policy, not the policy)."""
+    cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
+    kept = state.get("sampled_ahead_per_rank") or []
+    pending = kept[dist.rank] if len(kept) == dist.world_size else {}
+    local = None
+    if worker_device is None or cfg.algo.behaviour != "current":
+        generator = make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
+                                   precision=run.precision, device=resolve_device(cfg.model.device),
+                                   world_size=dist.world_size, seed=t.seed, env=env, system_prompt=cfg.data.system_prompt)
+        local = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
+                            dist=dist, prompts=run.prompts, warn=run.console.warn)
+    if worker_device is None:
+        if state:
+            local.load_state_dict(pending)
+        return local
+    if cfg.algo.dynamic_sampling and dist.world_size > 1:
+        raise GrpoError("algo.dynamic_sampling in the generation worker refills each rank's groups alone, without the "
+                        "quota every rank shares under torchrun; set generator.worker=false and trainer.max_staleness=0, "
+                        "or run one process.")
+    run.console.phase(f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
+                      f"max_staleness={t.max_staleness}")
+    spec = rollout_worker.WorkerSpec.of(cfg, run.settings, worker_device, threads)
+    worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
+                                          cfg.generator.timeout_s)
+    source = WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
+                          first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local)
+    try:
+        if state:
+            source.load_state_dict(pending)
+        source.update(run.policy, run.first_step - 1)  # the weights the run starts from
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):
+    """The tokenizer, the data and the memory plan (tokenizer, data splits, token budget per micro-batch):
+    before any model loads, and before the run directory is claimed, so a config that cannot fit leaves
+    the directory as it was."""
+    tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
+                 else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
+    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
+    train_rows = data["train"]
+    for name, split in data.items():
+        check_reward_columns(cfg.reward, split, name)
+    console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
+    plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
+                               precision, world, state.get("max_tokens_per_micro_batch"), device)
+    console.print(escape(plan.line()), highlight=False)
+    return tokenizer, data, max_tokens
+
+
+def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist, command: str | None) -> None:
+    """Rank 0 empties the directory (overwrite=true), removes what an interrupted save left, and writes
+    the config once the run is accepted, never over another run's."""
+    if dist.is_main:
+        if cfg.overwrite and resume_from is None:
+            for name in RUN_FILES:
+                shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (run_dir / name).unlink(missing_ok=True)
+        for left in clean_temporaries(run_dir):
+            console.warn(f"removed {left}, left by a save that was interrupted")
+        write_config(run_dir / CONFIG_FILE, asdict(cfg))
+        write_config(run_dir / "overrides.yaml", {"command": command or "", "world_size": dist.world_size})
+    dist.barrier()
+
+
+def load_policies(cfg, precision: Precision, strategy: str, resume_from, state: dict, dist: Dist):
+    """The policy (wrapped for DDP / FSDP) and its reference and behaviour (docs/math.md, "Policies")."""
+    sharded = strategy == "fsdp"
+    if state and sharded and not state.get("sharded"):
+        raise GrpoError(f"{resume_from} was written without FSDP, so its optimizer state cannot be sharded; resume it "
+                        "with trainer.strategy=ddp (or in one process), or start a new FSDP run with resume=false.")
+    policy = load_policy(cfg.model, precision, None if sharded else resume_from)  # FSDP restores its shards below
+    if precision.name == "bf16" and not cfg.model.lora.r:  # a LoRA adapter is float32 whatever the base
+        check_pure_bf16_lr(policy, cfg.optimizer.lr)
+    policies = RunPolicies(cfg, precision, policy)
+    policy = dist.wrap(policy, strategy)
+    if sharded and policies.reference is not None:
+        dist.wrap(policies.reference, strategy)  # the reference is sharded too
+    policies.policy = policy
+    policies.load_state_dict(state)  # a refreshed reference or lagged behaviour is not on disk
+    return policy, policies
+
+
+def restore_optimizer(state: dict, resume_from, policy, optimizer, scheduler, world: int, console: Console) -> None:
+    if not state:
+        return
+    if state.get("sharded"):  # torch.distributed.checkpoint reshards to this world size (one process too)
+        load_sharded(resume_from, policy, optimizer)
+    else:
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if state.get("world_size", 1) != world:
+        console.print(f"resuming a {state.get('world_size', 1)}-process run on {world}: the prompts and sampled "
+                      "completions of each step are the same (they depend on the seed and step alone)")
+
+
+def finish_run(run: Run, seconds: float) -> dict:
+    """final/ (a merged model under LoRA), the summary, the held-out scores after training, the model
+    card and the hub push. Returns the summary `grpo train` prints."""
+    cfg, t = run.cfg, run.cfg.trainer
+    run.policy.eval()
+    merge = None
+    if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
+        merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
+    save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
+    after = run.held_out.final(t.steps) if run.held_out_before else None  # in metrics.jsonl too: the curve's end
+    run.metrics.close()
+    rows = [r for r in run.metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
+    last = rows[-20:]
+    summary = {
+        "steps": t.steps,
+        "reward_first": rows[0]["reward_mean"] if rows else None,
+        "reward_last20": sum(r["reward_mean"] for r in last) / len(last) if last else None,
+        "seconds": seconds,
+        "health": ", ".join(dict.fromkeys(k.split("/", 1)[1] for r in rows for k in r if k.startswith("health/")))
+                  or ("not checked" if t.health == "off" else "no rule fired"),
+        "run_dir": str(run.run_dir),
+    }
+    if after is not None:
+        summary.update(run.held_out.after(run.held_out_before, after))
+    if run.dist.is_main:
+        card = write_model_card(run.run_dir / "final", cfg, summary, run.command or "grpo train")
+        if cfg.hub.push:
+            summary["pushed"] = push(card.parent, cfg, run.console)
+    return summary

@@ -1,0 +1,111 @@
+"""`grpo train`: the GRPO loop (docs/math.md, "The algorithm"), read top to bottom. Each step:
+1. the rollout source (source.py) hands over this step's groups, sampled and scored: in this process,
+   or sampled ahead in a worker process (trainer.max_staleness), which the loop does not need to know;
+2. whiten the rewards within each group, compute the log-probabilities the config needs and run mu
+   clipped updates (step.grpo_step); the source takes the new weights;
+3. advance the schedule and refresh the lagged policies;
+4. log the metrics (and a sample of completions);
+5. score the held-out prompts every trainer.eval_every steps;
+6. save a checkpoint every trainer.save_every steps, at the end, and on SIGTERM / Ctrl-C.
+
+Building the run and finishing it live in run.py; under torchrun every rank runs this same loop on
+its share of each step's prompts (distributed.py does the communicating, rank 0 the writing).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import closing
+from pathlib import Path
+
+from grpo_cli.run.console import Console
+from grpo_cli.models.distributed import SINGLE, Dist
+from grpo_cli.errors import GrpoError
+from grpo_cli.run.health import Health, stop_run
+from grpo_cli.run.build import Run, finish_run, resume_command, start_run
+from grpo_cli.update.step import completion_rows, grpo_step, shown_group
+from grpo_cli.run.stopping import GracefulStop, Stopped
+
+
+def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: str | None = None) -> dict:
+    """The whole run, on this rank. Returns the summary printed at the end."""
+    run = start_run(cfg, Path(run_dir), console, dist, command)
+    t, source = cfg.trainer, run.source
+    watch, start = Watch(t, console), time.perf_counter()
+    health = Health(cfg, console.warn, t.health)  # every rank sees the same reduced rows, so all stop together
+    # The reward's and the source's helper processes end with the run, however it ends.
+    with closing(run.reward_fn), closing(source):
+        with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), \
+                GracefulStop(announcer(console)) as stop:
+            for step in range(run.first_step, t.steps + 1):
+                run.policy.train()
+                with run.stop_if_source_lost(step):
+                    scored = source.next(step)  # 1.
+                row, roll = grpo_step(run.policies.roles(), run.optimizer, scored, run.settings,  # 2.
+                                      precision=run.precision, dist=dist)
+                row.update(source.update(run.policy, step))  # the source samples the coming steps with this update
+                watch.updates(step, row)
+                lr = run.scheduler.get_last_lr()[0]  # 3.
+                run.scheduler.step()
+                run.policies.refresh(step)
+                row = {"step": step, **row, "lr": lr}
+                unhealthy = health.check(step, row)  # adds health/<rule> to the row
+                log_step(run, step, row, roll)  # 4.
+                if t.eval_every and step % t.eval_every == 0:  # 5.
+                    run.held_out.during(step)
+                signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together
+                if step % t.save_every == 0 or step == t.steps or signum or unhealthy:
+                    run.save(step)
+                if signum:
+                    raise Stopped(signum, step, resume_command(command, run.run_dir))
+                if unhealthy:  # trainer.health=stop
+                    raise stop_run(unhealthy, resume_command(command, run.run_dir))
+        return finish_run(run, time.perf_counter() - start)
+
+
+def announcer(console: Console):
+    def announce(signum: int) -> None:
+        console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
+                     "(press Ctrl-C again to stop at once)")
+    return announce
+
+
+def log_step(run: Run, step: int, row: dict, roll) -> None:
+    """The metrics row (every trainer.log_every steps and the last), the console line, and every
+    trainer.log_completions_every steps (and the last) a sample of completions to completions.jsonl and the
+    screen."""
+    t = run.cfg.trainer
+    if step % t.log_every == 0 or step == t.steps:
+        run.metrics.write(row)
+    run.console.step(row)
+    due = step % t.log_completions_every == 0 or step == t.steps if t.log_completions_every else False
+    if due and t.log_completions_groups:  # the last step too: a short run still leaves a sample
+        sample = completion_rows(step, roll, t.log_completions_groups, run.user_text)
+        for r in sample:
+            run.samples_log.write(r)
+        show = shown_group(sample, roll.group_size)
+        run.console.completions(show, f"step {step}: completions of {show[0]['prompt']!r} (answer "
+                                f"{show[0]['answer']}); {len(sample)} in completions.jsonl")
+
+
+class Watch:
+    """Non-finite updates between steps: skipped with a warning; trainer.nonfinite_patience in a row stop
+    the run (the other health checks: health.py)."""
+
+    def __init__(self, trainer, console: Console):
+        self.t, self.console = trainer, console
+        self.skipped = 0
+
+    def updates(self, step: int, row: dict) -> None:
+        self.skipped = self.skipped + 1 if row["skipped"] else 0
+        if row["skipped"]:
+            self.console.warn(f"step {step}: the loss or gradient was not finite, so this update was skipped "
+                              f"({self.skipped} in a row; the run stops at trainer.nonfinite_patience="
+                              f"{self.t.nonfinite_patience}).")
+        if self.skipped >= self.t.nonfinite_patience:
+            raise GrpoError(
+                f"{self.skipped} updates in a row had a non-finite loss or gradient (step {step}), so training "
+                "stopped with the weights of the last finite update; lower optimizer.lr, check that the reward "
+                "is bounded, or resume from the last checkpoint with resume=auto."
+            )

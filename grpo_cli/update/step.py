@@ -1,0 +1,356 @@
+"""One GRPO step (docs/math.md, "The algorithm") on a scored rollout from the rollout source (source.py):
+whiten the rewards within each group, compute only the log-probabilities the config needs, and run mu
+clipped updates. `trainer.train` calls it once per step; benchmarks call it alone.
+
+Every normaliser is global: under data parallelism (distributed.py) token and sequence counts are
+summed over ranks, so the loss, its gradient and the logged metrics are those of the whole batch,
+whatever the world size. Metrics stay device tensors until the step ends, then are reduced over ranks
+and read in one collective (metrics.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, make_dataclass
+from types import MappingProxyType
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch import Tensor
+from torch.profiler import record_function
+
+from grpo_cli.models.distributed import SINGLE, Dist
+from grpo_cli.models.logprobs import LogProbRequest, can_pack, one_bin, packed_logprobs, padded_logprobs
+from grpo_cli.models.memory import GIB, current_bytes, peak_bytes
+from grpo_cli.update.metrics import StepMetrics
+from grpo_cli.algo.advantages import ADVANTAGES
+from grpo_cli.algo.objective import POLICY_LOSSES, LossInputs, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.models.precision import Precision
+from grpo_cli.rewards import Judge, no_score_none
+from grpo_cli.models.packer import pack, packed_inputs
+from grpo_cli.update.batch import Rollout, Sampling
+
+
+PHASES = ("grpo/generation", "grpo/scoring", "grpo/update")  # the step's phases, as timed (gen_s, score_s, update_s)
+
+
+@dataclass
+class Policies:
+    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None
+    when beta = 0) and the behaviour policy that samples (None on-policy, where the policy samples).
+    A reference or behaviour is a context-manager factory yielding the model to run: a separate frozen
+    model, or, under LoRA, the policy itself with its adapter off or a lagged adapter swapped in."""
+
+    policy: torch.nn.Module
+    reference: Callable[[], ContextManager] | None = None
+    behaviour: Callable[[], ContextManager] | None = None
+
+    @classmethod
+    def of(cls, policy, reference=None, behaviour=None) -> "Policies":
+        """From plain models: each role runs its own model."""
+        scope = lambda model: (lambda: nullcontext(model)) if model is not None else None  # noqa: E731
+        return cls(policy, scope(reference), scope(behaviour))
+
+
+def clock(device: torch.device) -> float:
+    """Wall time after the device's queued work: without the sync, CUDA phases bill each other."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def frozen(config):
+    """A frozen copy of a config dataclass (same fields and values; a dict field becomes read-only); it
+    pickles as the config it copies, so a helper process can be sent it."""
+    cls = type(config)
+    if cls not in _FROZEN:
+        _FROZEN[cls] = make_dataclass(f"Frozen{cls.__name__}", [(f.name, f.type) for f in fields(cls)], frozen=True,
+                                      namespace={"__reduce__": lambda self: (_refrozen, (cls, _values(self)))})
+    return _FROZEN[cls](**{f.name: MappingProxyType(dict(v)) if isinstance(v := getattr(config, f.name), dict) else v
+                           for f in fields(cls)})
+
+
+def _values(copy) -> dict:
+    return {f.name: dict(v) if isinstance(v := getattr(copy, f.name), MappingProxyType) else v for f in fields(copy)}
+
+
+def _refrozen(cls, values: dict):
+    return frozen(cls(**values))
+
+
+_FROZEN: dict[type, type] = {}
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a step reads of the run's config, built once per run (`StepSettings.of`): the objective's
+    settings, how to sample, how to batch, and the run's one Judge of what "correct" means."""
+
+    algo: Any  # a frozen copy of cfg.algo (docs/math.md)
+    sampling: Sampling
+    group_size: int
+    micro_batch_size: int
+    max_grad_norm: float
+    judge: Judge
+    packing: bool = False  # rows packed without padding in every forward (logprobs.py), where the model can
+    max_tokens: int = 0  # micro-batches by token count (real tokens per micro-batch); 0 = micro_batch_size rows
+
+    @classmethod
+    def of(cls, cfg, reward_fn=None) -> "StepSettings":
+        s = cfg.sampler
+        return cls(algo=frozen(cfg.algo), group_size=s.group_size, micro_batch_size=cfg.trainer.micro_batch_size,
+                   sampling=Sampling(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                                     top_k=s.top_k),
+                   max_grad_norm=cfg.optimizer.max_grad_norm, judge=Judge(cfg.reward, reward_fn),
+                   packing=cfg.trainer.packing, max_tokens=cfg.trainer.max_tokens_per_micro_batch)
+
+
+def forward_layout(model, settings: StepSettings) -> str:
+    """How the step lays rows out for `model`'s forward (packer.py): in bins where packing is on and the
+    model can take packed rows, one padded row each otherwise."""
+    if not (settings.packing and can_pack(model)):
+        return "padded"
+    return "one_bin" if one_bin(model) else "bins"
+
+
+class StepBatch:
+    """A rollout as the step's forwards take it, built once per step and used by every pass: the packer's
+    micro-batches, each one's forward inputs (packed bins, or the padded view's rows), and where each
+    micro-batch's completion columns lie among the rollout's per-token values."""
+
+    def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded"):
+        self.roll, self.T = roll, roll.completion_len
+        lengths = roll.lengths.tolist()
+        self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
+                          batch_rows=settings.micro_batch_size, dist=dist,
+                          padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
+        self.index, self.valid = roll.completion_index()  # [B, T]
+        self.padded = roll.padded()[:2] if layout == "padded" else None
+        offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
+        self.packed = [None if layout == "padded" else packed_inputs(roll.tokens, offsets, lengths, prompts, self.T, mb)
+                       for mb in self.parts]
+
+    def grid(self, values: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Per-token `values` [N] on the completion columns of `rows` (default all): [b, T], 0 where none."""
+        index, valid = (self.index, self.valid) if rows is None else (self.index[rows], self.valid[rows])
+        return torch.where(valid, values[index], torch.zeros((), dtype=values.dtype, device=values.device))
+
+    def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None]:
+        """Micro-batch i's token log-probs (and entropy) under `model`: [b, T] each."""
+        if self.packed[i] is not None and can_pack(model):
+            return packed_logprobs(model, self.packed[i], request)
+        if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
+            self.padded = self.roll.padded()[:2]
+        rows = self.parts[i].rows.to(self.padded[0].device)
+        return padded_logprobs(model, self.padded[0][rows], self.padded[1][rows], request)
+
+
+def score_tokens(model, batch: StepBatch, temperature: float, precision: Precision) -> Tensor:
+    """Each token's log-probability under `model`, without gradients: [N], 0 on prompt tokens."""
+    roll = batch.roll
+    out = torch.zeros(roll.tokens.shape, device=roll.tokens.device)
+    request = LogProbRequest(batch.T, temperature)
+    with torch.no_grad(), precision.autocast():
+        for i, mb in enumerate(batch.parts):
+            rows = mb.rows.to(out.device)
+            logp = batch.logprobs(model, i, request)[0].float()
+            valid = batch.valid[rows]
+            out[batch.index[rows][valid]] = logp[valid]
+    return out
+
+
+def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision,
+          dist: Dist = SINGLE) -> Tensor:
+    """Each token's log-probability under `model`, without gradients: [N] (0 on prompt tokens), in
+    micro-batches as the step would form them."""
+    return score_tokens(model, StepBatch(roll, settings, dist, forward_layout(model, settings)), temperature, precision)
+
+
+def loss_mask(roll: Rollout, mask_truncated: bool, batch: StepBatch | None = None) -> torch.Tensor:
+    """Completion tokens that enter the loss, [B, T]: none of a padding row, and with mask_truncated none of a
+    completion cut off by max_new_tokens (DAPO's overlong filtering: its reward judges an unfinished
+    answer)."""
+    mask = batch.grid(roll.loss_mask) if batch is not None else roll.completion_mask
+    if mask_truncated:
+        mask = mask * (~roll.truncated)[:, None]
+    if roll.weight is not None:
+        mask = mask * roll.weight[:, None].to(mask.dtype)
+    return mask
+
+
+def real_rows(roll: Rollout) -> torch.Tensor:
+    return roll.weight if roll.weight is not None else torch.ones(roll.rows, device=roll.tokens.device)
+
+
+def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
+             with_entropy: bool = False, dist: Dist = SINGLE, batch: StepBatch | None = None) -> tuple[bool, float]:
+    """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with
+    its KL term and entropy bonus, over the whole (global) rollout batch, accumulated
+    over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
+    go to `record` when given, the entropy when `with_entropy`; `batch` the step's micro-batches (formed
+    here when not given). Returns (skipped, gradient norm).
+
+    A non-finite loss or gradient norm skips the step: the weights and the optimizer's moments stay
+    as they were. The gradient norm is global (DDP all-reduces the gradients first), so every rank
+    decides alike without a collective.
+    """
+    algo, temperature = settings.algo, settings.sampling.temperature
+    batch = batch if batch is not None else StepBatch(roll, settings, dist, forward_layout(policy, settings))
+    full_mask = loss_mask(roll, algo.mask_truncated, batch)
+    request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
+    # The step's normalisers, summed over ranks, read in one sync before any work is queued.
+    total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
+    optimizer.zero_grad(set_to_none=True)
+    # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
+    # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
+    with precision.autocast():
+        for i, mb in enumerate(batch.parts):
+            rows = mb.rows.to(full_mask.device)
+            mask = full_mask[rows]
+            with dist.no_sync(policy, last=i == len(batch.parts) - 1):  # gradients all-reduced once, after the last
+                logp, entropy = batch.logprobs(policy, i, request)
+                with precision.outside_autocast():
+                    # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
+                    old = batch.grid(roll.old_logp, rows) if roll.old_logp is not None else logp.detach()
+                    sampler = batch.grid(roll.sampler_logp, rows) if roll.sampler_logp is not None else None
+                    weight = (sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
+                              if sampler is not None and algo.sampler_correction == "tis" else None)
+                    loss, m = policy_loss(LossInputs(
+                        logp, old, roll.advantages[rows], mask,
+                        clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
+                        ref_logp=batch.grid(roll.ref_logp, rows) if roll.ref_logp is not None else None,
+                        kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
+                        max_completion_length=settings.sampling.max_new_tokens,
+                        num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
+                        loss=algo.loss, loss_args=algo.loss_args, clip_ratio_c=algo.clip_ratio_c,
+                        entropy=entropy, entropy_coef=algo.entropy_coef,
+                    ))
+                    # DDP averages gradients over ranks: times the world size, that average is the global sum.
+                    (loss * dist.world_size).backward()
+            tokens = mask.sum()
+            if with_entropy and record is not None:
+                record.mean("entropy", (entropy.detach() * mask).sum(), tokens)
+            if record is not None:
+                record.sum("loss", loss.detach())
+                record.mean("kl_behaviour", (token_kl(old, logp.detach(), "k3") * mask).sum(), tokens)
+                for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", *POLICY_LOSSES[algo.loss].metrics):
+                    if k in m:
+                        record.mean(k, m[k] * tokens, tokens)
+                record.min("ratio_min", m["ratio_min"])
+                record.max("ratio_max", m["ratio_max"])
+                if sampler is not None:  # the engine against the trainer (docs/math.md, "Sampler mismatch")
+                    record_mismatch(record, old, sampler, mask, weight, algo.sampler_correction_cap)
+    params = [p for p in policy.parameters() if p.grad is not None]
+    max_norm = settings.max_grad_norm if settings.max_grad_norm > 0 else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0  # a host sync
+    finite = math.isfinite(grad_norm)  # a non-finite loss gives non-finite gradients, hence this norm
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)  # a skipped step's gradients are thrown away
+    return not finite, grad_norm
+
+
+def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float) -> None:
+    """How far the sampler's log-probs are from the trainer's, over completion tokens: the mean
+    |log pi_old - log pi_sampler| and the largest pi_old / pi_sampler; with the correction on, the share
+    of tokens whose weight the cap cut."""
+    tokens, keep = mask.sum(), mask.bool()
+    diff = (old - sampler).float()
+    record.mean("sampler/logp_diff", (diff.abs() * mask).sum(), tokens)
+    record.max("sampler/ratio_max", torch.where(keep, diff, -torch.inf).amax().exp())
+    if weight is not None:
+        record.mean("sampler/capped_frac", ((diff > math.log(cap)) & keep).sum(), tokens)
+
+
+def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
+    """The advantages of the real groups ([n*G]) by algo.advantage (advantages.py); padding groups get zero and
+    stay out of the statistics."""
+    real = real_rows(roll).view(-1, roll.group_size)[:, 0].bool().cpu()  # [n]
+    out = torch.zeros_like(roll.rewards, dtype=torch.float32)
+    out[real] = ADVANTAGES[algo.advantage](roll.rewards[real], algo, dist.all_sum).float()
+    return out.flatten().to(roll.tokens.device)
+
+
+def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, precision: Precision | None = None,
+              dist: Dist = SINGLE):
+    """Whiten the scored rollout's rewards within groups and run mu updates (docs/math.md, "The
+    algorithm"): (metrics row, rollout). `scored` is a source.ScoredRollout: what the sampling policy
+    drew, with its rewards and answers.
+
+    When the weights that sampled are not the policy's (a behaviour policy, or pushed weights older than
+    it), the rollout carries their log-probabilities, the denominator of every ratio. On-policy they
+    come from pi_theta_old, computed once per batch when mu > 1.
+    """
+    precision = precision or Precision("fp32")
+    policy, roll, metrics = policies.policy, scored.rollout, scored.metrics
+    device = next(policy.parameters()).device
+    algo, temp = settings.algo, settings.sampling.temperature
+    # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
+    t0 = clock(device)
+    batch = StepBatch(roll, settings, dist, forward_layout(policy, settings))  # once: every pass runs these micro-batches
+    with record_function(PHASES[1]):  # only the log-probabilities this config needs: none when beta = 0 and mu = 1
+        roll.old_logp = roll.behaviour_logp
+        if roll.old_logp is None and algo.num_iterations > 1:
+            roll.old_logp = score_tokens(policy, batch, temp, precision)
+        if policies.reference is not None:
+            with policies.reference() as reference:
+                roll.ref_logp = score_tokens(reference, batch, temp, precision)
+        roll.advantages = advantages(roll, algo, dist)
+    t_score = clock(device)
+
+    skipped, grad_norm = 0, 0.0
+    with record_function(PHASES[2]):
+        for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
+            last = i == algo.num_iterations - 1
+            failed, grad_norm = optimise(policy, optimizer, roll, settings, precision, record=metrics if last else None,
+                                         with_entropy=i == 0, dist=dist, batch=batch)
+            skipped += failed
+    t_end = clock(device)
+
+    weights = real_rows(roll)
+    lengths = roll.sampled_tokens().to(weights.device).double() * weights.double()
+    metrics.mean("completion_len", lengths.sum(), weights.sum())
+    real = weights.bool()
+    metrics.min("completion_len_min", torch.where(real, lengths, lengths.amax()).amin())  # no host sync
+    metrics.max("completion_len_max", lengths.amax())  # padding rows' lengths are already 0
+    # The share of a padded [rows, prompt + completion] batch that is padding: what packing leaves out.
+    padded = roll.rows * (int(roll.prompt_lengths.max()) + roll.completion_len)
+    metrics.mean("padding_frac", padded - roll.tokens.numel(), padded)
+    metrics.sum("completion_tokens", lengths.sum())
+    metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
+    for name, seconds in (("gen_s", scored.gen_s), ("score_s", scored.score_s + t_score - t0),
+                          ("update_s", t_end - t_score), ("seconds", scored.gen_s + scored.score_s + t_end - t0)):
+        metrics.max(name, seconds)  # the slowest rank's: the step waits for it
+    metrics.max("peak_memory_gib", peak_bytes(device) / GIB)  # the largest rank's (memory.py)
+    metrics.max("memory_gib", current_bytes(device) / GIB)  # in use at the step's end (health.py: memory_growth)
+    row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
+    row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
+    row["completion_tokens"] = int(row["completion_tokens"])
+    row.update(grad_norm=grad_norm, skipped=float(skipped),
+               tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
+    return row, roll
+
+
+def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | None = None) -> list[dict]:
+    """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
+    the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
+    G, answers, user_text = roll.group_size, roll.answers, user_text or {}
+    rows = [
+        {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
+         "answer": str(answers[g]),
+         "reward": no_score_none(float(roll.rewards[g, j])), "advantage": float(roll.advantages[g * G + j])}
+        for g in range(min(groups, len(roll.prompts))) for j in range(G)
+    ]
+    if roll.episodes is not None:  # the whole transcript: every turn, tool call and result
+        for r, ep in zip(rows, roll.episodes):  # rows are the first groups' completions, in order
+            r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
+                     cut=ep.cut)
+    return rows
+
+
+def shown_group(rows: list[dict], group_size: int) -> list[dict]:
+    """The first logged group whose rewards differ (the ones that teach), else the first."""
+    groups = [rows[s : s + group_size] for s in range(0, len(rows), group_size)]
+    return next((g for g in groups if len({r["reward"] for r in g}) > 1), groups[0])
