@@ -11,7 +11,7 @@ loss is the whole batch's either way: every normaliser is global (docs/math.md, 
 
 Layout of a micro-batch's forward:
 - "padded": one row per sequence, every row as long as the step's longest prompt plus its longest
-  completion (the padded view, rollout.py);
+  completion (the padded view, update/batch.py);
 - "bins": rows laid end to end in bins as long as the micro-batch's longest row (first-fit decreasing), so
   attention never costs more than one padded row and no pad token is computed (docs/math.md, "Packed
   batches");

@@ -8,7 +8,7 @@
 5. score the held-out prompts every trainer.eval_every steps;
 6. save a checkpoint every trainer.save_every steps, at the end, and on SIGTERM / Ctrl-C.
 
-Building the run and finishing it live in run.py; under torchrun every rank runs this same loop on
+Building the run and finishing it live in build.py; under torchrun every rank runs this same loop on
 its share of each step's prompts (distributed.py does the communicating, rank 0 the writing).
 """
 
