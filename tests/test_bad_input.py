@@ -428,7 +428,7 @@ def test_sigkill_while_final_is_written_leaves_no_broken_final_and_resume_comple
     """The child slows the flush of the staged final/ so the kill lands inside it."""
     code = (
         "import sys, time\n"
-        "from grpo_cli import checkpoint\n"
+        "from grpo_cli.run import checkpoint\n"
         "real = checkpoint._fsync_tree\n"
         "def slow(path):\n    real(path)\n    time.sleep(30) if path.name == '.tmp-final' else None\n"
         "checkpoint._fsync_tree = slow\n"
