@@ -156,7 +156,7 @@ def test_a_rollout_s_rows_are_flat_and_its_padded_view_is_the_padded_batch_it_ca
     assert roll.sampler_logp.tolist() == pytest.approx([0, 0, -0.1, -0.2, -0.3, 0, -0.4, 0, 0, -0.5, 0])
     assert roll.sampled_tokens().tolist() == [3, 1, 1]
     assert roll.completion_ids() == [[21, 22, 23], [24], [25, 26]]
-    input_ids, mask, completion = roll.padded()
+    (input_ids, mask), completion = roll.padded(), roll.completion_mask
     assert torch.equal(input_ids, ids) and torch.equal(mask, attention) and torch.equal(completion, action)
     assert torch.equal(roll.completion_grid(roll.sampler_logp), sampler)
     assert torch.equal(roll.from_grid(sampler), roll.sampler_logp)

@@ -121,9 +121,9 @@ class Rollout:
         out[index[valid]] = grid[valid]
         return out
 
-    def padded(self) -> tuple[Tensor, Tensor, Tensor]:
+    def padded(self) -> tuple[Tensor, Tensor]:
         """The padded view: (input_ids, attention_mask) [rows, P+T], prompts left-padded to the longest P and
-        completions right-padded to T, and completion_mask [rows, T]."""
+        completions right-padded to T (`completion_mask` is the loss mask on those T columns)."""
         P, T, device = int(self.prompt_lengths.max()), self.completion_len, self.tokens.device
         row = torch.repeat_interleave(torch.arange(self.rows), self.lengths)
         col = torch.arange(self.tokens.shape[0]) - self.offsets[row] + (P - self.prompt_lengths)[row]
@@ -132,7 +132,7 @@ class Rollout:
         input_ids[row, col] = self.tokens
         attention_mask = torch.zeros((self.rows, P + T), dtype=torch.long, device=device)
         attention_mask[row, col] = 1
-        return input_ids, attention_mask, self.completion_grid(self.loss_mask).long()
+        return input_ids, attention_mask
 
     @property
     def input_ids(self) -> Tensor:

@@ -127,7 +127,7 @@ class StepBatch:
                           batch_rows=settings.micro_batch_size, dist=dist,
                           padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
         self.index, self.valid = roll.completion_index()  # [B, T]
-        self.padded = roll.padded()[:2] if layout == "padded" else None
+        self.padded = roll.padded() if layout == "padded" else None
         offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
         self.packed = [None if layout == "padded" else packed_inputs(roll.tokens, offsets, lengths, prompts, self.T, mb)
                        for mb in self.parts]
@@ -142,7 +142,7 @@ class StepBatch:
         if self.packed[i] is not None and can_pack(model):
             return packed_logprobs(model, self.packed[i], request)
         if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
-            self.padded = self.roll.padded()[:2]
+            self.padded = self.roll.padded()
         rows = self.parts[i].rows.to(self.padded[0].device)
         return padded_logprobs(model, self.padded[0][rows], self.padded[1][rows], request)
 
