@@ -118,9 +118,9 @@ def score(completions, **kw):
         elif mode == "exit":
             os._exit(7)
         elif mode == "memory":
-            hoard = []
-            while True:
-                hoard.append(bytearray(2**26))
+            hoard = []  # bytes(n) maps zeroed pages without touching them: the address space, not the
+            while True:  # machine's memory or its time, runs out (bytearray(n) wrote 1 GiB: 2 s under load)
+                hoard.append(bytes(2**26))
         elif mode == "raise":
             raise ValueError("the verifier broke")
         out.append(float(len(c) % 2))
