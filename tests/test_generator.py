@@ -130,3 +130,36 @@ def test_generator_vllm_without_vllm_is_one_sentence(command, tmp_path):
     assert out.returncode == 2, out.stderr
     assert "generator=vllm needs vLLM" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_registered_back_end_checks_its_own_settings_and_names_what_it_needs():
+    """A back-end declares its rules and its library (generators.Backend); checks.py applies them with the
+    rest of the config, and `check_available` names the missing library, without importing the factory."""
+    from grpo_cli.config import TrainConfig
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.rollout.generators import GENERATORS, check_available, register_generator
+    from grpo_cli.run.checks import check_train
+
+    def check(p, g, model):
+        p.need(g.kv_cache_gib <= 2, f"generator.kv_cache_gib={g.kv_cache_gib} is more than toy serves (2)")
+
+    register_generator("toy", "no_such_module:Toy", check=check, requires="no_such_module_xyz",
+                       install="generator=toy needs no_such_module_xyz: pip install it.")
+    try:
+        cfg = TrainConfig()
+        cfg.generator.name, cfg.generator.kv_cache_gib = "toy", 3.0
+        with pytest.raises(GrpoError, match=r"generator.kv_cache_gib=3.0 is more than toy serves \(2\)"):
+            check_train(cfg)
+        cfg.generator.kv_cache_gib = 1.0
+        check_train(cfg)  # within its rules: the rest of the default config is fine
+        with pytest.raises(GrpoError, match=r"^generator=toy needs no_such_module_xyz: pip install it.$"):
+            check_available(cfg.generator)
+        cfg.generator.name = "hf"
+        check_available(cfg.generator)  # hf needs nothing beyond torch and transformers
+    finally:
+        GENERATORS.pop("toy")
+    cfg = TrainConfig()  # vLLM's own rules are declared the same way, and read without vLLM installed
+    cfg.generator.name, cfg.generator.gpu_memory_utilization, cfg.model.lora.quantize = "vllm", 1.5, "nf4"
+    with pytest.raises(GrpoError, match=r"generator.gpu_memory_utilization=1.5 must be .*generator=vllm cannot serve "
+                                        r"a 4-bit QLoRA base"):
+        check_train(cfg)

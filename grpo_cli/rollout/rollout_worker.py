@@ -71,7 +71,7 @@ class RolloutWorker:
 
     def __init__(self, spec: WorkerSpec, tokenizer, prompts, device: torch.device, timeout_s: float):
         try:  # the generator's factory, by reference: one registered in this process (register_generator) too
-            factory = pickle.dumps(GENERATORS[spec.generator.name])
+            factory = pickle.dumps(GENERATORS[spec.generator.name].factory)
         except Exception as e:  # a lambda or a local class: the worker cannot import it
             raise GrpoError(f"generator.name={spec.generator.name} is registered with a factory the generation worker "
                             f"cannot import ({type(e).__name__}: {e}); register a module-level class or function, or "

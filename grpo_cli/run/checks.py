@@ -59,15 +59,11 @@ class Problems(list):
 
 
 def check_generator(p: Problems, g, model) -> None:
+    """generator.name, then the back-end's own rules (generators.Backend.check)."""
     p.choice("generator.name", g.name, tuple(GENERATORS))
-    if g.name != "vllm":
-        return
-    p.finite("generator.gpu_memory_utilization", g.gpu_memory_utilization, 0, 1, low_open=True)
-    p.finite("generator.kv_cache_gib", g.kv_cache_gib, 0, low_open=True)
-    p.need(g.max_model_len is None or g.max_model_len >= 1, f"generator.max_model_len={g.max_model_len} must be >= 1 "
-                                                           "(or null for the model's own)")
-    p.need(not model.lora.quantize, "generator=vllm cannot serve a 4-bit QLoRA base (model.lora.quantize); "
-                                    "use generator=hf or a LoRA run without quantize")
+    check = GENERATORS[g.name].check if g.name in GENERATORS else None
+    if check is not None:
+        check(p, g, model)
 
 
 def check_worker(p: Problems, cfg) -> None:
