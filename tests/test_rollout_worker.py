@@ -142,7 +142,7 @@ def test_a_staleness_1_run_killed_with_sigkill_resumes_to_the_uninterrupted_run(
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     common = ["trainer.steps=8", "trainer.max_staleness=1", "trainer.save_every=2", "algo.beta=0.04", *extra]
     assert train(f"output_dir={straight}", *common) == 0
-    kept = load_state(straight / "checkpoints" / "step-2")["sampled_ahead_per_rank"][0]
+    kept = load_state(straight / "checkpoints" / "step-2")["source"]["per_rank"][0]
     assert list(kept) == [3] and kept[3]["version"] == 1
     assert (kept[3]["episodes"] is not None) == bool(extra)
     proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *TINY, f"output_dir={killed}", *common],

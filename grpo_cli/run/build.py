@@ -19,12 +19,13 @@ from omegaconf import OmegaConf
 from rich.markup import escape
 from transformers import get_scheduler
 
-from grpo_cli.run.checkpoint import (CONFIG_FILE, clean_temporaries, experiment_diff, load_sharded, load_state,
-                                 resolve_resume, save_checkpoint, save_final, set_rng_state, write_config)
+from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, Stateful, clean_temporaries,
+                                     experiment_diff, load_state, resolve_resume, save_checkpoint, save_final,
+                                     write_config)
 from grpo_cli.run.checks import check_train, env_active
 from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.rollout.data import USER_PROMPT, PromptOrder, load_data
-from grpo_cli.models.distributed import SINGLE, Dist, is_sharded, unwrap
+from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.rollout.environments import environment
 from grpo_cli.rollout.episodes import context_note
 from grpo_cli.errors import GrpoError, SourceLost
@@ -163,19 +164,38 @@ class Run:
     held_out: HeldOut | None = None  # scored through the source
     held_out_before: dict | None = None
     saved: int = 0  # the newest step saved by this run
+    resumed_from: Path | None = None  # the checkpoint this run started from
+
+    def parts(self) -> dict[str, Stateful]:
+        """The run's state, part by part, in the order a resume loads them (the RNG last): each saves and
+        loads its own, and a checkpoint's trainer state is their collection. The policy's weights are the
+        checkpoint's model files; the data has no position (PromptOrder makes every step's prompts a
+        function of seed and step); the logs' cursor is the step, read where they open. The source's part is
+        each rank's rollouts sampled ahead and not yet trained on: a resumed run trains on these, as the
+        uninterrupted one would."""
+        return {"policies": self.policies, "optimizer": OptimizerState(self.optimizer, self.policy, self.resumed_from),
+                "scheduler": self.scheduler, "source": PerRank(self.source, self.dist, lambda ranks: {}),
+                "rng": PerRank(Rng(), self.dist, lambda ranks: ranks[0])}
 
     def save(self, step: int) -> None:
-        """A checkpoint of this step. No data position: PromptOrder makes every step's prompts a function
-        of (seed, step). Each rank's rollouts sampled ahead and not yet trained on go with it: a resumed
-        run trains on these, as the uninterrupted one would."""
-        ahead = self.dist.gather_objects(self.source.state_dict())
+        """A checkpoint of this step: the weights, every part's state, and what a resume reads first."""
         save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
-            "optimizer": {} if is_sharded(self.policy) else self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-            "config": asdict(self.cfg), "held_out_before": self.held_out_before, **self.policies.state_dict(),
+            **{name: part.state_dict() for name, part in self.parts().items()},
+            "config": asdict(self.cfg), "held_out_before": self.held_out_before,
             "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
-            **({"sampled_ahead_per_rank": ahead} if any(ahead) else {}),
         }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
         self.saved = step
+
+    def restore(self, state: dict) -> None:
+        """Every part takes its state back from a checkpoint's (none for a new run)."""
+        if not state:
+            return
+        for name, part in self.parts().items():
+            part.load_state_dict(state[name])
+        if state.get("world_size", 1) != self.dist.world_size:
+            self.console.print(f"resuming a {state.get('world_size', 1)}-process run on {self.dist.world_size}: the "
+                               "prompts and sampled completions of each step are the same (they depend on the seed "
+                               "and step alone)")
 
     @contextmanager
     def stop_if_source_lost(self, step: int):
@@ -265,7 +285,6 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     if env is not None:
         env.score_with(reward_fn)  # an environment that scores episodes is one more reward term
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
-    restore_optimizer(state, resume_from, policy, optimizer, scheduler, world, console)
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
     settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=max_tokens)
@@ -274,16 +293,19 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
               tokenizer=tokenizer, policy=policy, policies=policies, reward_fn=reward_fn, settings=settings,
               optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts, metrics=metrics,
-              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at)
-    run.source = open_source(run, env, worker_device, cfg.generator.threads or threads, state)
+              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at, resumed_from=resume_from)
+    run.source = open_source(run, env, worker_device, cfg.generator.threads or threads)
+    try:
+        run.restore(state)  # the RNG last: nothing below draws from it
+        run.source.update(run.policy, run.first_step - 1)  # the weights the run starts from
+    except BaseException:
+        run.source.close()
+        raise
     run.held_out = HeldOut(cfg, data["test"], run.source, settings.judge, dist, console, metrics)
     if t.eval_before_after and not state.get("held_out_before"):
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
-    if state:
-        rngs = state.get("rng_per_rank") or [state["rng"]]
-        set_rng_state(rngs[dist.rank] if len(rngs) == world else state["rng"])  # last: after every setup step
     return run
 
 
@@ -300,15 +322,12 @@ def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) 
     return metrics, samples_log
 
 
-def open_source(run: Run, env, worker_device, threads: int, state: dict) -> RolloutSource:
+def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     """The run's rollout source (source.py): in this process, or the whole chain in a worker process on
-    `worker_device` (trainer.max_staleness > 0 or generator.worker), which takes the weights the run
-    starts from. A resumed run's source takes the rollouts the checkpoint kept in flight. This process
-    builds a generator only when it samples itself, or scores the held-out prompts itself (the worker
-    samples a behaviour policy, not the policy)."""
+    `worker_device` (trainer.max_staleness > 0 or generator.worker). This process builds a generator only
+    when it samples itself, or scores the held-out prompts itself (the worker samples a behaviour policy,
+    not the policy)."""
     cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
-    kept = state.get("sampled_ahead_per_rank") or []
-    pending = kept[dist.rank] if len(kept) == dist.world_size else {}
     local = None
     if worker_device is None or cfg.algo.behaviour != "current":
         generator = make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
@@ -317,8 +336,6 @@ def open_source(run: Run, env, worker_device, threads: int, state: dict) -> Roll
         local = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
                             dist=dist, prompts=run.prompts, warn=run.console.warn)
     if worker_device is None:
-        if state:
-            local.load_state_dict(pending)
         return local
     if cfg.algo.dynamic_sampling and dist.world_size > 1:
         raise GrpoError("algo.dynamic_sampling in the generation worker refills each rank's groups alone, without the "
@@ -329,16 +346,8 @@ def open_source(run: Run, env, worker_device, threads: int, state: dict) -> Roll
     spec = rollout_worker.WorkerSpec.of(cfg, run.settings, worker_device, threads)
     worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
                                           cfg.generator.timeout_s)
-    source = WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
-                          first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local)
-    try:
-        if state:
-            source.load_state_dict(pending)
-        source.update(run.policy, run.first_step - 1)  # the weights the run starts from
-    except BaseException:
-        source.close()
-        raise
-    return source
+    return WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
+                        first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local)
 
 
 def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):
@@ -386,21 +395,7 @@ def load_policies(cfg, precision: Precision, strategy: str, resume_from, state: 
     if sharded and policies.reference is not None:
         dist.wrap(policies.reference, strategy)  # the reference is sharded too
     policies.policy = policy
-    policies.load_state_dict(state)  # a refreshed reference or lagged behaviour is not on disk
     return policy, policies
-
-
-def restore_optimizer(state: dict, resume_from, policy, optimizer, scheduler, world: int, console: Console) -> None:
-    if not state:
-        return
-    if state.get("sharded"):  # torch.distributed.checkpoint reshards to this world size (one process too)
-        load_sharded(resume_from, policy, optimizer)
-    else:
-        optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    if state.get("world_size", 1) != world:
-        console.print(f"resuming a {state.get('world_size', 1)}-process run on {world}: the prompts and sampled "
-                      "completions of each step are the same (they depend on the seed and step alone)")
 
 
 def finish_run(run: Run, seconds: float) -> dict:

@@ -7,6 +7,11 @@ either a complete `step-N` or none; a write error (a full disk) removes the half
 is one sentence, with the previous checkpoint untouched. `final/` is staged and renamed the same way.
 Weights that are not finite are never written.
 
+The trainer state is the collection of the run's stateful parts (build.Run.parts: the policies, the
+optimizer, the scheduler, the rollout source, the RNG), each saved and loaded through its own
+`state_dict()` / `load_state_dict()`, beside the few facts read before anything is built (the step, the
+config, the world size, the memory plan).
+
 Reading: the trainer state is loaded with `torch.load(weights_only=True)` (tensors and plain types
 only: RNG states are stored as tensors), so a checkpoint from someone else is data, not a program.
 """
@@ -18,6 +23,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -56,6 +62,72 @@ def set_rng_state(state: dict) -> None:
 def _as_tuples(x):
     """random.setstate wants tuples; a state that went through a serialiser may hold lists."""
     return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# --- the parts of a trainer state -------------------------------------------------------------------
+
+
+class Stateful(Protocol):
+    """A stateful part of a run: what it saves, and how it takes that back (torch's own shape)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class Rng:
+    """This process's random generators: Python's, NumPy's, torch's (CPU and CUDA)."""
+
+    def state_dict(self) -> dict:
+        return rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(state)
+
+
+class PerRank:
+    """A part each rank holds its own of (its RNG, its rollouts sampled ahead): saved as every rank's, loaded
+    as this rank's; a checkpoint of another world size gives each rank `fallback(every rank's)`."""
+
+    def __init__(self, part: Stateful, dist: Dist, fallback):
+        self.part, self.dist, self.fallback = part, dist, fallback
+
+    def state_dict(self) -> dict:
+        return {"per_rank": self.dist.gather_objects(self.part.state_dict())}
+
+    def load_state_dict(self, state: dict) -> None:
+        ranks = state["per_rank"]
+        self.part.load_state_dict(ranks[self.dist.rank] if len(ranks) == self.dist.world_size else self.fallback(ranks))
+
+
+class OptimizerState:
+    """The optimizer's state; under FSDP it says only `sharded`, its shards being written beside the model
+    (save_checkpoint) and read back from `checkpoint`, resharded to this world size (one process too)."""
+
+    def __init__(self, optimizer, policy, checkpoint: Path | None):
+        self.optimizer, self.policy, self.checkpoint = optimizer, policy, checkpoint
+
+    def state_dict(self) -> dict:
+        return {"sharded": True} if is_sharded(self.policy) else self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("sharded"):
+            load_sharded(self.checkpoint, self.policy, self.optimizer)
+        else:
+            self.optimizer.load_state_dict(state)
+
+
+def upgraded(state: dict) -> dict:
+    """A trainer state written before the parts had names of their own (flat keys) in today's layout."""
+    if "rng_per_rank" not in state:
+        return state
+    state = dict(state)
+    state["rng"] = {"per_rank": state.pop("rng_per_rank")}
+    state["source"] = {"per_rank": state.pop("sampled_ahead_per_rank", [])}  # none kept: each rank's is empty
+    state["policies"] = {k: state.pop(k) for k in ("reference", "behaviour") if k in state}
+    if state.get("sharded"):
+        state["optimizer"] = {"sharded": True}
+    return state
 
 
 # --- writing ----------------------------------------------------------------------------------------
@@ -164,11 +236,11 @@ def read_config(directory) -> dict | None:
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int = 0,
                     dist: Dist = SINGLE, optimizer=None) -> Path:
     """Write checkpoints/step-{step} atomically, then point `latest` at it, then prune old ones. Every
-    rank calls it; rank 0 writes the files, each rank its RNG state and (FSDP) its shards."""
+    rank calls it; rank 0 writes the files (`trainer_state` holds every rank's parts: PerRank), each rank
+    (FSDP) its shards."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step-{step}", root / f".tmp-step-{step}"
     check_finite(model, dist)
-    rngs = dist.gather_objects(rng_state())
     sharded = is_sharded(model)
     ok = True
     if dist.is_main:
@@ -191,8 +263,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
         if dist.is_main:
             _save_model(model, tokenizer, tmp, full, trainer_state.get("config"))
             with _as_os_error(tmp):
-                torch.save({**trainer_state, "step": step, "rng": rngs[0], "rng_per_rank": rngs,
-                            "world_size": dist.world_size, "sharded": sharded}, tmp / STATE_FILE)
+                torch.save({**trainer_state, "step": step, "world_size": dist.world_size, "sharded": sharded},
+                           tmp / STATE_FILE)
             _fsync_tree(tmp)
             if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
                 shutil.rmtree(final)
@@ -331,7 +403,7 @@ def load_state(checkpoint: Path) -> dict:
                         "written by grpo-cli.") from None
     if not isinstance(state, dict) or "step" not in state:
         raise GrpoError(f"{f} is not a grpo-cli trainer state (no step recorded).")
-    return state
+    return upgraded(state)
 
 
 def load_sharded(checkpoint: Path, model, optimizer) -> None:
