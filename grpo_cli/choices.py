@@ -22,4 +22,3 @@ STRATEGIES = ("auto", "single", "ddp", "fsdp")  # trainer.strategy
 SAMPLER_CORRECTIONS = ("none", "tis")  # algo.sampler_correction: truncated importance sampling
 # What `objective=` may name: numbers of the run summary a sweeper (Optuna) can optimise
 OBJECTIVES = ("reward_last20", "greedy_accuracy_after", "sampled_accuracy_after", "seconds")
-TOOL_FORMATS = ("hermes",)  # env.tool_format: how tool calls are written (environments.PARSERS)

@@ -28,7 +28,9 @@ COMMANDS = {
     "train": "post-train a model with GRPO",
     "evaluate": "greedy and sampled accuracy, pass@k, maj@k and mean reward of checkpoints on a data split",
     "sample": "completions from a checkpoint for given prompts, scored when an answer is given",
+    "tools": "the tool-call format of a model's chat template, and whether each format reads its calls back",
 }
+CONFIG_OF = {"tools": "train"}  # grpo tools composes train's config: the model (and env) named as there
 USAGE = "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg job] [--help]\n       grpo --version\n\ncommands:\n" + "\n".join(
     f"  {name:<9} {what}" for name, what in COMMANDS.items()
 ) + "\n\n`grpo <command> --help` lists that command's config groups and options."
@@ -38,7 +40,7 @@ USAGE = "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg jo
 COMPLETION = r"""_grpo_complete() {
     local cur="${COMP_WORDS[COMP_CWORD]}"
     if [ "$COMP_CWORD" -eq 1 ]; then
-        COMPREPLY=($(compgen -W "train evaluate sample --help --version --completion" -- "$cur"))
+        COMPREPLY=($(compgen -W "train evaluate sample tools --help --version --completion" -- "$cur"))
         return
     fi
     local cmd="${COMP_WORDS[1]}"
@@ -86,6 +88,10 @@ def _job(command: str, cfg) -> object:
             if in_sweep and rank == 0:
                 write_job_summary(out_dir, {"status": "done", **summary})
             return float(summary[plain.objective]) if plain.objective else summary
+        if command == "tools":
+            from grpo_cli.commands.tools import run_tools
+
+            return run_tools(plain, console)
         if command == "evaluate":
             from grpo_cli.commands.evaluation import run_evaluate
 
@@ -135,7 +141,7 @@ def write_job_summary(out_dir: Path, row: dict) -> None:
 
 
 def _entry(command: str):
-    @hydra.main(version_base="1.3", config_path="pkg://grpo_cli.conf", config_name=command)
+    @hydra.main(version_base="1.3", config_path="pkg://grpo_cli.conf", config_name=CONFIG_OF.get(command, command))
     def entry(cfg) -> object:
         return _run(command, cfg)
 
@@ -169,13 +175,14 @@ def main(argv: list[str] | None = None) -> object:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
     register_configs()
+    config = CONFIG_OF.get(command, command)
     if "--help" in rest or "-h" in rest:  # ours, with each key's comment; --hydra-help is Hydra's
         from grpo_cli.commands.help import print_help
 
-        sys.exit(print_help(command, rest))
+        sys.exit(print_help(config, rest))
     try:  # composition errors and bad values: one sentence, before torch is imported
-        check_command_line(command, rest, COMMAND_SCHEMAS[command])
-        rest = _run_directory(command, rest)
+        check_command_line(config, rest, COMMAND_SCHEMAS[config])
+        rest = _run_directory(command, rest) if command == config else [*rest, "hydra.run.dir=."]
     except GrpoError as e:
         Console(progress=False).error(str(e))
         _error = str(e)

@@ -164,7 +164,7 @@ class EnvConfig:
     max_turns: int = 4
     max_tokens: int = 256
     timeout_s: float = 10.0
-    tool_format: str = "hermes"
+    tool_format: str = "auto"
 
 
 @dataclass

@@ -283,7 +283,7 @@ CASES = [
     (TRAIN + " env.max_turns=0", "env.max_turns=0 must be >= 1"),
     (TRAIN + " env.max_tokens=0", "env.max_tokens=0 must be >= 1"),
     (TRAIN + " env.timeout_s=-1", "env.timeout_s=-1.0 must be > 0"),
-    (TRAIN + " env.tool_format=json", "env.tool_format='json' must be one of hermes"),
+    (TRAIN + " env.tool_format=json", "env.tool_format='json' must be one of auto, schema, qwen3_coder, glm, hermes"),
     (TRAIN + " env.tools=[grpo_cli.demo.tools:add]", "env.tools needs the chat template"),
     (TRAIN + " env.tools=[/missing.py:f] data.chat_template=true", "env.tools=/missing.py:f: there is no file /missing.py"),
     (TRAIN + " env.tools=[no_such_module_xyz:f] data.chat_template=true",
@@ -304,7 +304,7 @@ CASES = [
     (TRAIN + " trainer.max_staleness=1 algo.behaviour=frozen", "and algo.behaviour=frozen already samples from a "
      "policy of its own; set trainer.max_staleness=0"),
     (TRAIN + " trainer.max_staleness=1 generator.device=cuda:7", "generator.device"),
-    ("sample prompt=x env.tool_format=json", "env.tool_format='json' must be one of hermes"),
+    ("sample prompt=x env.tool_format=json", "env.tool_format='json' must be one of auto, schema, qwen3_coder, glm, hermes"),
     # grpo sample
     ("sample", "no prompt given"),
     ("sample prompts_file=/missing.txt", "prompts_file=/missing.txt does not exist"),

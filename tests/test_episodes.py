@@ -21,7 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig, TrainConfig
 from grpo_cli.run.console import Console
-from grpo_cli.rollout.environments import EnvSpec, parse_hermes
+from grpo_cli.rollout.environments import EnvSpec
+from grpo_cli.rollout.tool_formats import parse_hermes
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generation import HFGenerator, Sampling
 from grpo_cli.rollout.generators import GENERATORS, make_generator, register_generator
@@ -144,8 +145,9 @@ def test_an_episode_is_the_generated_ids_with_the_rendered_environment_ids_splic
 
     (ep,) = roll.episodes
     assert ep.messages == [
-        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
-        {"role": "tool", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "call00000",
+                                                              "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+        {"role": "tool", "name": "add", "tool_call_id": "call00000", "content": "5"},
         {"role": "assistant", "content": "5"},
     ] and ep.turns == 2 and ep.tool_calls == 1 and ep.cut is None
     whole = tok.apply_chat_template(user + ep.messages, tools=spec.schemas, tokenize=False)
@@ -322,7 +324,7 @@ def test_episodes_are_seeded_so_environments_that_draw_random_numbers_repeat(qwe
     ("env.tools=[missing.py:f]", "env.tools=missing.py:f: there is no file"),
     ("env.max_turns=0", "env.max_turns=0 must be >= 1"),
     ("env.timeout_s=0", "env.timeout_s=0.0 must be > 0"),
-    ("env.tool_format=json", "env.tool_format='json' must be one of hermes"),
+    ("env.tool_format=json", "env.tool_format='json' must be one of auto, schema, qwen3_coder, glm, hermes"),
 ])
 def test_env_mistakes_are_one_sentence_before_any_model_loads(override, message, tmp_path, capsys):
     assert grpo("train", f"output_dir={tmp_path}", "data.chat_template=true", override) == 2

@@ -1,5 +1,6 @@
-"""What an episode acts on (docs/math.md, "Episodes"): the tools and environments `env.*` names, the
-tool calls parsed from the model's text, and each environment call, with a deadline and its own seed.
+"""What an episode acts on (docs/math.md, "Episodes"): the tools and environments `env.*` names, and
+each environment call, with a deadline and its own seed (the tool calls in the model's text are read by
+tool_formats.py).
 
 Interfaces, as TRL 1.16's GRPOTrainer takes them, so the same code runs unchanged:
 - `env.tools=[mod:fn,...]`: typed functions with Google-style docstrings; their JSON schemas
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import random
-import re
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -34,34 +33,6 @@ from typing import Any, Callable
 import numpy as np
 
 from grpo_cli.errors import GrpoError
-
-
-# ---- tool calls in the model's text -----------------------------------------------------------------
-def parse_hermes(text: str) -> tuple[str, list[dict]]:
-    """(the text outside the calls, the calls) of `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-    blocks, the format of Qwen2.5, Qwen3, Hermes and the built-in tool model. A call that is not JSON with
-    a name and an argument object comes back as {"error": why}."""
-    calls, content = [], text
-    for m in re.finditer(r"<tool_call>(.*?)(</tool_call>|$)", text, flags=re.S):
-        body, closed = m.group(1).strip(), bool(m.group(2))
-        content = content.replace(m.group(0), "")
-        try:
-            if not closed:
-                raise ValueError("no closing </tool_call>")
-            call = json.loads(body)
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                raise ValueError("no tool name")
-            args = call.get("arguments", call.get("parameters", {}))
-            args = json.loads(args) if isinstance(args, str) else args
-            if not isinstance(args, dict):
-                raise ValueError("arguments are not an object")
-            calls.append({"name": call["name"], "arguments": args})
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
-            calls.append({"error": f"malformed tool call ({e}): {body[:80]!r}"})
-    return content.strip(), calls
-
-
-PARSERS: dict[str, Callable[[str], tuple[str, list[dict]]]] = {"hermes": parse_hermes}  # env.tool_format (choices.TOOL_FORMATS)
 
 
 # ---- the environment a config names -----------------------------------------------------------------
@@ -116,7 +87,6 @@ class EnvSpec:
         self.schemas = [tool_schema(f, "env.tools function") for f in self.tools]
         self.schemas += [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]
         self.reward_name = cls.__name__ if cls is not None and (self.kind == "step" or hasattr(cls, "get_reward")) else None
-        self.parse = PARSERS[cfg.tool_format]
 
     def score_with(self, reward) -> None:
         """An environment with get_reward(), or a step environment, adds its reward to `reward` as a term."""

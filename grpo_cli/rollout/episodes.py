@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from grpo_cli.rollout.environments import EnvSpec, Timeout, call_with_timeout, reset_arguments, seeded, step_result
+from grpo_cli.rollout.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generation import Sampling, eos_token_ids, group_seed
 from grpo_cli.update.batch import Rollout
@@ -87,8 +88,8 @@ class EnvTokens:
         if tool_name not in self._prefixes:
             assistant = {"role": "assistant", "content": "x"}
             if tool_name is not None:
-                assistant = {"role": "assistant", "content": "",
-                             "tool_calls": [{"type": "function", "function": {"name": tool_name, "arguments": {}}}]}
+                assistant = {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "id": "call00000", "function": {"name": tool_name, "arguments": {}}}]}
             dummy = [{"role": "user", "content": "x"}, assistant]
             prefix = self._ids(dummy, False)
             ends = [i for i, t in enumerate(prefix) if t in self.eos]
@@ -104,7 +105,7 @@ class EnvTokens:
     def check_tools(self) -> None:
         """The template renders a tool call and its result (one sentence when it cannot)."""
         try:
-            self.after_turn([{"role": "tool", "name": "f", "content": "1"}], "f")
+            self.after_turn([{"role": "tool", "name": "f", "tool_call_id": "call00000", "content": "1"}], "f")
         except GrpoError:
             raise
         except Exception as e:  # the template's own failure, e.g. it has no tool role
@@ -125,8 +126,16 @@ class EpisodeGenerator:
         if spec.kind == "tools" and not chat_template:
             raise GrpoError("Tool calling needs the chat template to render tool calls and results; set "
                             "data.chat_template=true (or use a step environment, which plain prompts can drive).")
+        self.format = None
         if spec.kind == "tools":
             EnvTokens(tokenizer, [tokenizer.eos_token_id], True).check_tools()
+            name, self.format = resolve_format(self.cfg.tool_format, tokenizer)
+            why = round_trip(tokenizer, self.format)
+            if why is not None:  # a call the model writes would be read as an answer: never in silence
+                raise GrpoError(f"env.tool_format={name} cannot read the model's tool calls: {why}; name the format "
+                                "the model writes with env.tool_format (`grpo tools` shows what each reads), or use a "
+                                "model whose chat template writes tool calls.")
+            self.specials = [t for t in tokenizer.all_special_tokens if t]
         if not callable(getattr(base, "complete", None)):
             raise GrpoError(f"The generator {type(base).__name__} cannot continue an episode from its token ids (it has "
                             "no complete method); use generator=hf or generator=vllm with env.tools or env.factory.")
@@ -157,9 +166,9 @@ class EpisodeGenerator:
             ep.calls += 1
             ep.seconds += time.perf_counter() - t
 
-    def _tool_messages(self, ep: Episode, calls: list[dict]) -> list[dict]:
+    def _tool_messages(self, ep: Episode, calls: list[dict], ids: list[str]) -> list[dict]:
         tools, out = self.spec.tools_of(ep.environment), []
-        for call in calls:
+        for call, call_id in zip(calls, ids):
             ep.tool_calls += 1
             name = call.get("name", "unknown")
             if "error" in call:
@@ -176,7 +185,7 @@ class EpisodeGenerator:
                 if not isinstance(result, str):
                     ep.non_string += 1
                 content = str(result)
-            out.append({"role": "tool", "name": name, "content": content})
+            out.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": content})
         return out
 
     def _start(self, prompt: str, prompt_ids: list[int], row: dict, seed: int) -> Episode:
@@ -263,11 +272,13 @@ class EpisodeGenerator:
                 return
             new, tool_name = [{"role": "user", "content": observation}], None
         else:
-            content, calls = self.spec.parse(text)
+            content, calls = self._parse(ids, text, env_tokens.eos)
             message = {"role": "assistant", "content": content}
+            call_ids = [f"call{ep.tool_calls + i:05d}" for i in range(len(calls))]  # 9 characters, as Mistral's
             good = [c for c in calls if "error" not in c]
             if good:
-                message["tool_calls"] = [{"type": "function", "function": c} for c in good]
+                message["tool_calls"] = [{"type": "function", "id": i, "function": c}
+                                         for i, c in zip(call_ids, calls) if "error" not in c]
             ep.messages.append(message)
             if not calls:
                 ep.done = True
@@ -275,7 +286,7 @@ class EpisodeGenerator:
             if turn + 1 == self.cfg.max_turns:  # no turn left to read the results: the calls are not made
                 ep.done, ep.cut = True, "turns"
                 return
-            new, tool_name = self._tool_messages(ep, calls), (good[0]["name"] if good else None)
+            new, tool_name = self._tool_messages(ep, calls, call_ids), (good[0]["name"] if good else None)
         if turn + 1 == self.cfg.max_turns:
             ep.done, ep.cut = True, "turns"
             return
@@ -287,6 +298,19 @@ class EpisodeGenerator:
         ep.ids += suffix
         ep.action += [0] * len(suffix)
         ep.logps += [0.0] * len(suffix)
+
+    def _parse(self, ids: list[int], text: str, eos: set[int]) -> tuple[str, list[dict]]:
+        """(the turn's text outside its tool calls, the calls): formats whose markers are special tokens
+        read the turn with them kept (but for its end-of-turn token), and their text is given back
+        without them."""
+        if not self.format.special:
+            return self.format.parse(text)
+        while ids and ids[-1] in eos:
+            ids = ids[:-1]
+        content, calls = self.format.parse(self.tokenizer.decode(ids, skip_special_tokens=False))
+        for token in self.specials:
+            content = content.replace(token, "")
+        return content.strip(), calls
 
     def _rollout(self, prompts, G, episodes: list[Episode], with_logprobs: bool, eos: list[int], model) -> Rollout:
         device = next(model.parameters()).device

@@ -31,6 +31,7 @@ from grpo_cli.rollout.episodes import context_note
 from grpo_cli.errors import GrpoError, SourceLost
 from grpo_cli.rollout.generators import check_available, make_generator
 from grpo_cli.rollout.held_out import HeldOut
+from grpo_cli.rollout.tool_formats import ignores_tools
 from grpo_cli.rollout.generation import encode_prompts
 from grpo_cli.models.lora import merged_copy
 from grpo_cli.models.memory import planned
@@ -275,10 +276,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
                   f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
-    note = env and context_note(cfg.env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field],
-                                cfg.data.chat_template)
-    if note:
-        console.warn(note)
+    warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
                           (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
     reward_fn = build_reward(cfg.reward)
@@ -307,6 +305,19 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
     return run
+
+
+def warn_env(cfg, env, model, tokenizer, prompts: list[str], console: Console) -> None:
+    """Before training with an environment: episodes that would run past the model's positions, and a chat
+    template that ignores tools=."""
+    if env is None:
+        return
+    note = context_note(cfg.env, model, tokenizer, prompts, cfg.data.chat_template)
+    if note:
+        console.warn(note)
+    if env.kind == "tools" and ignores_tools(tokenizer):
+        console.warn("the model's chat template ignores tools=, so the model never sees the tools' descriptions (it "
+                     "can still call tools it was trained to call, as the built-in tool model does); see grpo tools.")
 
 
 def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) -> tuple[MetricsLog, MetricsLog]:

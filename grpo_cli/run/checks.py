@@ -13,10 +13,10 @@ import re
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES,
-                              TOOL_FORMATS)
+                              REWARD_EXTRACTS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generators import GENERATORS
+from grpo_cli.rollout.tool_formats import TOOL_FORMATS
 from grpo_cli.run.health import HEALTH_MODES
 from grpo_cli.algo.advantages import ADVANTAGES
 from grpo_cli.algo.losses import AGGREGATIONS, POLICY_LOSSES
@@ -94,7 +94,7 @@ def check_env(p: Problems, env, data) -> None:
     p.at_least("env.max_turns", env.max_turns, 1)
     p.at_least("env.max_tokens", env.max_tokens, 1)
     p.finite("env.timeout_s", env.timeout_s, 0, low_open=True)
-    p.choice("env.tool_format", env.tool_format, TOOL_FORMATS)
+    p.choice("env.tool_format", env.tool_format, ("auto", "schema", *TOOL_FORMATS))
     specs = [("env.tools", str(t)) for t in env.tools] + ([("env.factory", str(env.factory))] if env.factory else [])
     for key, spec in specs:
         p.need(":" in spec or "." in spec, f"{key}={spec} names no function or class; write it as mod:name or file.py:name")
