@@ -424,3 +424,37 @@ def test_episodes_longer_than_the_model_s_positions_are_warned_about_before_trai
     assert grpo("train", f"output_dir={tmp_path / 'fits'}", *TOOL_RUN, "trainer.steps=1", "data.num_train=50",
                 "data.num_test=10") == 0
     assert "exceeds the model's" not in capsys.readouterr().err
+
+
+def test_a_50_mb_tool_result_is_cut_before_it_is_rendered_or_tokenized(qwen_dir, scripted, tmp_path):
+    """Tokenizing a 50 MB result took more than 8 GiB before; it is cut to what env.max_tokens could hold (8
+    characters a token), with a marker, and counted: the step takes under 2 s more and 200 MB more at most."""
+    import resource
+    import time
+
+    (tmp_path / "big.py").write_text('def big(n: int) -> str:\n    """A long text.\n\n    Args:\n        n: its length\n'
+                                     '    """\n    return "x" * n\n')
+    tok = load_tokenizer(str(qwen_dir))
+    settings = TrainConfig().generator
+    settings.name = "scripted"
+    spec = EnvSpec(EnvConfig(tools=["big.py:big"], max_tokens=256), str(tmp_path))
+    gen = make_generator(settings, tok, chat_template=True, precision=None, device="cpu", env=spec)
+    model = load_model(str(qwen_dir), device="cpu")
+    prompt = tok.apply_chat_template([{"role": "user", "content": "go"}], tools=spec.schemas, tokenize=False,
+                                     add_generation_prompt=True)
+    seconds, episodes = [], []
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for n in (10, 50_000_000):
+        Scripted.SCRIPT = [call("big", n=n), "ok"]
+        start = time.perf_counter()
+        (ep,) = gen.generate(model, [prompt], 1, Sampling(128, greedy=True)).episodes
+        seconds.append(time.perf_counter() - start)
+        episodes.append(ep)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
+    small, huge = episodes
+    assert small.truncated_results == 0 and small.messages[1]["content"] == "x" * 10
+    assert huge.truncated_results == 1 and huge.cut == "tokens"  # 2 KB of x's is more than 256 character tokens
+    assert len(huge.ids) <= 256 and len(huge.messages) == 1  # the result never entered the episode
+    assert gen._bounded(small, "y" * 3000) == "y" * 2048 + "... [truncated: 952 more characters]"
+    assert seconds[1] - seconds[0] < 2.0, seconds
+    assert grown_mib < 200, f"{grown_mib:.0f} MiB more at the peak"

@@ -47,6 +47,7 @@ class Episode:
     errors: int = 0  # calls that raised, unknown tools, malformed calls
     timeouts: int = 0
     non_string: int = 0
+    truncated_results: int = 0  # tool results and observations cut to env.max_tokens before tokenizing
     cut: str | None = None  # "turns" or "tokens" when the episode ran out of either
     done: bool = False
     reward: float = 0.0  # a step environment's rewards, added up
@@ -185,8 +186,17 @@ class EpisodeGenerator:
                 if not isinstance(result, str):
                     ep.non_string += 1
                 content = str(result)
-            out.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": content})
+            out.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": self._bounded(ep, content)})
         return out
+
+    def _bounded(self, ep: Episode, text: str) -> str:
+        """A tool result or observation cut, with a marker, to what env.max_tokens could hold (8 characters a
+        token), before it is rendered and tokenized: a 50 MB result costs a slice, not a tokenizer pass."""
+        limit = 8 * self.cfg.max_tokens
+        if len(text) <= limit:
+            return text
+        ep.truncated_results += 1
+        return f"{text[:limit]}... [truncated: {len(text) - limit:,} more characters]"
 
     def _start(self, prompt: str, prompt_ids: list[int], row: dict, seed: int) -> Episode:
         ep = Episode(prompt_ids=list(prompt_ids), seed=seed)
@@ -270,7 +280,7 @@ class EpisodeGenerator:
             if done:
                 ep.done = True
                 return
-            new, tool_name = [{"role": "user", "content": observation}], None
+            new, tool_name = [{"role": "user", "content": self._bounded(ep, str(observation))}], None
         else:
             content, calls = self._parse(ids, text, env_tokens.eos)
             message = {"role": "assistant", "content": content}
@@ -359,6 +369,7 @@ def episode_metrics(episodes: list[Episode], record) -> None:
         "env/errors": sum(ep.errors for ep in episodes),
         "env/timeouts": sum(ep.timeouts for ep in episodes),
         "env/non_string": sum(ep.non_string for ep in episodes),
+        "env/truncated_results": sum(ep.truncated_results for ep in episodes),
         "env/cut_turns_frac": sum(ep.cut == "turns" for ep in episodes),
         "env/cut_tokens_frac": sum(ep.cut == "tokens" for ep in episodes),
         "env/episode_tokens": sum(len(ep.ids) for ep in episodes),
