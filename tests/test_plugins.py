@@ -72,7 +72,7 @@ def test_a_generator_and_a_loss_registered_outside_the_package_train_end_to_end(
     cfg.generator.name, cfg.algo.loss, cfg.algo.loss_args, cfg.algo.beta = "recording", "scaled_reinforce", {"scale": 2.0}, 0.0
     summary = train(cfg, tmp_path, Console(progress=False))
     (gen,) = RecordingGenerator.made
-    assert gen.generated == 3 and gen.updates == 3  # needs_weights: one push after each update
+    assert gen.generated == 3 and gen.updates == 4  # needs_weights: the weights the run starts from, then each update
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and summary["steps"] == 3
     assert all(r["scaled_reinforce_weight"] == 2.0 for r in rows)  # the loss's own metric, with its setting
