@@ -285,10 +285,9 @@ class EpisodeGenerator:
             content, calls = self._parse(ids, text, env_tokens.eos)
             message = {"role": "assistant", "content": content}
             call_ids = [f"call{ep.tool_calls + i:05d}" for i in range(len(calls))]  # 9 characters, as Mistral's
-            good = [c for c in calls if "error" not in c]
+            good = [{"type": "function", "id": i, "function": c} for i, c in zip(call_ids, calls) if "error" not in c]
             if good:
-                message["tool_calls"] = [{"type": "function", "id": i, "function": c}
-                                         for i, c in zip(call_ids, calls) if "error" not in c]
+                message["tool_calls"] = good
             ep.messages.append(message)
             if not calls:
                 ep.done = True
@@ -296,7 +295,7 @@ class EpisodeGenerator:
             if turn + 1 == self.cfg.max_turns:  # no turn left to read the results: the calls are not made
                 ep.done, ep.cut = True, "turns"
                 return
-            new, tool_name = self._tool_messages(ep, calls, call_ids), (good[0]["name"] if good else None)
+            new, tool_name = self._tool_messages(ep, calls, call_ids), (good[0]["function"]["name"] if good else None)
         if turn + 1 == self.cfg.max_turns:
             ep.done, ep.cut = True, "turns"
             return
