@@ -16,22 +16,22 @@ def run_tools(cfg, console) -> dict:
 
     path, setting = cfg.model.path, cfg.env.tool_format
     tok = load_tokenizer(path, cfg.model.trust_remote_code)
-    try:
-        written = rendered_call(tok, special=True)
+    try:  # the call as an episode decodes it: special tokens dropped, or kept (formats whose markers are special)
+        written = {special: rendered_call(tok, special) for special in (False, True)}
     except Exception as e:  # noqa: BLE001 - the template's own failure: no format can read what it cannot write
         raise GrpoError(f"The chat template of {path} cannot render a tool call ({type(e).__name__}: {e}); train "
                         "tools with a model whose template writes tool calls.") from None
     results = {}
     for name in (["schema"] if getattr(tok, "response_schema", None) else []) + list(TOOL_FORMATS):
         spec = resolve_format(name, tok)[1]
-        results[name] = parsed_back(spec.parse(rendered_call(tok, spec.special))[1])
+        results[name] = parsed_back(spec.parse(written[spec.special])[1])
     try:
         chosen, why_not = resolve_format(setting, tok)[0], None
     except GrpoError as e:
         chosen, why_not = None, str(e)
     console.print(f"{path}: env.tool_format={setting}" + (f" reads {chosen}" if chosen and setting != chosen else ""),
                   highlight=False)
-    console.print(f"the chat template writes a call as {written[:200]!r}; read back by each format:", highlight=False)
+    console.print(f"the chat template writes a call as {written[True][:200]!r}; read back by each format:", highlight=False)
     for name, why in results.items():
         console.print(f"  {'ok' if why is None else '--'}  {name}" + (f": {why}" if why else ""), highlight=False)
     if ignores_tools(tok):
