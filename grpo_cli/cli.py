@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> object:
     if command not in COMMANDS:
         print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
-    register_configs()
     config = CONFIG_OF.get(command, command)
+    register_configs(config)
     if "--help" in rest or "-h" in rest:  # ours, with each key's comment; --hydra-help is Hydra's
         from grpo_cli.commands.help import print_help
 
@@ -230,7 +230,7 @@ def _answered_without_a_job(argv: list[str]) -> bool:
         print(COMPLETION if shell == "bash" else ZSH_PREAMBLE + COMPLETION)
         sys.exit(0)
     if len(argv) > 1 and argv[1] in ("-sc", "--shell-completion"):  # the completion script asking Hydra
-        register_configs()
+        register_configs(CONFIG_OF.get(argv[0], argv[0]))
         sys.argv = [f"grpo {argv[0]}"] + argv[1:]
         _entry(argv[0])()
         return True

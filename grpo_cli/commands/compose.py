@@ -161,7 +161,7 @@ def compose_config(command: str, overrides: list[str], schema=None):
 
     from grpo_cli.config import register_configs, schema_of
 
-    register_configs()
+    register_configs(command)
     schema = schema or schema_of(command)
     with initialize_config_module("grpo_cli.conf", version_base="1.3"):
         try:
