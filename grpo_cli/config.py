@@ -164,6 +164,7 @@ class EnvConfig:
     max_turns: int = 4
     max_tokens: int = 256
     timeout_s: float = 10.0
+    concurrency: int = 16
     tool_format: str = "auto"
 
 

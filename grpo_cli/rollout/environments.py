@@ -15,19 +15,22 @@ Interfaces, as TRL 1.16's GRPOTrainer takes them, so the same code runs unchange
 Nothing an environment does stops the run: a tool that raises, an unknown tool or a malformed call
 becomes the tool message `{'error': ...}` (TRL's wording); every call and step has `env.timeout_s`
 seconds (a call past it is abandoned on its thread, which Python cannot kill, and the model is told
-it timed out); a non-string result is `str()`-ed. Each is counted in the step's metrics. The
-environment's calls are made one at a time, in episode order, with Python's and NumPy's global random
-generators seeded per episode and call (and restored after), so an environment that draws random
-numbers is repeatable and a resumed run matches an uninterrupted one.
+it timed out); a list of content parts is kept as parts (TRL's rule), any other non-string result is
+`str()`-ed. Each is counted in the step's metrics. Each call
+draws from its episode's own generators (`random`'s and `np.random`'s module functions follow the
+calling thread: thread_generators), and each environment gets its own `self.rng` and `self.np_rng`, so
+an environment that draws random numbers repeats whether episodes' calls run one at a time or
+concurrently, and a resumed run matches an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import random
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable
 
 import numpy as np
@@ -71,6 +74,7 @@ class EnvSpec:
     def __init__(self, cfg, base: str | None = None):
         from grpo_cli.rewards.python_fn import load_function
 
+        thread_generators()  # before the environment's modules are imported, so their random functions follow
         self.cfg = cfg
         self.tools = [load_function(str(s), base, key="env.tools") for s in cfg.tools]
         self.factory = load_function(cfg.factory, base, key="env.factory") if cfg.factory else None
@@ -86,6 +90,7 @@ class EnvSpec:
         methods = public_methods(cls) if cls is not None and self.kind == "tools" else {}
         self.schemas = [tool_schema(f, "env.tools function") for f in self.tools]
         self.schemas += [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]
+        self.shared_draws = bound_globally([*self.tools, self.factory])  # names that would make concurrency unrepeatable
         self.reward_name = cls.__name__ if cls is not None and (self.kind == "step" or hasattr(cls, "get_reward")) else None
 
     def score_with(self, reward) -> None:
@@ -108,16 +113,17 @@ class Timeout(Exception):
     pass
 
 
-def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float):
-    """fn(*args, **kwargs) on a daemon thread (an async fn run to completion there), waited for `timeout`
-    seconds: its result, or it raises what fn raised, or Timeout (the thread is left to finish on its own:
-    Python cannot stop it)."""
+def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float, seed: int | None = None):
+    """fn(*args, **kwargs) on a daemon thread (an async fn run to completion there), its random draws from
+    generators seeded with `seed` (episode_generators), waited for `timeout` seconds: its result, or it
+    raises what fn raised, or Timeout (the thread is left to finish on its own: Python cannot stop it)."""
     box: dict[str, Any] = {}
 
     def target():
         try:
-            value = fn(*args, **kwargs)
-            box["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value  # TRL's async tools
+            with episode_generators(seed) if seed is not None else nullcontext():
+                value = fn(*args, **kwargs)
+                box["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value  # TRL's async tools
         except SystemExit as e:  # a tool must not end the run: it is an error the model reads
             box["error"] = RuntimeError(f"called sys.exit({e.code!r})")
         except Exception as e:  # handed back to the caller, which decides
@@ -131,6 +137,77 @@ def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float):
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+# ---- random numbers, per episode ------------------------------------------------------------------
+_thread = threading.local()  # .random, .numpy: the generators of the episode whose call runs on this thread
+_GLOBAL = random._inst  # what random's module functions draw from
+_NP_ALIASES = {"seed": "seed", "sample": "random_sample", "ranf": "random_sample"}  # module functions, not bound methods
+
+
+def _drawing(name: str, shared, which: str, method: str | None = None):
+    def draw(*args, **kwargs):
+        return getattr(getattr(_thread, which, None) or shared, method or name)(*args, **kwargs)
+
+    draw.__name__ = draw.__qualname__ = name
+    return draw
+
+
+def thread_generators() -> None:
+    """Python's and NumPy's module-level random functions (random.randint, np.random.rand, np.random.seed, ...)
+    draw from the generators of the episode whose call runs on the calling thread, where one is set
+    (episode_generators), and from the shared global ones everywhere else, as before. So an environment
+    that draws "globally", as many TRL environments do, gives the same transcripts whether episodes' calls
+    run one at a time or concurrently. Installed once, before an environment's modules are imported; a
+    name bound earlier (`from random import randint` in a module already loaded) still draws from the
+    shared generator, which bound_globally finds."""
+    if getattr(random.random, "__self__", None) is not _GLOBAL:
+        return
+    for name in random.__all__:
+        if getattr(getattr(random, name), "__self__", None) is _GLOBAL:
+            setattr(random, name, _drawing(name, _GLOBAL, "random"))
+    shared = np.random.mtrand._rand
+    for name in dir(np.random):
+        if getattr(getattr(np.random, name, None), "__self__", None) is shared:
+            setattr(np.random, name, _drawing(name, shared, "numpy"))
+    for name, method in _NP_ALIASES.items():
+        setattr(np.random, name, _drawing(name, shared, "numpy", method))
+
+
+def hand_generators(environment, seed: int) -> None:
+    """An episode's environment gets its own generators, `rng` (random.Random) and `np_rng` (NumPy's
+    Generator), seeded from the episode's seed, unless it has attributes of those names already."""
+    if hasattr(environment, "__dict__"):
+        for name, make in (("rng", random.Random), ("np_rng", np.random.default_rng)):
+            if not hasattr(environment, name):
+                setattr(environment, name, make(seed))
+
+
+@contextmanager
+def episode_generators(seed: int):
+    """The calling thread's module-level random functions draw from generators seeded with `seed`, as
+    random.seed(seed) and np.random.seed(seed) would seed the shared ones."""
+    _thread.random, _thread.numpy = random.Random(seed), np.random.RandomState(seed % 2**32)
+    try:
+        yield
+    finally:
+        _thread.random = _thread.numpy = None
+
+
+def bound_globally(objects) -> list[str]:
+    """`name (file)` for every name in the modules defining `objects` that holds a method of the shared global
+    generators (bound before thread_generators was installed): draws through it are shared between threads."""
+    shared, found = (_GLOBAL, np.random.mtrand._rand), []
+    for module in {inspect.getmodule(o) for o in objects if o is not None} - {None}:
+        where = os.path.basename(getattr(module, "__file__", None) or module.__name__)
+        found += [f"{k} ({where})" for k, v in vars(module).items() if getattr(v, "__self__", None) in shared]
+    return sorted(found)
+
+
+def global_draws() -> tuple:
+    """A fingerprint of the shared generators' states: it changes when anything draws from them."""
+    _, keys, pos, *_ = np.random.mtrand._rand.get_state()
+    return _GLOBAL.getstate(), int(pos), keys.tobytes()
 
 
 @contextmanager

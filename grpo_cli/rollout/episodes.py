@@ -10,19 +10,28 @@ spliced in, never re-tokenised text; the Rollout's `completion_mask` is the acti
 own tokens), so the environment's tokens are context for the loss, the KL and the entropy, and one
 forward scores the whole episode.
 
-The tools and environments, their calls with a deadline and their seeding live in environments.py.
+The model's turns are generated as one batch per turn; the environment's calls between them (reset,
+tools, step) run concurrently across episodes, `env.concurrency` at a time (1: one at a time, in episode
+order), each with its episode's own seeded random generators, so the transcripts are the same whatever
+the concurrency. The tools and environments, their calls with a deadline and their seeding live in
+environments.py.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
-from grpo_cli.rollout.environments import EnvSpec, Timeout, call_with_timeout, reset_arguments, seeded, step_result
+from grpo_cli.rollout.environments import (EnvSpec, Timeout, call_with_timeout, global_draws, reset_arguments, seeded,
+                                           hand_generators, step_result)
 from grpo_cli.rollout.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generation import Sampling, eos_token_ids, group_seed
@@ -64,8 +73,20 @@ class Episode:
         for m in self.messages:
             calls = "".join(f" -> {c['function']['name']}({json.dumps(c['function']['arguments'])})"
                             for c in m.get("tool_calls", []))
-            lines.append(f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {m['content']}{calls}")
+            lines.append(f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {text_of(m['content'])}{calls}")
         return "\n".join(lines)
+
+
+def content_parts(value) -> bool:
+    """A message's content given as a list of parts ({"type": "text", "text": ...}, {"type": "image", ...})."""
+    return isinstance(value, list) and bool(value) and all(isinstance(p, dict) and "type" in p for p in value)
+
+
+def text_of(content) -> str:
+    """A message's content as text: its text parts joined, any other part as [type]."""
+    if not content_parts(content):
+        return str(content)
+    return "".join(str(p["text"]) if "text" in p else f"[{p['type']}]" for p in content)
 
 
 class EnvTokens:
@@ -96,7 +117,13 @@ class EnvTokens:
             ends = [i for i, t in enumerate(prefix) if t in self.eos]
             self._prefixes[tool_name] = dummy, prefix[: ends[-1] + 1] if ends else prefix
         dummy, prefix = self._prefixes[tool_name]
-        full = self._ids(dummy + new, True)
+        try:
+            full = self._ids(dummy + new, True)
+        except TypeError as e:  # a template that adds strings to a content given as parts
+            if not any(content_parts(m["content"]) for m in new):
+                raise
+            raise GrpoError(f"The chat template cannot render a tool result given as a list of content parts ({e}); "
+                            "return a string from the tool, or use a template that renders content lists.") from None
         if full[: len(prefix)] != prefix:
             raise GrpoError("The chat template renders an assistant turn differently once a tool or user message "
                             "follows it, so the environment's tokens cannot be appended as ids; use a template that "
@@ -137,6 +164,10 @@ class EpisodeGenerator:
                                 "the model writes with env.tool_format (`grpo tools` shows what each reads), or use a "
                                 "model whose chat template writes tool calls.")
             self.specials = [t for t in tokenizer.all_special_tokens if t]
+        # names bound to the shared global generators make concurrent calls unrepeatable: those run one at a time
+        self.concurrency = 1 if spec.shared_draws else self.cfg.concurrency
+        self._pool = ThreadPoolExecutor(self.concurrency, "grpo-episode") if self.concurrency > 1 else None
+        self._tokenizing = threading.Lock()  # a fast tokenizer is not to be used from two threads at once
         if not callable(getattr(base, "complete", None)):
             raise GrpoError(f"The generator {type(base).__name__} cannot continue an episode from its token ids (it has "
                             "no complete method); use generator=hf or generator=vllm with env.tools or env.factory.")
@@ -148,15 +179,34 @@ class EpisodeGenerator:
         self.base.sleep()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         self.base.close()
+
+    def _each(self, fn: Callable, items: list[tuple]) -> list:
+        """fn(*item) for every item, in order, up to env.concurrency at a time. Should the shared global
+        generators move meanwhile (an environment draws through a name bound before they were made per
+        thread), the rest of the run makes its calls one at a time, and says so."""
+        if self._pool is None or len(items) < 2:
+            return [fn(*item) for item in items]
+        before = global_draws()
+        out = list(self._pool.map(lambda item: fn(*item), items))
+        if global_draws() != before:
+            warnings.warn("an environment drew from Python's or NumPy's shared random generator during concurrent "
+                          "calls, so this step's transcripts may not repeat; the rest of the run calls the "
+                          "environment one episode at a time (draw from self.rng, or set env.concurrency=1).",
+                          RuntimeWarning, stacklevel=2)
+            self._pool.shutdown(wait=False)
+            self._pool, self.concurrency = None, 1
+        return out
 
     # -- one episode's environment calls --------------------------------------------------------------
     def _call(self, ep: Episode, fn: Callable, *args, **kwargs):
         """fn under the episode's seed and the deadline: (value, None) or (None, the error text)."""
-        t = time.perf_counter()
-        try:
-            with seeded(group_seed(ep.seed, "env", ep.calls)):
-                return call_with_timeout(fn, args, kwargs, self.cfg.timeout_s), None
+        t, seed = time.perf_counter(), group_seed(ep.seed, "env", ep.calls)
+        try:  # one at a time, the shared generators are seeded too (a name bound to them draws from there)
+            with seeded(seed) if self.concurrency == 1 else nullcontext():
+                return call_with_timeout(fn, args, kwargs, self.cfg.timeout_s, seed), None
         except Timeout as e:
             ep.timeouts += 1
             return None, str(e)
@@ -181,12 +231,14 @@ class EpisodeGenerator:
             else:
                 result, error = self._call(ep, tools[name], **call["arguments"])
             if error is not None:
-                content = str({"error": error})  # TRL's wording
+                content = self._bounded(ep, str({"error": error}))  # TRL's wording
+            elif content_parts(result):  # [{"type": "text", "text": ...}, {"type": "image", ...}]: kept, as TRL keeps them
+                content = [{**part, "text": self._bounded(ep, str(part["text"]))} if "text" in part else part
+                           for part in result]
             else:
-                if not isinstance(result, str):
-                    ep.non_string += 1
-                content = str(result)
-            out.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": self._bounded(ep, content)})
+                ep.non_string += not isinstance(result, str)
+                content = self._bounded(ep, str(result))
+            out.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": content})
         return out
 
     def _bounded(self, ep: Episode, text: str) -> str:
@@ -201,6 +253,7 @@ class EpisodeGenerator:
     def _start(self, prompt: str, prompt_ids: list[int], row: dict, seed: int) -> Episode:
         ep = Episode(prompt_ids=list(prompt_ids), seed=seed)
         ep.environment = self.spec.new()
+        hand_generators(ep.environment, group_seed(seed, "rng"))
         reset = getattr(ep.environment, "reset", None)
         if reset is None:
             return ep
@@ -211,7 +264,8 @@ class EpisodeGenerator:
             if not isinstance(text, str):
                 raise GrpoError(f"env.factory={self.cfg.factory}: reset() returned {type(text).__name__}; it must return "
                                 "None or the text to append to the prompt.")
-            ep.prompt_ids = self._prompt_with(prompt, row, text)
+            with self._tokenizing:
+                ep.prompt_ids = self._prompt_with(prompt, row, text)
         return ep
 
     def _prompt_with(self, prompt: str, row: dict, text: str) -> list[int]:
@@ -241,11 +295,9 @@ class EpisodeGenerator:
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(prompts))]
         eos = eos_token_ids(model, self.tokenizer)
         env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
-        episodes = []
-        for i, p in enumerate(prompts):
-            for j in range(G):
-                seed = group_seed(seeds[i] if seeds is not None else 0, "episode", j)
-                episodes.append(self._start(p, prompt_ids[i], rows[i], seed))
+        episodes = self._each(self._start, [(p, prompt_ids[i], rows[i], group_seed(seeds[i] if seeds is not None else 0,
+                                                                                     "episode", j))
+                                            for i, p in enumerate(prompts) for j in range(G)])
         live = list(episodes)
         for turn in range(cfg.max_turns):
             budget = [cfg.max_tokens - len(ep.ids) for ep in live]
@@ -253,6 +305,7 @@ class EpisodeGenerator:
             turn_seeds = None if sampling.greedy else [group_seed(ep.seed, "turn", turn) for ep in live]
             outs = self.base.complete(model, [ep.prompt_ids + ep.ids for ep in live], turn_sampling, turn_seeds,
                                       with_logprobs=with_logprobs)
+            acted = []
             for ep, room, (ids, logps, finished) in zip(live, budget, outs):
                 if len(ids) > room:  # past the episode's token budget
                     ids, logps, finished = ids[:room], (logps[:room] if logps is not None else None), False
@@ -260,14 +313,17 @@ class EpisodeGenerator:
                 ep.action += [1] * len(ids)
                 ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
                 ep.turns += 1
-                self._after_turn(ep, ids, finished, turn, env_tokens)
+                acted.append((ep, ids, finished, turn, env_tokens))
+            self._each(self._after_turn, acted)
             live = [ep for ep in live if not ep.done]  # the last turn ends every episode (_after_turn)
             if not live:
                 break
         return self._rollout(prompts, G, episodes, with_logprobs, eos, model)
 
     def _after_turn(self, ep: Episode, ids: list[int], finished: bool, turn: int, env_tokens: EnvTokens) -> None:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The environment's answer to one episode's turn, appended (run concurrently across episodes)."""
+        with self._tokenizing:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if not finished:  # the turn hit the token limit without ending: nothing to act on
             ep.messages.append({"role": "assistant", "content": text})
             ep.done, ep.cut = True, "tokens"
@@ -282,7 +338,8 @@ class EpisodeGenerator:
                 return
             new, tool_name = [{"role": "user", "content": self._bounded(ep, str(observation))}], None
         else:
-            content, calls = self._parse(ids, text, env_tokens.eos)
+            with self._tokenizing:
+                content, calls = self._parse(ids, text, env_tokens.eos)
             message = {"role": "assistant", "content": content}
             call_ids = [f"call{ep.tool_calls + i:05d}" for i in range(len(calls))]  # 9 characters, as Mistral's
             good = [{"type": "function", "id": i, "function": c} for i, c in zip(call_ids, calls) if "error" not in c]
@@ -299,7 +356,8 @@ class EpisodeGenerator:
         if turn + 1 == self.cfg.max_turns:
             ep.done, ep.cut = True, "turns"
             return
-        suffix = env_tokens.after_turn(new, tool_name)
+        with self._tokenizing:
+            suffix = env_tokens.after_turn(new, tool_name)
         if len(ep.ids) + len(suffix) >= self.cfg.max_tokens:  # no room for the answer and a reply
             ep.done, ep.cut = True, "tokens"
             return

@@ -308,13 +308,17 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
 
 
 def warn_env(cfg, env, model, tokenizer, prompts: list[str], console: Console) -> None:
-    """Before training with an environment: episodes that would run past the model's positions, and a chat
-    template that ignores tools=."""
+    """Before training with an environment: episodes that would run past the model's positions, an environment
+    whose calls must run one at a time, and a chat template that ignores tools=."""
     if env is None:
         return
     note = context_note(cfg.env, model, tokenizer, prompts, cfg.data.chat_template)
     if note:
         console.warn(note)
+    if env.shared_draws and cfg.env.concurrency > 1:
+        console.warn(f"{', '.join(env.shared_draws)} holds the shared random generator (bound before grpo gave each "
+                     "episode its own), so concurrent calls would not repeat: the environment is called one episode "
+                     "at a time; call random.random() and the like through their module, or draw from self.rng.")
     if env.kind == "tools" and ignores_tools(tokenizer):
         console.warn("the model's chat template ignores tools=, so the model never sees the tools' descriptions (it "
                      "can still call tools it was trained to call, as the built-in tool model does); see grpo tools.")

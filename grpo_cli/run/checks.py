@@ -94,6 +94,7 @@ def check_env(p: Problems, env, data) -> None:
     p.at_least("env.max_turns", env.max_turns, 1)
     p.at_least("env.max_tokens", env.max_tokens, 1)
     p.finite("env.timeout_s", env.timeout_s, 0, low_open=True)
+    p.at_least("env.concurrency", env.concurrency, 1)
     p.choice("env.tool_format", env.tool_format, ("auto", "schema", *TOOL_FORMATS))
     specs = [("env.tools", str(t)) for t in env.tools] + ([("env.factory", str(env.factory))] if env.factory else [])
     for key, spec in specs:

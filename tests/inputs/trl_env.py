@@ -106,3 +106,13 @@ class Guess:
         if guess == self.secret:
             return "right", 1.0, True
         return ("higher" if guess < self.secret else "lower"), 0.0, False
+
+
+def look(thing: str, times: int = 1) -> list:
+    """A tool whose result is content parts (as a multimodal tool returns them).
+
+    Args:
+        thing: What to look at.
+        times: How many times to say it.
+    """
+    return [{"type": "text", "text": f"a picture of {thing}" * times}, {"type": "image", "url": f"file://{thing}.png"}]
