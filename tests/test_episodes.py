@@ -268,6 +268,9 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
     assert len(counter.prompts) == 8 and all(p.endswith("=") and "<|im_start|>" not in p for p in counter.prompts)
     first = Scripted.contexts[0]
     assert " (start at 0)<|im_end|>" in load_tokenizer(str(qwen_dir)).decode(first)
+    # every turn's whole context was handed to the generator: what it prefilled, per step
+    assert sum(r["multiturn/prefill_tokens"] for r in rows) == sum(len(c) for c in Scripted.contexts)
+    assert len(Scripted.contexts) == 2 * 4 * 4  # 2 steps x 4 episodes x 4 turns
 
 
 def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are_counted(qwen_dir, scripted, tmp_path):

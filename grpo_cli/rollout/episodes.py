@@ -61,6 +61,7 @@ class Episode:
     done: bool = False
     reward: float = 0.0  # a step environment's rewards, added up
     seconds: float = 0.0  # time spent in the environment
+    context_tokens: int = 0  # tokens of context handed to the generator, summed over turns (each turn's prefill)
 
     @property
     def final_text(self) -> str:
@@ -303,8 +304,10 @@ class EpisodeGenerator:
             budget = [cfg.max_tokens - len(ep.ids) for ep in live]
             turn_sampling = replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, max(budget))))
             turn_seeds = None if sampling.greedy else [group_seed(ep.seed, "turn", turn) for ep in live]
-            outs = self.base.complete(model, [ep.prompt_ids + ep.ids for ep in live], turn_sampling, turn_seeds,
-                                      with_logprobs=with_logprobs)
+            contexts = [ep.prompt_ids + ep.ids for ep in live]
+            for ep, context in zip(live, contexts):
+                ep.context_tokens += len(context)
+            outs = self.base.complete(model, contexts, turn_sampling, turn_seeds, with_logprobs=with_logprobs)
             acted = []
             for ep, room, (ids, logps, finished) in zip(live, budget, outs):
                 if len(ids) > room:  # past the episode's token budget
@@ -434,3 +437,4 @@ def episode_metrics(episodes: list[Episode], record) -> None:
     for k, v in sums.items():
         record.mean(k, float(v), n)
     record.sum("env/seconds", sum(ep.seconds for ep in episodes))
+    record.sum("multiturn/prefill_tokens", sum(ep.context_tokens for ep in episodes))
