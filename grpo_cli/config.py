@@ -38,7 +38,7 @@ class ModelConfig:
 class RewardConfig:
     """One flat schema for every reward, so `combo` can build any term from the same keys."""
 
-    name: str = "exact_match"
+    name: str = "auto"
     terms: List[str] = field(default_factory=list)
     weights: List[float] = field(default_factory=list)
     extract: str = "last_number"

@@ -88,8 +88,8 @@ def test_a_model_directory_of_an_unknown_architecture_is_one_sentence(tmp_path):
 def test_help_lists_the_config_groups_and_their_options():
     out = grpo("train", "--help", check_rc=0)
     for line in ("algo: cispo, dapo, dr_grpo, grpo, gspo, sapo, seq_ratio", "model: instruct, qwen, tiny",
-                 "reward: code, combo, exact_match, format, length, math, model, python", "sampler: default",
-                 "optimizer: adamw", "data: arithmetic, code, files, gsm8k, hub, long_addition"):
+                 "reward: auto, code, combo, exact_match, format, length, math, model, none, python", "sampler: default",
+                 "optimizer: adamw", "data: arithmetic, code, files, gsm8k, hub, long_addition, none"):
         assert line in out.stdout
 
 

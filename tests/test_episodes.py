@@ -247,6 +247,7 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
     load_function("trl_env.py:Counter", str(INPUTS)).prompts.clear()
     cfg = small_cfg(tmp_path, qwen_dir, tools=["trl_env.py:add"], factory="trl_env.py:Counter", max_turns=4,
                     max_tokens=400)
+    cfg.reward.name = "exact_match"  # named, so it adds to the environment's reward (reward=auto would be Counter's alone)
     train(cfg, tmp_path, Console(progress=False))
     rows = metric_rows(tmp_path, training=True)
     assert len(rows) == 2

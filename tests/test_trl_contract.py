@@ -7,12 +7,15 @@ import shutil
 
 import pytest
 
+from helpers import grpo, metric_rows
 from grpo_cli.config import EnvConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.models.loading import load_model
+from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.rollout.episodes import Episode
 from grpo_cli.rollout.generation import Sampling
-from test_episodes import QWEN_TEMPLATE, Scripted, call, episode_generator, qwen_dir, scripted  # noqa: F401
+from grpo_cli.run.console import Console
+from test_episodes import (INPUTS, QWEN_TEMPLATE, Scripted, call, episode_generator, qwen_dir, scripted,  # noqa: F401
+                           small_cfg)
 
 # Qwen's tool template, but a tool message's content may be a list of parts (text, and an image marker)
 PARTS_TEMPLATE = QWEN_TEMPLATE.replace(
@@ -58,3 +61,56 @@ def test_a_tool_result_given_as_content_parts_is_kept_as_parts(qwen_dir, scripte
 def test_a_template_that_cannot_render_parts_is_one_sentence(qwen_dir, scripted):
     with pytest.raises(GrpoError, match="cannot render a tool result given as a list of content parts"):
         tool_episode(qwen_dir, [call("look", thing="cat"), "done"], max_tokens=400)
+
+
+def test_an_environment_that_scores_is_the_whole_reward_unless_a_reward_is_named(qwen_dir, scripted, tmp_path):
+    """reward=auto (the default) with an environment that has get_reward(): its term alone, as TRL scores with
+    an environment_factory and no reward_funcs; the answer column adds nothing. Naming a reward adds it."""
+    from grpo_cli.config import RewardConfig
+    from grpo_cli.rollout.environments import EnvSpec, reward_with
+
+    spec = EnvSpec(EnvConfig(factory="trl_env.py:Counter"), str(INPUTS))
+    assert list(reward_with(RewardConfig(), spec).terms) == ["Counter"]
+    assert list(reward_with(RewardConfig(name="exact_match"), spec).terms) == ["exact_match", "Counter"]
+    assert list(reward_with(RewardConfig(name="none"), spec).terms) == ["Counter"]
+    tools_only = EnvSpec(EnvConfig(tools=["trl_env.py:add"]), str(INPUTS))
+    assert list(reward_with(RewardConfig(), tools_only).terms) == ["exact_match"]  # nothing else scores
+    assert list(reward_with(RewardConfig(), None).terms) == ["exact_match"]
+    with pytest.raises(GrpoError, match="reward=none leaves the scoring to the environment, but there is no env.factory"):
+        reward_with(RewardConfig(name="none"), tools_only)
+
+
+def test_data_none_trains_an_environment_that_writes_its_own_prompts(qwen_dir, scripted, tmp_path):
+    """data=none: every prompt is an empty user message, as TRL's placeholder; reset() gets it (and no answer
+    column) and its text is the observation; the environment's reward is the only term; each episode,
+    held-out ones included, draws its own task."""
+    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.run.trainer import train
+
+    doubling = load_function("trl_env.py:Doubling", str(INPUTS))
+    doubling.resets.clear()
+    Scripted.SCRIPT = [call("answer", value=4), "done"]
+    cfg = small_cfg(tmp_path, qwen_dir, factory="trl_env.py:Doubling", max_turns=2, max_tokens=200)
+    cfg.data.name, cfg.data.answer_field, cfg.data.num_train, cfg.data.num_test = "none", "_answer", 8, 4
+    cfg.trainer.eval_before_after, cfg.trainer.eval_prompts = True, 4
+    train(cfg, tmp_path, Console(progress=False))
+    rows = metric_rows(tmp_path, training=True)
+    assert len(rows) == 2 and all("reward/Doubling" in r and "reward/exact_match" not in r for r in rows)
+    assert all(kwargs == {"prompt": [{"role": "user", "content": ""}]} for kwargs in doubling.resets)
+    tok = load_tokenizer(str(qwen_dir))
+    asked = [tok.decode(c) for c in Scripted.contexts if tok.decode(c).count("<|im_start|>assistant") == 1]
+    assert asked and all("<|im_start|>user\nWhat is " in a and " doubled? Call answer.<|im_end|>" in a for a in asked)
+    tasks = {a.split("What is ")[1].split(" doubled")[0] for a in asked}
+    # 8 training episodes and 20 held-out ones (4 greedy, 4 x 4 sampled), each its own number; the held-out
+    # evaluation after training asks the same 20 as the one before
+    assert len(asked) == 8 + 2 * 20 and len(tasks) == 8 + 20
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["data=none"], "data=none has no prompts of its own: an environment's reset() writes each one"),
+    (["data=none", "env.factory=x.py:E", "reward=exact_match"], "data=none has no answers for reward exact_match"),
+    (["reward=none"], "reward=none leaves the scoring to an environment, and there is none"),
+])
+def test_no_data_and_no_reward_mistakes_are_one_sentence_before_any_model_loads(overrides, message, tmp_path, capsys):
+    assert grpo("train", f"output_dir={tmp_path}", *overrides) == 2
+    assert message in capsys.readouterr().err

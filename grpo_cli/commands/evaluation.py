@@ -71,11 +71,10 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.rollout.environments import environment
+    from grpo_cli.rollout.environments import environment, reward_with
     from grpo_cli.rollout.generators import check_available, make_generator
     from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
     from grpo_cli.models.precision import DTYPES, Precision
-    from grpo_cli.rewards import build_reward
     from grpo_cli.models.runtime import prepare_process
 
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
@@ -89,8 +88,8 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         check_model_files(path, key)
     writable_dir(out_dir, "output_dir")
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
-    reward_fn = build_reward(cfg.reward)
-    env = environment(cfg.env, reward_fn)  # the tools the model was trained with (saved with the run)
+    env = environment(cfg.env)  # the tools the model was trained with (saved with the run)
+    reward_fn = reward_with(cfg.reward, env)
     judge = Judge(cfg.reward, reward_fn)
     # Prompts depend on the tokenizer only through the chat template and the length filter.
     per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None

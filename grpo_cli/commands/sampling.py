@@ -12,7 +12,7 @@ from grpo_cli.run.checkpoint import list_checkpoints
 from grpo_cli.run.checks import check_sample
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.data import USER_PROMPT, is_conversation, render_user_prompts, user_text
-from grpo_cli.rollout.environments import environment
+from grpo_cli.rollout.environments import environment, reward_with
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.runtime import prepare_process
 from grpo_cli.rollout.generation import Sampling, group_seed
@@ -20,7 +20,7 @@ from grpo_cli.rollout.generators import check_available, generate, make_generato
 from grpo_cli.models.lora import is_adapter_dir
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
 from grpo_cli.models.precision import DTYPES, Precision
-from grpo_cli.rewards import PROMPT_MESSAGES, build_reward, no_score_none
+from grpo_cli.rewards import PROMPT_MESSAGES, no_score_none
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -68,8 +68,8 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     cfg = with_training_settings(cfg, [path], list(overrides), console)
     check_sample(cfg)  # again: the saved settings may have replaced groups
     s = cfg.sampler
-    reward = build_reward(cfg.reward) if any(r.get("answer") is not None for r in inputs) else None
-    env = environment(cfg.env, reward)  # the tools the model was trained with: each sample is an episode
+    env = environment(cfg.env)  # the tools the model was trained with: each sample is an episode
+    reward = reward_with(cfg.reward, env) if any(r.get("answer") is not None for r in inputs) else None
     if cfg.output:
         writable_dir(Path(cfg.output).expanduser().parent, "output")
     prepare_process(cfg.threads, resolve_device(cfg.model.device))

@@ -29,6 +29,9 @@ BUILDERS: dict[str, Callable | str] = {
     "code": "grpo_cli.rewards.code:build",
 }
 REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
+# reward.name's other values: auto (the environment's own reward when it scores, else exact_match) and none
+# (the environment's alone); `resolved` turns them into the terms they stand for.
+ENVIRONMENT_REWARDS = ("auto", "none")
 PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
@@ -162,7 +165,8 @@ def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
     from grpo_cli.rewards.python_fn import function_name
 
     out: list[tuple[str, str, Optional[str]]] = []
-    for name in (list(cfg.terms) if cfg.name == "combo" else [cfg.name]):
+    names = list(cfg.terms) if cfg.name == "combo" else [] if cfg.name == "none" else [cfg.name]
+    for name in ("exact_match" if name == "auto" else name for name in names):
         if name == "python" and isinstance(cfg.fn, (list, tuple)):
             for spec in cfg.fn:
                 label, taken = function_name(str(spec)), {n for n, _, _ in out}
@@ -197,6 +201,19 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
 
     for i, tests in enumerate(rows[cfg.tests_field]):
         parse_tests(tests, i, f"{cfg.tests_field} ({split} split)")
+
+
+def resolved(cfg, environment_scores: bool):
+    """The reward config with reward=auto as what it stands for: the environment's own reward alone when
+    it scores episodes (TRL's GRPOTrainer with an environment_factory and no reward_funcs), else
+    exact_match. An answer column never adds a term by itself: naming a reward does."""
+    if cfg.name != "auto":
+        return cfg
+    import copy
+
+    out = copy.copy(cfg)
+    out.name = "none" if environment_scores else "exact_match"
+    return out
 
 
 def build_reward(cfg, workers: bool = True) -> Reward:

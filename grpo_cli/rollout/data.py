@@ -46,6 +46,14 @@ def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 
     return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
 
 
+def empty_prompts(num_train: int, num_test: int) -> DatasetDict:
+    """data=none: empty user messages, for an environment's reset() to write each episode's observation into."""
+    def rows(n: int) -> Dataset:
+        return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * n, "_answer": [""] * n})
+
+    return DatasetDict({"train": rows(num_train), "test": rows(num_test)})
+
+
 def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> DatasetDict:
     """`a+b=` with operands of up to `digits` digits: distinct problems drawn by a seeded generator,
     the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over many steps."""
@@ -329,6 +337,8 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
         from grpo_cli.rollout.code_tasks import code_problems
 
         data = code_problems(cfg.num_test, cfg.seed)
+    elif cfg.name == "none":
+        data = empty_prompts(cfg.num_train, cfg.num_test)
     elif cfg.name == "files":
         data = read_files(cfg)
     elif cfg.name == "hub":

@@ -296,8 +296,9 @@ class EpisodeGenerator:
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(prompts))]
         eos = eos_token_ids(model, self.tokenizer)
         env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
-        episodes = self._each(self._start, [(p, prompt_ids[i], rows[i], group_seed(seeds[i] if seeds is not None else 0,
-                                                                                     "episode", j))
+        # unseeded (greedy), each prompt's episodes still differ from the others' (data=none: only the seed does)
+        episodes = self._each(self._start, [(p, prompt_ids[i], rows[i], group_seed(seeds[i], "episode", j) if seeds
+                                             is not None else group_seed("unseeded", i, "episode", j))
                                             for i, p in enumerate(prompts) for j in range(G)])
         live = list(episodes)
         for turn in range(cfg.max_turns):

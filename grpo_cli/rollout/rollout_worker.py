@@ -202,14 +202,14 @@ def _sampler(spec: WorkerSpec):
 
 def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     """The rollout chain of this process: source.LocalSource with the run's generator, environment and reward."""
-    from grpo_cli.rollout.environments import environment
+    from grpo_cli.rollout.environments import environment, reward_with
     from grpo_cli.rollout.generators import make_generator
-    from grpo_cli.rewards import Judge, build_reward
+    from grpo_cli.rewards import Judge
     from grpo_cli.rollout.source import LocalSource
     from grpo_cli.update.step import Policies
 
-    reward_fn = build_reward(spec.reward)
-    env = environment(spec.env, reward_fn)  # an environment that scores episodes is one more reward term
+    env = environment(spec.env)
+    reward_fn = reward_with(spec.reward, env)  # an environment that scores episodes is one more reward term
     generator = make_generator(spec.generator, tokenizer, chat_template=spec.chat_template, precision=precision,
                                device=device, seed=spec.seed, env=env, system_prompt=spec.system_prompt)
     settings = replace(spec.settings, judge=Judge(spec.reward, reward_fn))

@@ -26,7 +26,7 @@ from grpo_cli.run.checks import check_train, env_active
 from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.rollout.data import USER_PROMPT, PromptOrder, load_data
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
-from grpo_cli.rollout.environments import environment
+from grpo_cli.rollout.environments import environment, reward_with
 from grpo_cli.rollout.episodes import context_note
 from grpo_cli.errors import GrpoError, SourceLost
 from grpo_cli.rollout.generators import check_available, make_generator
@@ -40,7 +40,7 @@ from grpo_cli.update.policies import RunPolicies, load_policy
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.run.publish import check_push, push, write_model_card
 from grpo_cli.rollout import rollout_worker
-from grpo_cli.rewards import build_reward, check_reward_columns, load_user_rewards
+from grpo_cli.rewards import check_reward_columns, load_user_rewards
 from grpo_cli.models.runtime import prepare_process
 from grpo_cli.rollout.source import LocalSource, RolloutSource, WorkerSource
 from grpo_cli.update.step import StepSettings
@@ -279,9 +279,11 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
                           (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
-    reward_fn = build_reward(cfg.reward)
-    if env is not None:
-        env.score_with(reward_fn)  # an environment that scores episodes is one more reward term
+    reward_fn = reward_with(cfg.reward, env)  # an environment that scores episodes is one more reward term
+    if cfg.data.name == "none" and {"exact_match", "math"} & set(reward_fn.terms):
+        raise GrpoError(f"data=none has no answers to score against, and env.factory={cfg.env.factory} has no "
+                        "get_reward() and no step(); give the environment a get_reward(), or name a reward that reads "
+                        "no answer (reward=python).")
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)

@@ -20,7 +20,7 @@ from grpo_cli.rollout.tool_formats import TOOL_FORMATS
 from grpo_cli.run.health import HEALTH_MODES
 from grpo_cli.algo.advantages import ADVANTAGES
 from grpo_cli.algo.losses import AGGREGATIONS, POLICY_LOSSES
-from grpo_cli.rewards import REWARDS, term_specs
+from grpo_cli.rewards import ENVIRONMENT_REWARDS, REWARDS, term_specs
 from grpo_cli.rewards.python_fn import is_file_spec
 from grpo_cli.run.trackers import TRACKERS
 
@@ -134,7 +134,7 @@ def check_sampler(p: Problems, s, *, sampling: bool = True) -> None:
 
 
 def check_reward(p: Problems, r) -> None:
-    p.choice("reward.name", r.name, (*REWARDS, "combo"))
+    p.choice("reward.name", r.name, (*ENVIRONMENT_REWARDS, *REWARDS, "combo"))
     p.choice("reward.extract", r.extract, REWARD_EXTRACTS)
     p.choice("reward.correct", r.correct, CORRECT_RULES)
     if r.correct_threshold is not None:
@@ -214,6 +214,9 @@ def check_data(p: Problems, d) -> None:
         p.need(0 < d.num_test < (d.max_operand + 1) ** 2,
                f"data.num_test={d.num_test} must be between 1 and {(d.max_operand + 1) ** 2 - 1} for "
                f"data.max_operand={d.max_operand}")
+    if d.name == "none":
+        p.at_least("data.num_train", d.num_train, 1)
+        p.at_least("data.num_test", d.num_test, 1)
     if d.name == "long_addition":
         p.at_least("data.digits", d.digits, 1)
         p.at_least("data.num_train", d.num_train, 1)
@@ -270,6 +273,14 @@ def check_train(cfg) -> None:
     check_reward(p, cfg.reward)
     check_data(p, cfg.data)
     check_env(p, cfg.env, cfg.data)
+    p.need(cfg.reward.name != "none" or bool(cfg.env.factory), "reward=none leaves the scoring to an environment, and "
+           "there is none; set env.factory to an environment with get_reward() (or a step environment), or name a reward")
+    if cfg.data.name == "none":
+        p.need(bool(cfg.env.factory), "data=none has no prompts of its own: an environment's reset() writes each one; set "
+                                      "env.factory to such an environment (or give data)")
+        reading = sorted({kind for _, kind, _ in term_specs(cfg.reward) if kind in ("exact_match", "math")})
+        p.need(cfg.reward.name == "auto" or not reading, f"data=none has no answers for reward {', '.join(reading)} to "
+               "compare with; use reward=auto (the environment's get_reward()) or a reward that reads no answer")
     check_optimizer(p, cfg.optimizer)
     check_algo(p, cfg)
     check_generator(p, cfg.generator, cfg.model)

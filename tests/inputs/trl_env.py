@@ -116,3 +116,27 @@ def look(thing: str, times: int = 1) -> list:
         times: How many times to say it.
     """
     return [{"type": "text", "text": f"a picture of {thing}" * times}, {"type": "image", "url": f"file://{thing}.png"}]
+
+
+class Doubling:
+    """An environment that owns its data (TRL's environment_factory with no train_dataset): reset() draws a
+    number and asks for it doubled; the model answers through a tool; get_reward() checks it."""
+
+    resets = []  # what every reset() was given
+
+    def reset(self, **kwargs):
+        Doubling.resets.append(kwargs)
+        self.n, self.given = random.randint(1, 10**6), None
+        return f"What is {self.n} doubled? Call answer."
+
+    def answer(self, value: int) -> str:
+        """Give the answer.
+
+        Args:
+            value: The doubled number.
+        """
+        self.given = value
+        return "noted"
+
+    def get_reward(self) -> float:
+        return float(self.given == 2 * self.n)
