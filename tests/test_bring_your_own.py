@@ -240,6 +240,30 @@ def test_a_missing_column_names_the_columns_that_exist(tmp_path, capsys):
     assert "Column 'solution' is missing from the 'train' split of data=files; it has ['question', 'answer', 'level']" in text
 
 
+def test_data_without_an_answer_column_trains_with_a_reward_that_reads_none(tmp_path, capsys, reward_module, monkeypatch):
+    """TRL's contract: no column is required beyond what the rewards read. Rows with only a question train
+    with a TRL-style reward, which is handed the columns that exist (no `answer`); a reward that compares
+    with the answer (the default exact_match) is one sentence naming the column, before any step."""
+    fn = reward_module(
+        "import json, os\n"
+        "def score(completions, **kwargs):\n"
+        "    with open(os.environ['CALLS_LOG'], 'a') as f:\n"
+        "        f.write(json.dumps(sorted(kwargs)) + '\\n')\n"
+        "    return [float(len(c)) for c in completions]\n"
+    )
+    monkeypatch.setenv("CALLS_LOG", str(tmp_path / "calls.jsonl"))
+    questions = write(tmp_path / "rows.jsonl", [{"question": r["question"], "level": r["level"]} for r in ROWS])
+    rows = train(tmp_path, capsys, *files(questions, "data.test_size=4"), "reward=python", fn)
+    assert len(rows) == 2 and all("reward/python" in r for r in rows)
+    kwargs = {tuple(json.loads(line)) for line in (tmp_path / "calls.jsonl").read_text().splitlines()}
+    assert kwargs and all("answer" not in k and "answers" in k and "question" in k and "level" in k for k in kwargs)
+
+    text = fails(tmp_path / "again", capsys, "train", f"output_dir={tmp_path / 'again' / 'run'}", *OWN_DATA,
+                 *files(questions))
+    assert ("Column 'answer' is missing from data=files (it has ['question', 'level']), and exact_match compares "
+            "with it; set data.answer_field") in text
+
+
 def test_an_empty_split_is_named(tmp_path, capsys):
     (tmp_path / "test.csv").write_text("question,answer\n")
     text = fails(tmp_path, capsys, "train", f"output_dir={tmp_path / 'run'}", *OWN_DATA,

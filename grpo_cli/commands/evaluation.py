@@ -71,6 +71,7 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
+    from grpo_cli.rollout.data import answer_column, check_answers
     from grpo_cli.rollout.environments import environment, reward_with
     from grpo_cli.rollout.generators import check_available, make_generator
     from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
@@ -103,7 +104,8 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
                                    system_prompt=cfg.data.system_prompt)
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console, env.schemas if env else None)
-        prompts, answers = split[cfg.data.prompt_field], split[cfg.data.answer_field]
+        check_answers(split.column_names, cfg.data, reward_fn, cfg.reward.correct)
+        prompts, answers = split[cfg.data.prompt_field], split[answer_column(split.column_names, cfg.data)]
         columns, name = split.to_dict(), f"model {len(rows) + 1}/{len(targets)}"
         with console.task(f"{name} greedy", len(prompts)) as advance:
             scores = greedy_scores(generator, model, prompts, answers, reward_fn, judge, advance=advance,

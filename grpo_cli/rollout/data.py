@@ -3,7 +3,9 @@ DatasetDict with `train` and `test` splits, and the order in which training draw
 
 After `load_data`, column `data.prompt_field` of every split holds the text the model is prompted
 with (`data.template` rendered, the chat template applied) and `data.answer_field` the reference
-answer as text (after `data.answer_extract`); every other column is kept as loaded, for rewards.
+answer as text (after `data.answer_extract`); every other column is kept as loaded, for rewards. Data
+with no `answer` column (the default answer_field) loads too, its rows answerless (NO_ANSWERS): no column
+is required beyond what the rewards read, and a reward that reads answers is refused (check_answers).
 """
 
 from __future__ import annotations
@@ -44,6 +46,32 @@ def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 
         raise ValueError(f"num_test={num_test} must be between 1 and {len(pairs) - 1}.")
     random.Random(seed).shuffle(pairs)
     return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
+
+
+DEFAULT_ANSWER_FIELD = "answer"  # data.answer_field's default: missing, the rows have no answers; named, it must exist
+NO_ANSWERS = "_answer"  # the answer column of rows that have none: hidden, like every column starting with _
+ANSWER_READERS = ("exact_match", "math")  # the reward terms that compare with the answer
+
+
+def answer_column(column_names, cfg) -> str:
+    """The column holding a prepared split's answers: data.answer_field, or NO_ANSWERS for data without it."""
+    return cfg.answer_field if cfg.answer_field in column_names else NO_ANSWERS
+
+
+def check_answers(column_names, cfg, reward, correct: str) -> None:
+    """One sentence when the data has no answers and the reward's terms (or reward.correct=answer) read them."""
+    if answer_column(column_names, cfg) != NO_ANSWERS:
+        return
+    reading = [t for t in reward.terms if t in ANSWER_READERS] + (["reward.correct=answer"] if correct == "answer" else [])
+    if not reading:
+        return
+    if cfg.name == "none":
+        raise GrpoError(f"data=none has no answers for {', '.join(reading)} to compare with, and the environment does "
+                        "not score its episodes; give it a get_reward(), or name a reward that reads no answer (reward=python).")
+    shown = [c for c in column_names if not c.startswith("_")]
+    raise GrpoError(f"Column {cfg.answer_field!r} is missing from data={cfg.name} (it has {shown}), and "
+                    f"{', '.join(reading)} compares with it; set data.answer_field to the column holding the answers, "
+                    "or use a reward that reads none (reward=python, an environment's get_reward()).")
 
 
 def empty_prompts(num_train: int, num_test: int) -> DatasetDict:
@@ -226,8 +254,11 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
     where = f"the {split_name!r} split of data={cfg.name}"
     if len(split) == 0:
         raise GrpoError(f"{where[0].upper()}{where[1:]} is empty; give it some rows.")
-    # With a template the prompt is built from the columns it names and stored under prompt_field.
-    required = {**({"prompt_field": cfg.prompt_field} if cfg.template is None else {}), "answer_field": cfg.answer_field}
+    # With a template the prompt is built from the columns it names and stored under prompt_field. No answer
+    # column under the default name: rows without answers (TRL requires none), refused later if a reward reads them.
+    answerless = cfg.answer_field == DEFAULT_ANSWER_FIELD and cfg.answer_field not in split.column_names
+    required = {**({"prompt_field": cfg.prompt_field} if cfg.template is None else {}),
+                **({} if answerless else {"answer_field": cfg.answer_field})}
     for key, column in required.items():
         if column not in split.column_names:
             raise GrpoError(
@@ -237,8 +268,8 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
     columns = split.to_dict()
     rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
     check_required(columns, rows, list(required.values()), where)
-    answers = [str(row[cfg.answer_field]) for row in rows]
-    if cfg.answer_extract is not None:
+    answers = [""] * len(rows) if answerless else [str(row[cfg.answer_field]) for row in rows]
+    if cfg.answer_extract is not None and not answerless:
         extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
         for i, a in enumerate(extracted):
             if a is None:
@@ -256,7 +287,7 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
                                 system_prompt=None)
         columns[USER_PROMPT] = ([user_text(row[cfg.prompt_field]) for row in rows] if conversational
                                 else render_prompts(rows, plain, None))
-    columns[cfg.prompt_field], columns[cfg.answer_field] = rendered, answers
+    columns[cfg.prompt_field], columns[NO_ANSWERS if answerless else cfg.answer_field] = rendered, answers
 
     if cfg.max_prompt_length is not None:
         if tokenizer is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from grpo_cli.models.distributed import SINGLE, Dist
 from grpo_cli.rewards import Judge
+from grpo_cli.rollout.data import answer_column
 from grpo_cli.rollout.scoring import Draws, greedy_scores, sampled_scores
 
 
@@ -50,8 +51,8 @@ class HeldOut:
     def __init__(self, cfg, rows, source, judge: Judge, dist: Dist, console, metrics):
         t = cfg.trainer
         self.rows = rows.select(range(min(t.eval_prompts, len(rows))))
-        self.settings = HeldOutSettings(cfg.data.prompt_field, cfg.data.answer_field, cfg.sampler, cfg.reward.extract,
-                                        cfg.reward.pattern, t.seed)
+        self.settings = HeldOutSettings(cfg.data.prompt_field, answer_column(rows.column_names, cfg.data), cfg.sampler,
+                                        cfg.reward.extract, cfg.reward.pattern, t.seed)
         self.source, self.judge = source, judge  # the rollout source samples the policy (source.py)
         self.dist, self.console, self.metrics = dist, console, metrics
         self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation

@@ -24,7 +24,7 @@ from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, 
                                      write_config)
 from grpo_cli.run.checks import check_train, env_active
 from grpo_cli.run.console import Console, MetricsLog
-from grpo_cli.rollout.data import USER_PROMPT, PromptOrder, load_data
+from grpo_cli.rollout.data import USER_PROMPT, PromptOrder, answer_column, check_answers, load_data
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.rollout.environments import environment, reward_with
 from grpo_cli.rollout.episodes import context_note
@@ -277,13 +277,10 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
                   f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
-    prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,
-                          (cfg.data.prompt_field, cfg.data.answer_field))  # refuses more prompts per step than rows
+    prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,  # refuses
+                          (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data)))  # too few rows
     reward_fn = reward_with(cfg.reward, env)  # an environment that scores episodes is one more reward term
-    if cfg.data.name == "none" and {"exact_match", "math"} & set(reward_fn.terms):
-        raise GrpoError(f"data=none has no answers to score against, and env.factory={cfg.env.factory} has no "
-                        "get_reward() and no step(); give the environment a get_reward(), or name a reward that reads "
-                        "no answer (reward=python).")
+    check_answers(train_rows.column_names, cfg.data, reward_fn, cfg.reward.correct)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)

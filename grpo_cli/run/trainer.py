@@ -85,8 +85,9 @@ def log_step(run: Run, step: int, row: dict, roll) -> None:
         for r in sample:
             run.samples_log.write(r)
         show = shown_group(sample, roll.group_size)
-        run.console.completions(show, f"step {step}: completions of {show[0]['prompt']!r} (answer "
-                                f"{show[0]['answer']}); {len(sample)} in completions.jsonl")
+        prompt, answer = show[0]["prompt"], show[0]["answer"]  # data=none: no prompt (reset() writes each), no answer
+        what = (f"completions of {prompt!r}" if prompt else "episodes") + (f" (answer {answer})" if answer != "" else "")
+        run.console.completions(show, f"step {step}: {what}; {len(sample)} in completions.jsonl")
 
 
 class Watch:
