@@ -50,7 +50,12 @@ def _env_overrides(tools, environment_factory) -> list[str]:
         if not all(callable(t) for t in tools):
             raise GrpoError("tools must be a function or a list of typed functions with docstrings.")
         out.append(f"env.tools=[{','.join(map(_register, tools))}]")
-    if environment_factory is not None:
+    if isinstance(environment_factory, dict):  # several: each row's environment column names one (TRL's dict)
+        if not environment_factory or not all(callable(f) for f in environment_factory.values()):
+            raise GrpoError("environment_factory as a dict maps names to classes (or functions) making environments.")
+        named = ",".join(f"{name}:'{_register(f)}'" for name, f in environment_factory.items())
+        out.append(f"env.factory={{{named}}}")
+    elif environment_factory is not None:
         if not callable(environment_factory):
             raise GrpoError("environment_factory must be a class (or a function) making one environment per episode.")
         out.append(f"env.factory={_register(environment_factory)}")

@@ -159,7 +159,7 @@ class EnvConfig:
     """Multi-turn episodes (episodes.py): off while neither tools nor factory is set."""
 
     tools: List[str] = field(default_factory=list)  # tool functions, mod:fn or file.py:fn
-    factory: Optional[str] = None  # an environment class (TRL's environment_factory), mod:Class or file.py:Class
+    factory: Any = None  # an environment class (TRL's environment_factory), mod:Class or file.py:Class; or {name: ...}
     fn_dir: Optional[str] = None  # where relative files and modules are found (set by grpo train)
     max_turns: int = 4
     max_tokens: int = 256

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from helpers import grpo, metric_rows
+from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.loading import load_model, load_tokenizer
@@ -114,3 +114,56 @@ def test_data_none_trains_an_environment_that_writes_its_own_prompts(qwen_dir, s
 def test_no_data_and_no_reward_mistakes_are_one_sentence_before_any_model_loads(overrides, message, tmp_path, capsys):
     assert grpo("train", f"output_dir={tmp_path}", *overrides) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_dict_of_environments_gives_each_row_its_own_with_its_own_tools_and_reward(qwen_dir, scripted, tmp_path):
+    """TRL's dict of environment factories: each row's `environment` column picks its environment; its prompt
+    shows that environment's tools alone; each class that scores is its own term, scoring its episodes only."""
+    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.run.trainer import train
+
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1), "environment": "count" if i % 2 else "double"} for i in range(8)]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    load_function("trl_env.py:Doubling", str(INPUTS)).resets.clear()
+    Scripted.SCRIPT = [call("answer", value=4), "done"]
+    cfg = small_cfg(tmp_path / "run", qwen_dir, factory={"count": "trl_env.py:Counter", "double": "trl_env.py:Doubling"},
+                    max_turns=2, max_tokens=400)
+    cfg.data.name, cfg.data.train_file, cfg.data.test_size = "files", str(tmp_path / "rows.jsonl"), 2
+    train(cfg, tmp_path / "run", Console(progress=False))
+    metrics = metric_rows(tmp_path / "run", training=True)
+    assert all({"reward/Counter", "reward/Doubling"} <= r.keys() and "reward/exact_match" not in r for r in metrics)
+    tok = load_tokenizer(str(qwen_dir))
+    for context in (tok.decode(c) for c in Scripted.contexts if tok.decode(c).count("<|im_start|>assistant") == 1):
+        counting = "(start at 0)" in context  # Counter's reset() text; Doubling's asks for a number doubled
+        assert counting != ("doubled?" in context)
+        assert ('"name": "increment"' in context) == counting and ('"name": "answer"' in context) != counting
+    logged = read_jsonl(tmp_path / "run" / "completions.jsonl")
+    for r in logged:  # answer() is Doubling's tool: Counter's episodes are told it is not theirs
+        doubling = int(r["prompt"].split("+")[0]) % 2 == 0
+        assert r["messages"][1]["content"] == ("noted" if doubling else str({"error": "Tool answer not found."}))
+    assert {int(r["prompt"].split("+")[0]) % 2 for r in logged} == {0, 1}
+
+
+def test_several_environments_are_checked_as_one_sentence_each(tmp_path):
+    from grpo_cli.rollout.environments import environment
+
+    both = environment(EnvConfig(factory={"count": "trl_env.py:Counter", "double": "trl_env.py:Doubling"},
+                                 fn_dir=str(INPUTS)))
+    assert both.kind == "tools" and both.reward_name == "Counter, Doubling"
+    assert {s["function"]["name"] for s in both.schemas} == {"increment", "read", "answer"}
+    with pytest.raises(GrpoError, match="A row's 'environment' is 'chess', not one of env.factory's \\['count', 'double'\\]"):
+        both.new({"environment": "chess"})
+    with pytest.raises(GrpoError, match="env.factory mixes step environments and tool-calling ones"):
+        environment(EnvConfig(factory={"count": "trl_env.py:Counter", "guess": "trl_env.py:Guess"}, fn_dir=str(INPUTS)))
+
+
+def test_the_python_api_takes_a_dict_of_environment_factories():
+    from grpo_cli.api import _env_overrides
+    from grpo_cli.commands.compose import compose_config
+    from grpo_cli.rewards.python_fn import load_function
+
+    counter, doubling = (load_function(f"trl_env.py:{n}", str(INPUTS)) for n in ("Counter", "Doubling"))
+    (override,) = _env_overrides(None, {"count": counter, "double": doubling})
+    factory = compose_config("train", [override, "data.chat_template=true"]).env.factory
+    assert list(factory) == ["count", "double"]
+    assert [load_function(spec) for spec in factory.values()] == [counter, doubling]

@@ -103,7 +103,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
                                    device=resolve_device(cfg.model.device), seed=cfg.seed, env=env,
                                    system_prompt=cfg.data.system_prompt)
         if split is None or per_model_data:
-            split = evaluation_split(cfg, tokenizer, console, env.schemas if env else None)
+            split = evaluation_split(cfg, tokenizer, console, env.schemas_for if env else None)
         check_answers(split.column_names, cfg.data, reward_fn, cfg.reward.correct)
         prompts, answers = split[cfg.data.prompt_field], split[answer_column(split.column_names, cfg.data)]
         columns, name = split.to_dict(), f"model {len(rows) + 1}/{len(targets)}"

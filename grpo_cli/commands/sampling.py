@@ -76,7 +76,7 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-    for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer, env.schemas if env else None)):
+    for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer, env.schemas_for if env else None)):
         row["rendered"] = text
     generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template,
                                precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),

@@ -79,10 +79,11 @@ class Reward:
         self.pool, self.max_failed_fraction = pool, max_failed_fraction  # reward_pool.RewardPool, or in-process
         self.failed: list = []  # the last batch's completions that a worker could not score (reward_pool.Failure)
 
-    def add_environment_term(self, name: str, max_value: float | None = 1.0) -> None:
+    def add_environment_term(self, name: str, max_value: float | None = 1.0, only: type | None = None) -> None:
         """The environment's own reward as one more term of weight 1, named after its class (TRL's rule for
         an environment with get_reward): get_reward() of each episode's environment, or a step
-        environment's rewards added up."""
+        environment's rewards added up. With `only` (several environments, TRL's dict of factories), the
+        episodes of other classes get no score from it (None)."""
 
         def term(batch: Batch) -> list:
             if batch.episodes is None:
@@ -90,7 +91,8 @@ class Reward:
             import asyncio
             import inspect
 
-            values = [ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
+            values = [None if only is not None and type(ep.environment) is not only else
+                      ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
                       for ep in batch.episodes]
             return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward
 

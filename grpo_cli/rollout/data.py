@@ -196,10 +196,10 @@ def chat_messages(value, system_prompt: str | None) -> list[dict]:
     return given if given[0]["role"] == "system" else system + given
 
 
-def render_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = None) -> list[str]:
+def render_prompts(rows: list[dict], cfg, tokenizer, tools: "list[dict] | Callable | None" = None) -> list[str]:
     """The prompt text of each row: the template filled from its columns, then the chat template (with the
-    tools' schemas, when an environment has tools). A prompt of chat messages goes through the chat
-    template as it is (its system message included)."""
+    tools' schemas, when an environment has tools; `tools(row)`, when they depend on the row's environment).
+    A prompt of chat messages goes through the chat template as it is (its system message included)."""
     if cfg.template is None:
         values = [row[cfg.prompt_field] for row in rows]
         texts = [v if is_conversation(v) else str(v) for v in values]
@@ -223,8 +223,9 @@ def render_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = 
         return texts
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
-    return [tokenizer.apply_chat_template(chat_messages(t, cfg.system_prompt), tools=tools or None, tokenize=False,
-                                          add_generation_prompt=True) for t in texts]
+    per_row = tools if callable(tools) else (lambda row: tools)
+    return [tokenizer.apply_chat_template(chat_messages(t, cfg.system_prompt), tools=per_row(row) or None, tokenize=False,
+                                          add_generation_prompt=True) for t, row in zip(texts, rows)]
 
 
 def user_text(value) -> str:
@@ -242,7 +243,7 @@ def render_user_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | No
     import string
 
     names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
-    texts = [{"prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
+    texts = [{**row, "prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
     plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
                             system_prompt=cfg.system_prompt)
     return render_prompts(texts, plain, tokenizer, tools)

@@ -26,10 +26,12 @@ concurrently, and a resumed run matches an uninterrupted one.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import os
 import random
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable
 
@@ -57,11 +59,11 @@ def tool_schema(fn: Callable, where: str) -> dict:
                         "and a Google-style docstring with an Args: section.") from None
 
 
-def environment(cfg) -> "EnvSpec | None":
+def environment(cfg) -> "EnvSpec | EnvChoice | None":
     """The env group's tools and environment, loaded (None when single-turn)."""
     if not (cfg.tools or cfg.factory):
         return None
-    return EnvSpec(cfg, cfg.fn_dir)
+    return EnvChoice(cfg, cfg.fn_dir) if isinstance(cfg.factory, Mapping) else EnvSpec(cfg, cfg.fn_dir)
 
 
 def reward_with(reward_cfg, spec: "EnvSpec | None"):
@@ -113,14 +115,69 @@ class EnvSpec:
         if self.reward_name and hasattr(reward, "add_environment_term"):
             reward.add_environment_term(self.reward_name, getattr(self.cls, "max_reward", 1.0))
 
-    def new(self):
+    def new(self, row: dict | None = None):
         return self.factory() if self.factory is not None else None
+
+    def schemas_for(self, row: dict) -> list[dict]:
+        """The tools' JSON schemas a row's prompt shows."""
+        return self.schemas
 
     def tools_of(self, instance) -> dict[str, Callable]:
         tools = {f.__name__: f for f in self.tools}
         if instance is not None and self.kind == "tools":
             tools.update({name: getattr(instance, name) for name in public_methods(type(instance))})
         return tools
+
+
+ENVIRONMENT_COLUMN = "environment"  # the column that names each row's environment, with several (TRL's field)
+
+
+class EnvChoice:
+    """env.factory as a dict {name: factory} (TRL's dict of environment factories): each row's
+    `environment` column names its environment, whose instance the episode gets and whose tools alone its
+    prompt shows; each environment class that scores is its own reward term, scoring its episodes only."""
+
+    def __init__(self, cfg, base: str | None = None):
+        def one(spec):
+            single = copy.copy(cfg)
+            single.factory = spec
+            return EnvSpec(single, base)
+
+        if not cfg.factory:
+            raise GrpoError("env.factory is an empty dict; name at least one environment: env.factory={name:mod.Class}.")
+        self.cfg, self.named = cfg, {str(k): one(v) for k, v in cfg.factory.items()}
+        kinds = {s.kind for s in self.named.values()}
+        if len(kinds) > 1:
+            raise GrpoError("env.factory mixes step environments and tool-calling ones; a run's environments take "
+                            "turns the same way: make them all one kind.")
+        self.kind = kinds.pop()
+        first = next(iter(self.named.values()))
+        self.tools, self.cls = first.tools, None
+        self.schemas = list({s["function"]["name"]: s for spec in self.named.values() for s in spec.schemas}.values())
+        self.shared_draws = sorted({name for spec in self.named.values() for name in spec.shared_draws})
+        scoring = {spec.cls: spec for spec in self.named.values() if spec.reward_name}  # a class under two names: once
+        self.reward_name = ", ".join(spec.reward_name for spec in scoring.values()) or None
+        self._scoring = list(scoring.values())
+
+    def of(self, row: dict) -> EnvSpec:
+        name = row.get(ENVIRONMENT_COLUMN)
+        if name not in self.named:
+            raise GrpoError(f"A row's {ENVIRONMENT_COLUMN!r} is {name!r}, not one of env.factory's {list(self.named)}; "
+                            f"give every row an {ENVIRONMENT_COLUMN!r} column naming its environment.")
+        return self.named[name]
+
+    def new(self, row: dict | None = None):
+        return self.of(row or {}).new()
+
+    def schemas_for(self, row: dict) -> list[dict]:
+        return self.of(row).schemas
+
+    def tools_of(self, instance) -> dict[str, Callable]:
+        return next(iter(self.named.values())).tools_of(instance)  # the standalone tools and the instance's methods
+
+    def score_with(self, reward) -> None:
+        for spec in self._scoring:
+            reward.add_environment_term(spec.reward_name, getattr(spec.cls, "max_reward", 1.0), only=spec.cls)
 
 
 # ---- calls with a deadline --------------------------------------------------------------------------

@@ -253,7 +253,7 @@ class EpisodeGenerator:
 
     def _start(self, prompt: str, prompt_ids: list[int], row: dict, seed: int) -> Episode:
         ep = Episode(prompt_ids=list(prompt_ids), seed=seed)
-        ep.environment = self.spec.new()
+        ep.environment = self.spec.new(row)
         hand_generators(ep.environment, group_seed(seed, "rng"))
         reset = getattr(ep.environment, "reset", None)
         if reset is None:
@@ -282,7 +282,7 @@ class EpisodeGenerator:
                             "return None from reset() or give the data as chat messages.")
         messages = chat_messages(value, self.system_prompt)
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + text}
-        rendered = self.tokenizer.apply_chat_template(messages, tools=self.spec.schemas or None, tokenize=False,
+        rendered = self.tokenizer.apply_chat_template(messages, tools=self.spec.schemas_for(row) or None, tokenize=False,
                                                       add_generation_prompt=True)
         return self.base.encode([rendered])[0]
 

@@ -370,7 +370,7 @@ def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world:
     the directory as it was."""
     tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
                  else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
-    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas if env else None)
+    data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas_for if env else None)
     train_rows = data["train"]
     for name, split in data.items():
         check_reward_columns(cfg.reward, split, name)

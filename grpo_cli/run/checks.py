@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
@@ -96,7 +97,9 @@ def check_env(p: Problems, env, data) -> None:
     p.finite("env.timeout_s", env.timeout_s, 0, low_open=True)
     p.at_least("env.concurrency", env.concurrency, 1)
     p.choice("env.tool_format", env.tool_format, ("auto", "schema", *TOOL_FORMATS))
-    specs = [("env.tools", str(t)) for t in env.tools] + ([("env.factory", str(env.factory))] if env.factory else [])
+    factories = (env.factory.items() if isinstance(env.factory, Mapping) else [("", env.factory)]) if env.factory else []
+    specs = [("env.tools", str(t)) for t in env.tools] + [(f"env.factory{'.' + str(k) if k else ''}", str(v))
+                                                          for k, v in factories]
     for key, spec in specs:
         p.need(":" in spec or "." in spec, f"{key}={spec} names no function or class; write it as mod:name or file.py:name")
         if is_file_spec(spec):
