@@ -88,9 +88,11 @@ class Scripted(HFGenerator):
 
     SCRIPT: list[str] = []
     contexts: list[list[int]] = []
+    calls: list[list[list[int]]] = []  # the contexts of each call (a turn of a batch of episodes)
 
     def complete(self, model, contexts, sampling, seeds=None, *, with_logprobs=False):
         out = []
+        Scripted.calls.append([list(c) for c in contexts])
         for ctx in contexts:
             Scripted.contexts.append(list(ctx))
             turn = self.tokenizer.decode(ctx).count("<|im_start|>assistant") - 1
@@ -102,7 +104,7 @@ class Scripted(HFGenerator):
 @pytest.fixture
 def scripted():
     register_generator("scripted", Scripted)
-    Scripted.contexts = []
+    Scripted.contexts, Scripted.calls = [], []
     yield Scripted
     GENERATORS.pop("scripted")
 
@@ -192,6 +194,26 @@ def test_environment_tokens_get_no_gradient_and_model_tokens_do(qwen_dir, script
     assert (per_position[roll.completion_mask.bool()] > 0).all()
 
 
+def test_contexts_shared_by_several_rows_are_prefilled_once_and_continue_as_if_alone():
+    """complete() with the same context on several rows (a group's first turn) prefills it once and copies
+    its cache: each row's continuation, seeded by its own seed, equals that context continued alone."""
+    from grpo_cli.rollout.generation import HFGenerator, Sampling
+
+    tok, model = load_tokenizer("builtin:tiny"), load_model("builtin:tiny", device="cpu")
+    a, b = tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]
+    gen, batches = HFGenerator(tok), []
+    model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape), with_kwargs=True)
+    for sampling in (Sampling(8, greedy=True), Sampling(8, temperature=1.0)):
+        batches.clear()
+        together = gen.complete(model, [a, a, b, a], sampling, [1, 2, 3, 4], with_logprobs=True)
+        assert batches[0] == (2, len(a)) and batches[1][0] == 4  # the prefill: a and b once; then every row
+        alone = [gen.complete(model, [c], sampling, [s], with_logprobs=True)[0] for c, s in zip([a, a, b, a], [1, 2, 3, 4])]
+        assert [ids for ids, _, _ in together] == [ids for ids, _, _ in alone]
+        for (_, lp, _), (_, lp_alone, _) in zip(together, alone):
+            assert lp == pytest.approx(lp_alone, abs=1e-5)
+    assert len({tuple(ids) for ids, _, _ in together}) > 1  # the seeds differ, so do the samples
+
+
 def test_a_two_turn_episode_scored_in_one_forward_equals_each_turn_scored_after_its_own_prefix(qwen_dir, scripted):
     Scripted.SCRIPT = [call("add", a=12, b=30), "the sum is 42"]
     gen, tok, spec = episode_generator(qwen_dir, EnvConfig(tools=["trl_env.py:add"]))
@@ -269,9 +291,11 @@ def test_a_trl_tool_list_and_environment_class_train_unchanged(qwen_dir, scripte
     assert len(counter.prompts) == 8 and all(p.endswith("=") and "<|im_start|>" not in p for p in counter.prompts)
     first = Scripted.contexts[0]
     assert " (start at 0)<|im_end|>" in load_tokenizer(str(qwen_dir)).decode(first)
-    # every turn's whole context was handed to the generator: what it prefilled, per step
-    assert sum(r["multiturn/prefill_tokens"] for r in rows) == sum(len(c) for c in Scripted.contexts)
-    assert len(Scripted.contexts) == 2 * 4 * 4  # 2 steps x 4 episodes x 4 turns
+    # each turn's distinct contexts, whole: what the generator prefills (a group's identical first turns once)
+    assert sum(r["multiturn/prefill_tokens"] for r in rows) == sum(sum(map(len, set(map(tuple, call))))
+                                                                   for call in Scripted.calls)
+    assert len(Scripted.contexts) == 2 * 4 * 4 and len(Scripted.calls) == 2 * 4  # 2 steps x 4 episodes x 4 turns
+    assert len(set(map(tuple, Scripted.calls[0]))) == 2  # the first turn: 2 prompts x G=2, prefilled twice, not 4 times
 
 
 def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are_counted(qwen_dir, scripted, tmp_path):

@@ -61,7 +61,7 @@ class Episode:
     done: bool = False
     reward: float = 0.0  # a step environment's rewards, added up
     seconds: float = 0.0  # time spent in the environment
-    context_tokens: int = 0  # tokens of context handed to the generator, summed over turns (each turn's prefill)
+    context_tokens: int = 0  # tokens of the distinct contexts of its turns it was first to hand the generator (prefill)
 
     @property
     def final_text(self) -> str:
@@ -305,9 +305,11 @@ class EpisodeGenerator:
             budget = [cfg.max_tokens - len(ep.ids) for ep in live]
             turn_sampling = replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, max(budget))))
             turn_seeds = None if sampling.greedy else [group_seed(ep.seed, "turn", turn) for ep in live]
-            contexts = [ep.prompt_ids + ep.ids for ep in live]
-            for ep, context in zip(live, contexts):
-                ep.context_tokens += len(context)
+            contexts, distinct = [ep.prompt_ids + ep.ids for ep in live], set()
+            for ep, context in zip(live, contexts):  # a context several episodes share (a group's first turn) is prefilled once
+                if tuple(context) not in distinct:
+                    distinct.add(tuple(context))
+                    ep.context_tokens += len(context)
             outs = self.base.complete(model, contexts, turn_sampling, turn_seeds, with_logprobs=with_logprobs)
             acted = []
             for ep, room, (ids, logps, finished) in zip(live, budget, outs):

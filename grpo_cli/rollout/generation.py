@@ -113,10 +113,16 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     every row has ended."""
     device = next(model.parameters()).device
     n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
-    ids, mask = _left_pad(prompt_ids, pad_id, device)
+    distinct: dict[tuple, int] = {}  # each distinct prompt's row in the prefill
+    rows_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
+    ids, mask = _left_pad([list(p) for p in distinct], pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache, logits = out.past_key_values, out.logits[:, -1]  # prefilled once per distinct prompt
+    if len(distinct) < n:  # the same prompt on several rows (an episode's first turn: its group's G copies)
+        index = torch.tensor(rows_of, device=device)
+        cache.batch_select_indices(index)
+        logits, mask, positions = logits[index], mask[index], positions[index]
     if G > 1:
         cache.batch_repeat_interleave(G)
         logits, mask = logits.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
