@@ -32,6 +32,7 @@ REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds sev
 # reward.name's other values: auto (the environment's own reward when it scores, else exact_match) and none
 # (the environment's alone); `resolved` turns them into the terms they stand for.
 ENVIRONMENT_REWARDS = ("auto", "none")
+ANSWER_READERS = ("exact_match", "math")  # the terms that compare with the data's answer (none to compare: refused)
 PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).

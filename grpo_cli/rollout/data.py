@@ -23,7 +23,7 @@ from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bar
 
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.rollout.generation import group_seed
-from grpo_cli.rewards import PROMPT_MESSAGES  # the column rewards read conversational prompts from
+from grpo_cli.rewards import ANSWER_READERS, PROMPT_MESSAGES  # PROMPT_MESSAGES: where rewards read chat prompts
 from grpo_cli.rewards.exact_match import extract_answer
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -50,7 +50,6 @@ def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 
 
 DEFAULT_ANSWER_FIELD = "answer"  # data.answer_field's default: missing, the rows have no answers; named, it must exist
 NO_ANSWERS = "_answer"  # the answer column of rows that have none: hidden, like every column starting with _
-ANSWER_READERS = ("exact_match", "math")  # the reward terms that compare with the answer
 
 
 def answer_column(column_names, cfg) -> str:
@@ -77,7 +76,7 @@ def check_answers(column_names, cfg, reward, correct: str) -> None:
 def empty_prompts(num_train: int, num_test: int) -> DatasetDict:
     """data=none: empty user messages, for an environment's reset() to write each episode's observation into."""
     def rows(n: int) -> Dataset:
-        return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * n, "_answer": [""] * n})
+        return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * n, NO_ANSWERS: [""] * n})
 
     return DatasetDict({"train": rows(num_train), "test": rows(num_test)})
 

@@ -21,7 +21,7 @@ from grpo_cli.rollout.tool_formats import TOOL_FORMATS
 from grpo_cli.run.health import HEALTH_MODES
 from grpo_cli.algo.advantages import ADVANTAGES
 from grpo_cli.algo.losses import AGGREGATIONS, POLICY_LOSSES
-from grpo_cli.rewards import ENVIRONMENT_REWARDS, REWARDS, term_specs
+from grpo_cli.rewards import ANSWER_READERS, ENVIRONMENT_REWARDS, REWARDS, term_specs
 from grpo_cli.rewards.python_fn import is_file_spec
 from grpo_cli.run.trackers import TRACKERS
 
@@ -281,7 +281,7 @@ def check_train(cfg) -> None:
     if cfg.data.name == "none":
         p.need(bool(cfg.env.factory), "data=none has no prompts of its own: an environment's reset() writes each one; set "
                                       "env.factory to such an environment (or give data)")
-        reading = sorted({kind for _, kind, _ in term_specs(cfg.reward) if kind in ("exact_match", "math")})
+        reading = sorted({kind for _, kind, _ in term_specs(cfg.reward) if kind in ANSWER_READERS})
         p.need(cfg.reward.name == "auto" or not reading, f"data=none has no answers for reward {', '.join(reading)} to "
                "compare with; use reward=auto (the environment's get_reward()) or a reward that reads no answer")
     check_optimizer(p, cfg.optimizer)
