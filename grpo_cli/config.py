@@ -152,6 +152,7 @@ class GeneratorConfig:
     device: Optional[str] = None
     threads: int = 0
     timeout_s: float = 600.0
+    decode: str = "auto"
 
 
 @dataclass

@@ -19,11 +19,13 @@ The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a reg
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import torch
 from torch import Tensor
 
 from grpo_cli.models.precision import Precision
+from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
 from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
 
 NEG_INF = float("-inf")
@@ -105,20 +107,40 @@ class _Noise:
         return drawn[index]
 
 
-@torch.no_grad()
-def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
-           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False):
-    """`group_size` completions of each prompt: ([n*G, T'] ids, pad after EOS; [n*G, T'] sampling log-probs
-    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops when
-    every row has ended."""
+class EagerSteps:
+    """One-token steps over the prefill's growing cache: every step's forward launched op by op."""
+
+    def __init__(self, model, cache, mask: Tensor, position: Tensor):
+        self.model, self.cache, self.mask, self.position = model, cache, mask, position
+        self.kwarg = cache_kwarg(model)
+
+    @property
+    def drop_at(self) -> float:
+        return DROP_FINISHED_AT
+
+    def step(self, tokens: Tensor) -> Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.position[:, None],
+                         **{self.kwarg: self.cache}, use_cache=True)
+        self.position = self.position + 1
+        return out.logits[:, -1]
+
+    def keep(self, index: Tensor) -> None:
+        self.cache.batch_select_indices(index)
+        self.mask, self.position = self.mask[index], self.position[index]
+
+
+def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
+    """Each distinct prompt's forward once, its cache copied to every row that decodes from it (G per
+    prompt): (cache, [rows, vocab] next-token logits, [rows, width] attention mask, [rows] next position)."""
     device = next(model.parameters()).device
-    n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
+    n, G = len(prompt_ids), group_size
     distinct: dict[tuple, int] = {}  # each distinct prompt's row in the prefill
     rows_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
     ids, mask = _left_pad([list(p) for p in distinct], pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache, logits = out.past_key_values, out.logits[:, -1]  # prefilled once per distinct prompt
+    cache, logits = getattr(out, cache_kwarg(model)), out.logits[:, -1]
     if len(distinct) < n:  # the same prompt on several rows (an episode's first turn: its group's G copies)
         index = torch.tensor(rows_of, device=device)
         cache.batch_select_indices(index)
@@ -126,7 +148,35 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     if G > 1:
         cache.batch_repeat_interleave(G)
         logits, mask = logits.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
-    position = positions[:, -1].repeat_interleave(G) + 1  # [n*G] position of the next token
+    return cache, logits, mask, positions[:, -1].repeat_interleave(G) + 1
+
+
+def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str):
+    """The one-token steps decoding runs, by `kind` (generator.decode): static (a static cache, each step
+    a CUDA graph replay on CUDA, where the model allows it), eager, or auto (static on CUDA, else eager)."""
+    device = mask.device
+    if kind == "eager" or (kind == "auto" and device.type != "cuda"):
+        return EagerSteps(model, cache, mask, position)
+    reason = StaticSteps.reason_unsupported(model)
+    if reason is not None:
+        if kind == "static":
+            warnings.warn(f"generator.decode=static, but {reason}: decoding eagerly", RuntimeWarning, stacklevel=2)
+        return EagerSteps(model, cache, mask, position)
+    return StaticSteps(model, cache, mask, position, max_new_tokens, graphs=device.type == "cuda")
+
+
+@torch.no_grad()
+def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
+           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager"):
+    """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
+    continuations cut there); [n*G, T'] sampling log-probs
+    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops when
+    every row has ended. `steps`: the kind of decode steps (decode_steps)."""
+    device = next(model.parameters()).device
+    n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
+    cache, logits, mask, position = prefill(model, prompt_ids, G, pad_id)
+    stepper = decode_steps(model, cache, mask, position, T, steps) if T > 1 else None
+    del cache, mask, position  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
     noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device)
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
@@ -150,16 +200,12 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
         n_live = int(live.sum())
         if t + 1 == T or n_live == 0:
             return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
-        if n_live <= DROP_FINISHED_AT * live.numel():  # finished rows leave the batch
+        if n_live <= stepper.drop_at * live.numel():  # finished rows leave the batch
             host_keep = live.nonzero().squeeze(-1)
             keep = host_keep.to(device)
-            cache.batch_select_indices(keep)
-            host_rows, rows, done = host_rows[host_keep], rows[keep], done[host_keep]
-            chosen, mask, position = chosen[keep], mask[keep], position[keep]
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        out = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
-                    past_key_values=cache, use_cache=True)
-        logits, position = out.logits[:, -1], position + 1
+            stepper.keep(keep)
+            host_rows, rows, done, chosen = host_rows[host_keep], rows[keep], done[host_keep], chosen[keep]
+        logits = stepper.step(chosen)
     return tokens[:, :0], None  # max_new_tokens = 0
 
 
@@ -229,6 +275,7 @@ class HFGenerator(PromptIds):
                  **_placement):
         super().__init__(tokenizer, chat_template)
         self.precision = precision or Precision("fp32")
+        self.steps = getattr(settings, "decode", "auto") if settings is not None else "auto"
 
     def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
                  *, with_logprobs: bool = False) -> Rollout:
@@ -257,7 +304,7 @@ class HFGenerator(PromptIds):
         try:
             with self.precision.autocast():
                 return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
-                              seeds=seeds, with_logprobs=with_logprobs)
+                              seeds=seeds, with_logprobs=with_logprobs, steps=self.steps)
         finally:
             model.train(was_training)
 

@@ -62,6 +62,7 @@ class Problems(list):
 def check_generator(p: Problems, g, model) -> None:
     """generator.name, then the back-end's own rules (generators.Backend.check)."""
     p.choice("generator.name", g.name, tuple(GENERATORS))
+    p.choice("generator.decode", g.decode, ("auto", "static", "eager"))
     check = GENERATORS[g.name].check if g.name in GENERATORS else None
     if check is not None:
         check(p, g, model)

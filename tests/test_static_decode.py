@@ -1,0 +1,100 @@
+"""Decoding over a static KV cache (grpo_cli/models/static_cache.py) samples exactly what eager decoding
+samples: the same tokens and the same sampling log-probs, with finished rows leaving the batch, for SDPA
+and eager attention, and on CUDA with each step replayed as a CUDA graph (run there by `make gpu-check`;
+on a machine without CUDA those cases skip, saying so)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_cli.models.static_cache import StaticSteps
+from grpo_cli.rollout import generation
+from grpo_cli.rollout.generation import HFGenerator, Sampling, completion_mask, decode, encode_prompts, eos_token_ids
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="CUDA graphs need a CUDA device"))]
+PROMPTS = ["3+4=", "12+30=", "7+7=", "50+25=", "3+4=", "1+1="]
+
+
+def _model(tiny_dir, attn: str, device: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation=attn).to(device).eval()
+
+
+def _decode(model, tok, kind: str, sampling: Sampling, group_size: int = 4):
+    """decode()'s ids and log-probs, each row cut after its EOS (what a row draws after its EOS while it
+    stays in the batch is never read, and the two paths drop finished rows at different points)."""
+    ids = encode_prompts(tok, PROMPTS, False)
+    seeds = list(range(11, 11 + len(PROMPTS)))
+    eos = eos_token_ids(model, tok)
+    tokens, logps = decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=tok.pad_token_id, seeds=seeds,
+                           with_logprobs=True, steps=kind)
+    mask, _ = completion_mask(tokens, eos)
+    return tokens.masked_fill(mask == 0, tok.pad_token_id).cpu(), (logps * mask).cpu()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("sampling", [Sampling(max_new_tokens=12, temperature=1.4),
+                                      Sampling(max_new_tokens=10, temperature=0.9, top_k=5, top_p=0.8),
+                                      Sampling(max_new_tokens=8, greedy=True)], ids=["t1.4", "topk-topp", "greedy"])
+def test_static_steps_sample_the_eager_tokens_and_logprobs(tiny_model, tiny_dir, device, attn, sampling):
+    _, tok = tiny_model
+    model = _model(tiny_dir, attn, device)
+    eager_ids, eager_lp = _decode(model, tok, "eager", sampling)
+    static_ids, static_lp = _decode(model, tok, "static", sampling)
+    assert torch.equal(eager_ids, static_ids)
+    torch.testing.assert_close(static_lp, eager_lp, atol=1e-5, rtol=1e-5)
+    texts = set(tok.batch_decode(static_ids, skip_special_tokens=True))
+    assert len(texts) > (1 if sampling.greedy else 4)  # the comparison is over varied completions
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_finished_rows_leave_the_static_batch_without_changing_a_token(tiny_model, tiny_dir, device, monkeypatch):
+    """With rows dropped as soon as any finishes, the static steps' batch really shrinks (a new cache, and
+    on CUDA a new graph), and the tokens are those of decoding every row to the end."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", device)
+    sampling = Sampling(max_new_tokens=12, temperature=1.5)
+    runs = {}
+    for name, drop_at in (("drop", 1.0), ("keep", -1.0)):
+        monkeypatch.setattr(StaticSteps, "drop_at", drop_at)
+        rows_seen = []
+        hook = model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
+                                               with_kwargs=True)
+        try:
+            runs[name] = (_decode(model, tok, "static", sampling), rows_seen)
+        finally:
+            hook.remove()
+    ((drop, drop_lp), drop_rows), ((keep, keep_lp), keep_rows) = runs["drop"], runs["keep"]
+    W = drop.shape[1]
+    assert torch.equal(drop, keep[:, :W]) and (keep[:, W:] == tok.pad_token_id).all()
+    torch.testing.assert_close(drop_lp, keep_lp[:, :W], atol=1e-5, rtol=1e-5)
+    assert len(set(drop_rows[1:])) > 1 and min(drop_rows[1:]) < keep_rows[1]  # the batch shrank, more than once
+    if device == "cuda":  # a forward per capture (warm-up, capture), not per token: replays run no Python
+        assert len(keep_rows) < W
+    else:
+        assert len(keep_rows) == W  # the prefill and one forward per token after the first
+
+
+def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_eagerly(tiny_model, tiny_dir):
+    """generator.decode=static on the generator gives eager's rollout; a model whose attention the static
+    path cannot take (flash attention here) decodes eagerly with a warning naming why."""
+    from types import SimpleNamespace
+
+    model, tok = tiny_model
+    sampling = Sampling(max_new_tokens=8, temperature=1.2)
+    rolls = [HFGenerator(tok, SimpleNamespace(decode=kind)).generate(model, PROMPTS, 3, sampling, seeds=list(range(6)))
+             for kind in ("eager", "static")]
+    assert torch.equal(rolls[0].input_ids, rolls[1].input_ids) and rolls[0].completions == rolls[1].completions
+    flash = _model(tiny_dir, "sdpa", "cpu")
+    flash.config._attn_implementation = "flash_attention_2"
+    assert "flash_attention_2" in StaticSteps.reason_unsupported(flash)
+    cache, logits, mask, position = generation.prefill(model, encode_prompts(tok, PROMPTS[:2], False), 1,
+                                                       tok.pad_token_id)
+    with pytest.warns(RuntimeWarning, match="generator.decode=static, but attention 'flash_attention_2'"):
+        steps = generation.decode_steps(flash, cache, mask, position, 4, "static")
+    assert isinstance(steps, generation.EagerSteps)
+    assert isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), generation.EagerSteps)  # CPU
