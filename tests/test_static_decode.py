@@ -98,3 +98,38 @@ def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_
         steps = generation.decode_steps(flash, cache, mask, position, 4, "static")
     assert isinstance(steps, generation.EagerSteps)
     assert isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), generation.EagerSteps)  # CPU
+
+
+def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(tiny_model, tiny_dir, monkeypatch):
+    """Under bf16-mixed the keys leave the rotary embedding in float32 and the values in bf16. transformers
+    5.17 (found on an H100) holds both in float32: its growing cache promotes the values on concatenation,
+    and its static layers allocate both in the keys' dtype, so the first bf16 value written failed. Here
+    both are emulated (the prefill's values promoted to float32, the static buffers allocated in the keys'
+    dtype): the steps decode, with eager's tokens from the same cache."""
+    from transformers.cache_utils import StaticLayer
+
+    from grpo_cli.models.precision import Precision
+
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", "cpu")
+    original = StaticLayer.lazy_initialization
+
+    def keys_dtype_only(self, key_states, value_states=None):
+        original(self, key_states, key_states)
+
+    monkeypatch.setattr(StaticLayer, "lazy_initialization", keys_dtype_only)
+    real_prefill = generation.prefill
+
+    def promoted_prefill(*args, **kwargs):
+        cache, logits, mask, position = real_prefill(*args, **kwargs)
+        for layer in cache.layers:
+            layer.values = layer.values.float()
+        return cache, logits, mask, position
+
+    monkeypatch.setattr(generation, "prefill", promoted_prefill)
+    sampling = Sampling(max_new_tokens=10, temperature=1.2)
+    with Precision("bf16-mixed", "cpu").autocast():
+        eager, eager_lp = _decode(model, tok, "eager", sampling)
+        static, static_lp = _decode(model, tok, "static", sampling)
+    assert torch.equal(eager, static)
+    torch.testing.assert_close(static_lp, eager_lp, atol=0.05, rtol=0.01)  # bf16 attention over more (masked) slots

@@ -47,6 +47,16 @@ def _static_cache(model, length: int):
     return StaticCache(config=hf_model(model).config, max_cache_len=length)
 
 
+def _cast_to_buffers(layer):
+    """The layer's update, with the states cast to its buffers' dtypes first (a no-op where they match)."""
+    update = type(layer).update
+
+    def cast_update(key_states: Tensor, value_states: Tensor, *args, **kwargs):
+        return update(layer, key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype), *args, **kwargs)
+
+    return cast_update
+
+
 class StaticSteps:
     """The decode batch's one-token steps over a static cache (module docstring). `step(tokens)` feeds each
     live row its token and returns the next logits; `keep(index)` drops the other rows."""
@@ -89,6 +99,15 @@ class StaticSteps:
                 layer.lazy_initialization(k, v)
             except TypeError:  # transformers whose layers read the shapes from the keys alone
                 layer.lazy_initialization(k)
+            # The buffers keep the prefill cache's dtypes, and each step's states are cast to them, as eager
+            # decoding's growing cache does: under bf16 autocast the keys leave the rotary embedding in float32
+            # and the values in bf16, and transformers 5.17 holds both in float32 (its cache promotes on
+            # concatenation, and its static layers allocate both in the keys' dtype), 5.24 each in its own.
+            if layer.keys.dtype != k.dtype:
+                layer.keys = torch.zeros_like(layer.keys, dtype=k.dtype)
+            if layer.values.dtype != v.dtype:
+                layer.values = torch.zeros(*layer.values.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
+            layer.update = _cast_to_buffers(layer)
             layer.keys[:, :, : self.filled].copy_(k[:, :, : self.filled])
             layer.values[:, :, : self.filled].copy_(v[:, :, : self.filled])
             layer.cumulative_length.fill_(self.filled)

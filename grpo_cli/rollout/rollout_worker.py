@@ -186,7 +186,7 @@ def _sampler(spec: WorkerSpec):
     from grpo_cli.models.runtime import prepare_process
 
     device = resolve_device(spec.device, key="generator.device")
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # plain "cuda" is the current device (set_device refuses it)
         torch.cuda.set_device(device)
     prepare_process(spec.threads, device)
     precision, _ = training_precision(spec.precision, device)
