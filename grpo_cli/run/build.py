@@ -259,7 +259,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     device = resolve_device(cfg.model.device)
     worker_device = rollout_worker.worker_device(cfg, device, dist.local_rank) if t.max_staleness or cfg.generator.worker else None
     shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
-    threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1))
+    threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1), t.deterministic)
     trackers = list(dict.fromkeys(t.trackers))
     check_trackers(trackers)  # a missing extra is reported before anything is loaded
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads

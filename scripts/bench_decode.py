@@ -1,0 +1,157 @@
+"""Decode speed against its memory floor: eager steps against static-cache steps (CUDA graphs on CUDA).
+
+    python scripts/bench_decode.py --device cuda                       # Qwen2.5-0.5B's shape, bf16, batch 1/16/64
+    python scripts/bench_decode.py --device cpu --shape small --batch 1 4 --new-tokens 16   # a smoke run
+
+The floor of one decode step is reading the weights and every row's KV cache once from memory:
+(weight bytes + batch x context x KV bytes per token) / bandwidth. The bandwidth is the larger of the
+device's rated HBM bandwidth (where known: H100 SXM 3.35 TB/s, H200 4.8 TB/s) and a measured
+device-to-device copy. The marginal time per token is measured as (t(T) - t(T/2)) / (T/2): decoding T
+and T/2 new tokens from the same prompts, so the prefill and the one-time captures cancel. Rows never
+stop (no EOS: the end id is out of the vocabulary), so every step runs the whole batch. Each case is the
+median of --repeats runs, eager and static interleaved. Prints a table, and JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+RATED_TBPS = {"H100": 3.35, "H200": 4.8, "A100": 2.0}  # HBM bandwidth by GPU name (SXM parts)
+SMALL_SHAPE = dict(vocab_size=4096, hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+def build_model(shape: str, dtype: torch.dtype, device: str):
+    """A Llama-architecture model of random weights: Qwen2.5-0.5B's sizes (attention biases included), or small."""
+    import transformers
+
+    from bench import QWEN_SHAPE
+
+    torch.manual_seed(0)
+    sizes = QWEN_SHAPE if shape == "qwen0.5b" else SMALL_SHAPE
+    config = transformers.LlamaConfig(**sizes, attention_bias=shape == "qwen0.5b", rms_norm_eps=1e-6)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def bandwidth(device: str) -> tuple[float, float | None]:
+    """(measured copy bandwidth in bytes/s counting read + write, rated bytes/s or None)."""
+    n = 1 << 28 if device == "cuda" else 1 << 24
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(6):
+        sync(device)
+        t0 = time.perf_counter()
+        b.copy_(a)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    measured = 2 * n / min(times[1:])
+    rated = None
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        rated = next((tb * 1e12 for key, tb in RATED_TBPS.items() if key in name), None)
+    return measured, rated
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: int) -> tuple[float, torch.Tensor]:
+    from grpo_cli.rollout.generation import Sampling, decode
+
+    sampling = Sampling(max_new_tokens=new_tokens, temperature=1.0)
+    sync(device)
+    t0 = time.perf_counter()
+    tokens, _ = decode(model, prompts, 1, sampling, eos_ids=[eos], pad_id=0, seeds=list(range(len(prompts))),
+                       steps=kind)
+    sync(device)
+    return time.perf_counter() - t0, tokens
+
+
+def kv_bytes_per_token(model) -> int:
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * next(model.parameters()).element_size()
+
+
+def case(model, batch: int, args, bw: float) -> dict:
+    """One batch size: marginal ms per token for eager and static, and the floor."""
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(batch)
+    prompts = torch.randint(1, vocab, (batch, args.prompt_len), generator=g).tolist()
+    half = args.new_tokens // 2
+    runs = {kind: {half: [], args.new_tokens: []} for kind in ("eager", "static")}
+    same = None
+    for kind in ("eager", "static"):  # warm-up: CUDA context, kernels, allocator
+        timed_decode(model, prompts, 4, kind, args.device, vocab)
+    for _ in range(args.repeats):
+        for kind in ("eager", "static"):
+            for n in (half, args.new_tokens):
+                seconds, tokens = timed_decode(model, prompts, n, kind, args.device, vocab)
+                runs[kind][n].append(seconds)
+                if n == args.new_tokens:
+                    same = tokens if kind == "eager" else float((same == tokens).float().mean())
+    out = {"batch": batch}
+    for kind, by_n in runs.items():
+        full, part = statistics.median(by_n[args.new_tokens]), statistics.median(by_n[half])
+        out[f"{kind}_ms"] = 1e3 * (full - part) / (args.new_tokens - half)
+        out[f"{kind}_total_s"] = full
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    context = args.prompt_len + (half + args.new_tokens) / 2  # the mean context over the marginal steps
+    out["floor_ms"] = 1e3 * (weights + batch * context * kv_bytes_per_token(model)) / bw
+    out["eager_x_floor"], out["static_x_floor"] = out["eager_ms"] / out["floor_ms"], out["static_ms"] / out["floor_ms"]
+    out["same_tokens"] = same  # share of equal tokens (bf16 kernels of different shapes may round apart)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shape", choices=["qwen0.5b", "small"], default="qwen0.5b")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    model = build_model(args.shape, torch.bfloat16 if args.dtype == "bf16" else torch.float32, args.device)
+    measured, rated = bandwidth(args.device)
+    bw = max(measured, rated or 0.0)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({torch.backends.cpu.get_cpu_capability()})"
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{device_name}; {args.shape} ({params / 1e6:.0f}M parameters, {args.dtype}); prompt {args.prompt_len}, "
+          f"{args.new_tokens} new tokens; bandwidth: measured copy {measured / 1e12:.2f} TB/s, rated "
+          f"{'%.2f TB/s' % (rated / 1e12) if rated else 'unknown'}; floor at {bw / 1e12:.2f} TB/s")
+    rows = [case(model, b, args, bw) for b in args.batch]
+    print(f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} {'same tokens':>12}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['floor_ms']:>9.3f} {r['eager_ms']:>9.3f} {r['eager_x_floor']:>7.1f}x "
+              f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['same_tokens']:>12.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device_name, "shape": args.shape, "dtype": args.dtype,
+                                               "parameters": params, "bandwidth_measured": measured,
+                                               "bandwidth_rated": rated, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
