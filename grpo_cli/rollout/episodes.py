@@ -61,6 +61,7 @@ class Episode:
     done: bool = False
     reward: float = 0.0  # a step environment's rewards, added up
     seconds: float = 0.0  # time spent in the environment
+    env_wall: float = 0.0  # wall time its generate call spent in environment calls (all its episodes, concurrently)
     context_tokens: int = 0  # tokens of the distinct contexts of its turns it was first to hand the generator (prefill)
 
     @property
@@ -297,10 +298,11 @@ class EpisodeGenerator:
         eos = eos_token_ids(model, self.tokenizer)
         env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
         # unseeded (greedy), each prompt's episodes still differ from the others' (data=none: only the seed does)
+        t_env = time.perf_counter()
         episodes = self._each(self._start, [(p, prompt_ids[i], rows[i], group_seed(seeds[i], "episode", j) if seeds
                                              is not None else group_seed("unseeded", i, "episode", j))
                                             for i, p in enumerate(prompts) for j in range(G)])
-        live = list(episodes)
+        live, env_wall = list(episodes), time.perf_counter() - t_env
         for turn in range(cfg.max_turns):
             budget = [cfg.max_tokens - len(ep.ids) for ep in live]
             turn_sampling = replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, max(budget))))
@@ -320,10 +322,14 @@ class EpisodeGenerator:
                 ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
                 ep.turns += 1
                 acted.append((ep, ids, finished, turn, env_tokens))
+            t_env = time.perf_counter()
             self._each(self._after_turn, acted)
+            env_wall += time.perf_counter() - t_env
             live = [ep for ep in live if not ep.done]  # the last turn ends every episode (_after_turn)
             if not live:
                 break
+        for ep in episodes:
+            ep.env_wall = env_wall
         return self._rollout(prompts, G, episodes, with_logprobs, eos, model)
 
     def _after_turn(self, ep: Episode, ids: list[int], finished: bool, turn: int, env_tokens: EnvTokens) -> None:
@@ -440,4 +446,5 @@ def episode_metrics(episodes: list[Episode], record) -> None:
     for k, v in sums.items():
         record.mean(k, float(v), n)
     record.sum("env/seconds", sum(ep.seconds for ep in episodes))
+    record.max("env_s", max((ep.env_wall for ep in episodes), default=0.0))  # the step's wall time in the environment
     record.sum("multiturn/prefill_tokens", sum(ep.context_tokens for ep in episodes))

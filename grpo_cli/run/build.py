@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from rich.markup import escape
 from transformers import get_scheduler
 
+from grpo_cli.run.floors import run_bottleneck
 from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, Stateful, clean_temporaries,
                                      experiment_diff, load_state, resolve_resume, save_checkpoint, save_final,
                                      write_config)
@@ -436,6 +437,8 @@ def finish_run(run: Run, seconds: float) -> dict:
     }
     if after is not None:
         summary.update(run.held_out.after(run.held_out_before, after))
+    if run.dist.is_main and rows:  # where the time went, against the floor (floors.py)
+        run.console.print(escape(run_bottleneck(cfg, run.policy, run.precision, rows) or ""), highlight=False, soft_wrap=True)
     if run.dist.is_main:
         card = write_model_card(run.run_dir / "final", cfg, summary, run.command or "grpo train")
         if cfg.hub.push:

@@ -319,6 +319,7 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     padded = roll.rows * (int(roll.prompt_lengths.max()) + roll.completion_len)
     metrics.mean("padding_frac", padded - roll.tokens.numel(), padded)
     metrics.sum("completion_tokens", lengths.sum())
+    metrics.sum("prompt_tokens", (roll.prompt_lengths.to(weights.device).double() * weights.double()).sum())
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
     for name, seconds in (("gen_s", scored.gen_s), ("score_s", scored.score_s + t_score - t0),
                           ("update_s", t_end - t_score), ("seconds", scored.gen_s + scored.score_s + t_end - t0)):
@@ -327,7 +328,7 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     metrics.max("memory_gib", current_bytes(device) / GIB)  # in use at the step's end (health.py: memory_growth)
     row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
     row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
-    row["completion_tokens"] = int(row["completion_tokens"])
+    row["completion_tokens"], row["prompt_tokens"] = int(row["completion_tokens"]), int(row["prompt_tokens"])
     row.update(grad_norm=grad_norm, skipped=float(skipped),
                tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
     return row, roll

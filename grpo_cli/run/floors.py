@@ -1,0 +1,113 @@
+"""The line `grpo train` ends with: where the steps' time went, and how far the largest phase is from what
+the hardware allows.
+
+Phases, from the metrics rows (seconds per step, summed over the run): generation (the model's sampling;
+`gen_s` less the environment's share), environment (episodes' calls between turns, wall time: `env_s`),
+scoring (advantages and the extra forwards: reference, old log-probs), update (forwards and backwards,
+AdamW) and push (weights into a generator with its own copy).
+
+Floors, from this machine's measured peaks (a memory copy for bandwidth, a matmul in the compute dtype
+for FLOP/s; measured once, at the end):
+- generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
+  completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token;
+- scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for;
+- the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
+- the environment and the push have none here: the first is the environment's own code, the second a
+  copy whose floor depends on the transport.
+P is the policy's parameter count. The floors count only weights (no KV cache, no activations), so they
+are optimistic: a ratio near 1 is the hardware's limit, a tiny model's large ratio is per-operation
+overhead, not memory or arithmetic.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+PHASES = ("generation", "environment", "scoring", "update", "push")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best(fn, device: torch.device, repeats: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def machine_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
+    """(bandwidth in bytes/s: a copy, counting bytes read and written; matmul FLOP/s in `dtype`)."""
+    n = (256 if device.type == "cuda" else 32) << 20
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    bandwidth = 2 * n / _best(lambda: b.copy_(a), device)
+    m = 4096 if device.type == "cuda" else 512
+    x = torch.randn(m, m, device=device).to(dtype)
+    flops = 2 * m**3 / _best(lambda: x @ x, device)
+    return bandwidth, flops
+
+
+def phase_seconds(rows: list[dict]) -> dict[str, float]:
+    """Each phase's seconds, summed over the rows."""
+    total = {p: 0.0 for p in PHASES}
+    for r in rows:
+        env = r.get("env_s", 0.0)
+        total["generation"] += max(r.get("gen_s", 0.0) - env, 0.0)
+        total["environment"] += env
+        total["scoring"] += r.get("score_s", 0.0)
+        total["update"] += r.get("update_s", 0.0)
+        total["push"] += r.get("push_s", 0.0)
+    return total
+
+
+def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth: float, flops: float,
+                  forwards: int, passes: int) -> dict[str, float | None]:
+    """Each phase's floor, summed over the rows (module docstring); None where there is none."""
+    gen = score = update = 0.0
+    for r in rows:
+        prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
+        gen += r.get("completion_len_max", 0.0) * weight_bytes / bandwidth + 2 * params * prompt / flops
+        score += forwards * 2 * params * (prompt + completion) / flops
+        update += passes * 6 * params * (prompt + completion) / flops
+    return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
+            "push": None}
+
+
+def bottleneck_line(rows: list[dict], params: int, weight_bytes: float, device: torch.device, dtype: torch.dtype,
+                    forwards: int, passes: int) -> str | None:
+    """One line: each phase's share of the steps' time, and the largest phase against its floor."""
+    spent = phase_seconds(rows)
+    total = sum(spent.values())
+    if not rows or total <= 0:
+        return None
+    shares = ", ".join(f"{p} {s / total:.0%}" for p, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s / total >= 0.005)
+    top = max(spent, key=spent.get)
+    line = f"time: {shares} of {total / len(rows):.2f} s per step"
+    bandwidth, flops = machine_peaks(device, dtype)
+    floor = floor_seconds(rows, params, weight_bytes, bandwidth, flops, forwards, passes)[top]
+    if floor is None or floor <= 0:
+        return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
+    return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor ({spent[top] / len(rows):.3f} s per step "
+            f"against {floor / len(rows):.4f} s at the {bandwidth / 1e9:.0f} GB/s and {flops / 1e9:.0f} GFLOP/s "
+            f"measured here; weights only, so a small model's ratio is overhead).")
+
+
+def run_bottleneck(cfg, policy: torch.nn.Module, precision, rows: list[dict]) -> str | None:
+    """bottleneck_line for a finished run: its policy's size in the compute dtype, its extra forwards
+    (a reference when algo.beta != 0, the old log-probs when algo.num_iterations > 1) and its passes."""
+    device = next(policy.parameters()).device
+    dtype = precision.frozen_dtype  # what generation reads: bf16 under bf16-mixed (autocast's copies)
+    params = sum(p.numel() for p in policy.parameters())
+    forwards = int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1)
+    return bottleneck_line(rows, params, params * torch.finfo(dtype).bits / 8, device, dtype, forwards,
+                           cfg.algo.num_iterations)
