@@ -48,6 +48,18 @@ def test_every_part_of_the_plan_worked_by_hand():
     assert p.total == pytest.approx(100 + 16000 + max(gen, upd))
 
 
+def test_a_step_s_samples_replace_the_worst_case_rows_and_micro_batch():
+    """Plan.from_samples: the longest row and the largest micro-batch a step really formed (an episode's
+    whole length, a packed micro-batch's positions) in place of prompt + max_new_tokens and the row count."""
+    p = plan(cfg(), SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=100.0,
+             row_len=9, tokens=30)
+    assert p.generation["KV cache"] == 8 * 9 * (2 * 2 * 1 * 4 * 4)  # 8 rows of 9 tokens, not 32
+    # Per token: 136 floats as in the worked plan above, and the mask row now 9 positions wide.
+    assert p.per_token == pytest.approx(2 * (136 * 4 + 9 * 4) * ALLOCATOR_SLACK)
+    assert p.tokens == 30 and p.update["activations"] == pytest.approx(30 * p.per_token)
+    assert p.update["backward"] == pytest.approx(ALLOCATOR_SLACK * 30 * (2 * 8 + 2 * 16) * 4)
+
+
 def test_gradient_checkpointing_keeps_one_input_per_layer_and_one_layer_in_full():
     c = cfg()
     c.model.gradient_checkpointing = True
@@ -168,3 +180,19 @@ def test_the_planned_peak_is_within_20_percent_of_the_measured_one(name, tmp_pat
     assert rows[-1]["completion_len"] > 0.9 * int(next(o for o in overrides if "max_new_tokens" in o).split("=")[1])
     print(f"{name}: planned {planned:.2f} GiB, measured {measured:.2f} GiB ({planned / measured - 1:+.0%})")
     assert abs(planned - measured) <= 0.2 * measured, (planned, measured, out.stdout[:2000])
+
+
+@pytest.mark.slow
+def test_the_tool_demo_s_plan_from_its_samples_is_within_25_percent_of_its_peak(tmp_path):
+    """Episodes: the plan before the run counts every row at env.max_tokens (an upper bound); the plan again
+    from the first step's samples counts the episodes as they were, and lands within 25% of the measured peak."""
+    out = grpo_process("train", "experiment=tool_use", "trainer.steps=3", "trainer.eval_before_after=false",
+                       "trainer.eval_every=0", "trainer.progress=false", "trainer.threads=1", f"output_dir={tmp_path}",
+                       timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    before = float(re.search(r"^memory plan: peak ([0-9.]+) GiB", text, re.M).group(1))
+    sampled = float(re.search(r"from this step's samples, memory plan: peak ([0-9.]+) GiB", text).group(1))
+    measured = max(r["peak_memory_gib"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "reward_mean" in r)
+    print(f"tool demo: planned {before:.2f} GiB before, {sampled:.2f} GiB from samples, measured {measured:.2f} GiB")
+    assert before >= measured and abs(sampled - measured) <= 0.25 * measured

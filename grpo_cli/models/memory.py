@@ -63,10 +63,18 @@ class Plan:
     update: dict[str, float]
     tokens: int
     per_token: float  # activation bytes per token of a micro-batch
+    budget: int = 0  # the token budget per micro-batch the run uses (planned() sets it)
+    redo: object = None  # plan(...) again with the same inputs, given what a step really formed (from_samples)
 
     @property
     def total(self) -> float:
         return sum(self.persistent.values()) + max(sum(self.generation.values()), sum(self.update.values()))
+
+    def from_samples(self, row: dict) -> "Plan":
+        """The plan again, counting what a step's samples really formed rather than the worst case: its
+        longest row (prompt and completion, or a whole episode) and its largest micro-batch's positions
+        (the metrics row's row_tokens_max and micro_batch_positions)."""
+        return self.redo(row_len=int(row["row_tokens_max"]), tokens=int(row["micro_batch_positions"]))
 
     def line(self) -> str:
         """One line: the total, then each part in GiB."""
@@ -165,13 +173,15 @@ def row_length(cfg, longest_prompt: int) -> int:
 
 
 def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
-         world_size: int = 1, runtime: float | None = None, budget: int | None = None) -> Plan:
+         world_size: int = 1, runtime: float | None = None, budget: int | None = None, row_len: int | None = None,
+         tokens: int | None = None) -> Plan:
     """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
-    given, stands for trainer.max_tokens_per_micro_batch."""
+    given, stands for trainer.max_tokens_per_micro_batch. `row_len` and `tokens`, when given, are a step's
+    longest row and largest micro-batch as sampled (Plan.from_samples), in place of the worst case."""
     t, s, algo = cfg.trainer, cfg.sampler, cfg.algo
     lora = cfg.model.lora.r > 0
     P = shape.parameters
-    row_len = row_length(cfg, longest_prompt)
+    row_len = row_len or row_length(cfg, longest_prompt)
     persistent = {"runtime": resident_bytes() if runtime is None else runtime,
                   "weights": P * (frozen_bytes if lora else param_bytes)}
     if lora:
@@ -188,8 +198,8 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
                   "sampling": rows * shape.vocab * 4 * 4}  # logits, scores, noise, log-softmax: [rows, vocab] fp32
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
-    tokens = largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
-                                 batch_rows=min(t.micro_batch_size, rows))
+    tokens = tokens or largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
+                                           batch_rows=min(t.micro_batch_size, rows))
     completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
     head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
     slack = ALLOCATOR_SLACK
@@ -265,6 +275,8 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     budget = cfg.trainer.max_tokens_per_micro_batch
     if cfg.trainer.memory_gib:
         budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)
-    return plan(cfg, shape, budget=budget or None, **kwargs), budget
+    out = plan(cfg, shape, budget=budget or None, **kwargs)
+    out.budget, out.redo = budget, lambda **seen: plan(cfg, shape, budget=budget or None, **kwargs, **seen)
+    return out, budget
 
 

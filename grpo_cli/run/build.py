@@ -167,6 +167,7 @@ class Run:
     held_out_before: dict | None = None
     saved: int = 0  # the newest step saved by this run
     resumed_from: Path | None = None  # the checkpoint this run started from
+    plan: object = None  # the memory plan (memory.py), shown again from the first step's samples
 
     def parts(self) -> dict[str, Stateful]:
         """The run's state, part by part, in the order a resume loads them (the RNG last): each saves and
@@ -270,7 +271,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     precision, why = training_precision(t.precision, device)
     if why:
         console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
-    tokenizer, data, max_tokens = load_inputs(cfg, resume_from, state, precision, env, world, device, console)
+    tokenizer, data, plan = load_inputs(cfg, resume_from, state, precision, env, world, device, console)
     train_rows = data["train"]
     claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
@@ -285,13 +286,13 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
-    settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=max_tokens)
+    settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=plan.budget)
     user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
                  if USER_PROMPT in train_rows.column_names else {})
     run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
               tokenizer=tokenizer, policy=policy, policies=policies, reward_fn=reward_fn, settings=settings,
               optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts, metrics=metrics,
-              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at, resumed_from=resume_from)
+              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at, resumed_from=resume_from, plan=plan)
     run.source = open_source(run, env, worker_device, cfg.generator.threads or threads)
     try:
         run.restore(state)  # the RNG last: nothing below draws from it
@@ -379,7 +380,7 @@ def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world:
     plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
                                precision, world, state.get("max_tokens_per_micro_batch"), device)
     console.print(escape(plan.line()), highlight=False)
-    return tokenizer, data, max_tokens
+    return tokenizer, data, plan
 
 
 def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist, command: str | None) -> None:

@@ -19,6 +19,8 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from rich.markup import escape
+
 from grpo_cli.run.console import Console
 from grpo_cli.models.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
@@ -52,6 +54,9 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                 row = {"step": step, **row, "lr": lr}
                 unhealthy = health.check(step, row)  # adds health/<rule> to the row
                 log_step(run, step, row, roll)  # 4.
+                if step == run.first_step and dist.is_main:  # the memory plan again, from what was really sampled
+                    run.console.print(escape("from this step's samples, " + run.plan.from_samples(row).line()),
+                                      highlight=False, soft_wrap=True)
                 if t.eval_every and step % t.eval_every == 0:  # 5.
                     run.held_out.during(step)
                 signum = int(dist.all_max(stop.signum or 0))  # 6. a signal to any rank stops every rank, together

@@ -320,6 +320,8 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     metrics.mean("padding_frac", padded - roll.tokens.numel(), padded)
     metrics.sum("completion_tokens", lengths.sum())
     metrics.sum("prompt_tokens", (roll.prompt_lengths.to(weights.device).double() * weights.double()).sum())
+    metrics.max("row_tokens_max", max(roll.lengths.tolist(), default=0))  # what the memory plan counts (memory.py)
+    metrics.max("micro_batch_positions", max((mb.positions for mb in batch.parts), default=0))
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
     for name, seconds in (("gen_s", scored.gen_s), ("score_s", scored.score_s + t_score - t0),
                           ("update_s", t_end - t_score), ("seconds", scored.gen_s + scored.score_s + t_end - t0)):
