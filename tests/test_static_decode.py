@@ -133,3 +133,56 @@ def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(ti
         static, static_lp = _decode(model, tok, "static", sampling)
     assert torch.equal(eager, static)
     torch.testing.assert_close(static_lp, eager_lp, atol=0.05, rtol=0.01)  # bf16 attention over more (masked) slots
+
+
+def test_noise_drawn_ahead_is_exactly_the_one_step_draws_and_survives_rows_leaving():
+    """_Noise draws `ahead` steps per group at once: on CPU the very numbers one draw per group and step give
+    (each group's own generator, [G, vocab] a step), also as rows and whole groups leave."""
+    from grpo_cli.rollout.generation import _Noise
+
+    G, V, seeds = 3, 11, [5, 6, 7, 8]
+    noise = _Noise(seeds, G, V, "cpu", steps=10)
+    assert noise.ahead == 10
+    reference = [torch.Generator().manual_seed(s) for s in seeds]
+    live = torch.arange(len(seeds) * G)
+    for step in range(10):
+        if step == 3:
+            live = live[live != 4]  # one row of group 1 leaves
+        if step == 6:
+            live = live[live // G != 2]  # group 2 leaves
+        expected = {}
+        for g in torch.unique_consecutive(live // G).tolist():
+            u = torch.empty(G, V).uniform_(generator=reference[g])
+            expected[g] = u.clamp(min=1e-20).log().neg().log()
+        want = torch.stack([expected[r // G][r % G] for r in live.tolist()])
+        assert torch.equal(noise(live), want), step
+
+
+def test_sampling_costs_a_few_ops_per_token_whatever_the_number_of_groups(tiny_dir, tiny_model):
+    """The host's work per token outside the model: on a GPU every op is a launch, and the launches, not the
+    GPU, set decoding's pace (docs/gpu-check.md). Counted with a dispatch mode: 64 groups cost what 4 do."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", "cpu")
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops_per_token(groups: int) -> float:
+        prompts = [[5, 3 + i % 7] for i in range(groups)]
+        counts = {}
+        for T in (6, 12):
+            Count.n = 0
+            with Count():
+                decode(model, prompts, 1, Sampling(max_new_tokens=T, temperature=1.0), eos_ids=[10**6], pad_id=0,
+                       seeds=list(range(groups)), steps="eager")
+            counts[T] = Count.n
+        return (counts[12] - counts[6]) / 6
+
+    few, many = ops_per_token(4), ops_per_token(64)
+    assert many - few < 4, (few, many)  # one draw per group and token would add 60 ops or more

@@ -84,27 +84,43 @@ def _filter(scores: Tensor, top_k: int, top_p: float) -> Tensor:
 class _Noise:
     """Per-row noise for the exponential race, drawn from each group's own generator: a group's draws
     depend on its seed only. argmax(logit - log E) with E ~ Exp(1) is an exact sample from
-    softmax(logit) (the Gumbel-max trick: -log E is Gumbel noise)."""
+    softmax(logit) (the Gumbel-max trick: -log E is Gumbel noise).
 
-    def __init__(self, seeds: list[int], group_size: int, vocab: int, device):
+    Each group draws `ahead` steps of noise at once ([ahead, G, vocab] from its generator: on CPU exactly the
+    numbers `ahead` one-step draws give), so a step costs one indexing op, not one draw per group: on a
+    GPU each op is a kernel launch, and the host's launches, not the GPU, set the pace of decoding."""
+
+    AHEAD_BYTES = 256 << 20  # at most this much noise drawn ahead
+
+    def __init__(self, seeds: list[int], group_size: int, vocab: int, device, steps: int):
         self.G, self.vocab, self.device = group_size, vocab, device
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        per_step = max(1, len(seeds) * group_size * vocab * 4)
+        self.ahead = max(1, min(16, steps, self.AHEAD_BYTES // per_step))
+        self.drawn, self.slot, self.used = None, {}, self.ahead  # [groups, ahead, G, vocab] log E; group -> row
+
+    def _draw(self, groups: list[int]) -> None:
+        drawn = torch.empty(len(groups), self.ahead, self.G, self.vocab, device=self.device)
+        for k, g in enumerate(groups):
+            drawn[k].uniform_(generator=self.generators[g])  # (exponential_ is 7x slower on CPU)
+        # E = -log U ~ Exp(1); in place, so no temporaries of the block's size
+        self.drawn = drawn.clamp_(min=1e-20).log_().neg_().log_()
+        self.slot, self.used = {g: k for k, g in enumerate(groups)}, 0
+        self._index = None
 
     def __call__(self, rows: Tensor) -> Tensor:
         """log E, [len(rows), vocab], for the given original row indices (sorted, on the host, so reading
-        them costs no device sync); one draw per live group."""
+        them costs no device sync); one draw per live group and step."""
         groups = torch.unique_consecutive(rows // self.G).tolist()
-        drawn = torch.empty(len(groups), self.G, self.vocab, device=self.device)
-        for k, g in enumerate(groups):
-            drawn[k].uniform_(generator=self.generators[g])  # (exponential_ is 7x slower on CPU)
-        # E = -log U ~ Exp(1); in place, so no [rows, vocab] temporaries
-        drawn = drawn.clamp_(min=1e-20).log_().neg_().log_().view(-1, self.vocab)
-        if len(groups) * self.G == len(rows):  # every row of every live group is live: no gather
-            return drawn
-        slot = {g: k for k, g in enumerate(groups)}
-        index = torch.tensor([slot[g] * self.G + r % self.G for g, r in zip((rows // self.G).tolist(), rows.tolist())],
-                             device=self.device)
-        return drawn[index]
+        if self.used == self.ahead:
+            self._draw(groups)
+        step, self.used = self.used, self.used + 1
+        if len(groups) == len(self.slot) and len(groups) * self.G == len(rows):  # every row of every group is live
+            return self.drawn[:, step].reshape(-1, self.vocab)
+        if self._index is None or self._index[0] != tuple(rows.tolist()):  # rows left: which noise rows are theirs
+            index = [self.slot[g] * self.G + r % self.G for g, r in zip((rows // self.G).tolist(), rows.tolist())]
+            self._index = (tuple(rows.tolist()), torch.tensor(index, device=self.device))
+        return self.drawn[:, step].reshape(-1, self.vocab)[self._index[1]]
 
 
 class EagerSteps:
@@ -178,7 +194,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     stepper = decode_steps(model, cache, mask, position, T, steps) if T > 1 else None
     del cache, mask, position  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
-    noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device)
+    noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device, T)
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((B, T), device=device) if with_logprobs else None
     rows = torch.arange(B, device=device)  # original index of each live row
