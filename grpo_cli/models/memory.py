@@ -163,6 +163,13 @@ def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpoin
     return s.layers * per_layer
 
 
+def noise_steps_ahead(rows: int, vocab: int, max_new_tokens: int, device_type: str) -> int:
+    """How many tokens of sampling noise generation draws at once (generation._Noise): up to 16, within
+    512 MiB on a GPU (where each draw is a launch the host pays for) and 32 MiB on a CPU."""
+    budget = (512 if device_type == "cuda" else 32) << 20
+    return max(1, min(16, max_new_tokens, budget // max(1, rows * vocab * 4)))
+
+
 def row_length(cfg, longest_prompt: int) -> int:
     """The longest row a step can hold: the longest prompt and max_new_tokens, or an episode's env.max_tokens."""
     after = cfg.sampler.max_new_tokens
@@ -174,7 +181,7 @@ def row_length(cfg, longest_prompt: int) -> int:
 
 def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
          world_size: int = 1, runtime: float | None = None, budget: int | None = None, row_len: int | None = None,
-         tokens: int | None = None) -> Plan:
+         tokens: int | None = None, device_type: str = "cpu") -> Plan:
     """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
     given, stands for trainer.max_tokens_per_micro_batch. `row_len` and `tokens`, when given, are a step's
     longest row and largest micro-batch as sampled (Plan.from_samples), in place of the worst case."""
@@ -194,8 +201,9 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     persistent["optimizer"] = 2 * shape.trainable * trainable_bytes  # AdamW's two moments
     rows = t.prompts_per_step // max(world_size, 1) * s.group_size
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * act_bytes
-    generation = {"KV cache": rows * row_len * kv_per_token,
-                  "sampling": rows * shape.vocab * 4 * 4}  # logits, scores, noise, log-softmax: [rows, vocab] fp32
+    ahead = noise_steps_ahead(rows, shape.vocab, s.max_new_tokens, device_type)
+    generation = {"KV cache": rows * row_len * kv_per_token,  # sampling: logits, scores, log-softmax, and the noise
+                  "sampling": rows * shape.vocab * 4 * (3 + ahead)}  # drawn `ahead` tokens at a time: [rows, vocab] fp32
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
     tokens = tokens or largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
@@ -272,6 +280,7 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     # The process, measured once so every plan below counts the same; on a GPU the plan is of CUDA's
     # allocations, which the process's own memory is not part of.
     kwargs["runtime"] = 0.0 if device is not None and device.type == "cuda" else resident_bytes()
+    kwargs["device_type"] = device.type if device is not None else "cpu"
     budget = cfg.trainer.max_tokens_per_micro_batch
     if cfg.trainer.memory_gib:
         budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)

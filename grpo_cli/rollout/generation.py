@@ -24,6 +24,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from grpo_cli.models.memory import noise_steps_ahead
 from grpo_cli.models.precision import Precision
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
 from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
@@ -90,13 +91,10 @@ class _Noise:
     numbers `ahead` one-step draws give), so a step costs one indexing op, not one draw per group: on a
     GPU each op is a kernel launch, and the host's launches, not the GPU, set the pace of decoding."""
 
-    AHEAD_BYTES = 256 << 20  # at most this much noise drawn ahead
-
     def __init__(self, seeds: list[int], group_size: int, vocab: int, device, steps: int):
         self.G, self.vocab, self.device = group_size, vocab, device
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        per_step = max(1, len(seeds) * group_size * vocab * 4)
-        self.ahead = max(1, min(16, steps, self.AHEAD_BYTES // per_step))
+        self.ahead = noise_steps_ahead(len(seeds) * group_size, vocab, steps, torch.device(device).type)
         self.drawn, self.slot, self.used = None, {}, self.ahead  # [groups, ahead, G, vocab] log E; group -> row
 
     def _draw(self, groups: list[int]) -> None:
