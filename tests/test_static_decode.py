@@ -186,3 +186,29 @@ def test_sampling_costs_a_few_ops_per_token_whatever_the_number_of_groups(tiny_d
 
     few, many = ops_per_token(4), ops_per_token(64)
     assert many - few < 4, (few, many)  # one draw per group and token would add 60 ops or more
+
+
+def test_a_capture_that_fails_decodes_without_graphs_and_says_so(tiny_model, tiny_dir, monkeypatch):
+    """Graphs are an optimisation: where capturing a step fails (an op a graph cannot hold, on some
+    transformers), the steps warn and run over the same static cache without them, with eager's tokens.
+    Simulated on CPU by asking for graphs with no CUDA: the capture's first CUDA call fails."""
+    from grpo_cli.models import static_cache
+
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", "cpu")
+    sampling = Sampling(max_new_tokens=10, temperature=1.3)
+    eager, eager_lp = _decode(model, tok, "eager", sampling)
+    real_init = static_cache.StaticSteps.__init__
+
+    def with_graphs(self, *args, graphs, **kwargs):
+        real_init(self, *args, graphs=True, **kwargs)
+
+    def no_stream(*args, **kwargs):
+        raise RuntimeError("no CUDA here")
+
+    monkeypatch.setattr(static_cache.StaticSteps, "__init__", with_graphs)
+    monkeypatch.setattr(torch.cuda, "Stream", no_stream)
+    with pytest.warns(RuntimeWarning, match=r"decoding without CUDA graphs: capturing a decode step failed \(no CUDA"):
+        static, static_lp = _decode(model, tok, "static", sampling)
+    assert torch.equal(eager, static)
+    torch.testing.assert_close(static_lp, eager_lp, atol=1e-5, rtol=1e-5)

@@ -23,6 +23,7 @@ generator then decodes eagerly.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from torch import Tensor
@@ -120,7 +121,14 @@ class StaticSteps:
             else allowed.view(rows, 1, 1, self.length)  # a view: writing `allowed` updates it
         self.graph, self.logits = None, None
         if self.graphs:
-            self._capture()
+            try:
+                self._capture()
+            except RuntimeError as e:  # an optimisation only: the steps run, eagerly over the same static cache
+                warnings.warn(f"decoding without CUDA graphs: capturing a decode step failed ({e})", RuntimeWarning,
+                              stacklevel=2)
+                self.graphs, self.graph, self.logits = False, None, None
+                for layer in self.cache.layers:  # the warm-up may have advanced them
+                    layer.cumulative_length.fill_(self.filled)
 
     def _forward(self) -> Tensor:
         out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.position,
