@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> object:
         return None
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}.\n\n{USAGE}", file=sys.stderr)
+        import difflib
+
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f"did you mean grpo {close[0]}?" if close else f"the commands are {', '.join(COMMANDS)}"
+        print(f"error: unknown command {command!r}; {hint} (grpo --help describes each).", file=sys.stderr)
         sys.exit(2)
     config = CONFIG_OF.get(command, command)
     register_configs(config)
@@ -217,9 +221,13 @@ def main(argv: list[str] | None = None) -> object:
 def _answered_without_a_job(argv: list[str]) -> bool:
     """Usage, the version and shell completion: answered here (exiting where the answer is an exit code).
     True when the completion script asked Hydra and was answered."""
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # a bare `grpo`: one sentence and where to go next
+        print("error: no command given; run grpo train (the built-in default run), or grpo --help for the commands.",
+              file=sys.stderr)
+        sys.exit(2)
+    if argv[0] in ("-h", "--help", "help"):
         print(USAGE)
-        sys.exit(0 if argv else 2)
+        sys.exit(0)
     if argv[0] == "--completion" or (len(argv) > 1 and argv[1] in ("--shell-completion", "-sc") and
                                      any(a.startswith("install=") for a in argv[2:])):
         shell = argv[1] if argv[0] == "--completion" and len(argv) > 1 else next(

@@ -98,9 +98,15 @@ def test_cfg_job_prints_the_composed_config_with_overrides_applied():
     assert "path: Qwen/Qwen2.5-0.5B-Instruct" in out.stdout and "group_size: 16" in out.stdout
 
 
-def test_unknown_subcommand_exits_2_with_usage():
+def test_an_unknown_or_missing_command_is_one_sentence_with_a_hint():
     out = grpo("trian", check_rc=2)
-    assert "unknown command 'trian'" in out.stderr and "train" in out.stderr
+    assert out.stderr.strip() == "error: unknown command 'trian'; did you mean grpo train? (grpo --help describes each)."
+    out = grpo("frobnicate", check_rc=2)
+    assert out.stderr.strip() == ("error: unknown command 'frobnicate'; the commands are train, evaluate, sample, tools "
+                                  "(grpo --help describes each).")
+    out = grpo(check_rc=2)
+    assert len(out.stderr.strip().splitlines()) == 1 and "grpo train" in out.stderr and not out.stdout
+    assert "commands:" in grpo("--help", check_rc=0).stdout
 
 
 @pytest.mark.slow
