@@ -74,6 +74,7 @@ def w(tmp_path_factory):
         "def text(completions, **kw):\n    return ['good'] * len(completions)\n"
         "def none(completions, **kw):\n    return None\n"
         "not_callable = 3\n"
+        "def wrong(x):\n    return [1.0]\n"
     )
     sys.path.insert(0, str(rewards))
     (root / "envs.py").write_text(
@@ -254,6 +255,7 @@ CASES = [
     ("train output_dir={root}/fresh16 " + " ".join(FAST) + " reward=python reward.fn=bad_rewards:none", "not a list"),
     ("train output_dir={root}/fresh17 " + " ".join(FAST) + " reward=python reward.fn=bad_rewards:not_callable", "has no function"),
     ("train output_dir={root}/fresh18 " + " ".join(FAST) + " reward=python reward.fn=no_such_module_xyz:score", "cannot be imported"),
+    ("train output_dir={root}/fresh19 " + " ".join(FAST) + " reward=python reward.fn=bad_rewards:wrong", "wrong() requires x, which no call passes"),
     ("train output_dir={root}/fresh19 " + " ".join(FAST) + " reward=model reward.model_path=/nonexistent/rm", "does not exist"),
     ("train output_dir={root}/fresh20 " + " ".join(FAST) + " reward=format reward.format_pattern='(x'", "does not compile"),
     ("train output_dir={run} " + " ".join(FAST), "already holds a run"),
@@ -452,3 +454,24 @@ def test_sigkill_while_final_is_written_leaves_no_broken_final_and_resume_comple
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+
+
+def test_a_reward_signature_is_read_before_the_model_loads():
+    """What a python reward requires must be something a call passes: a keyword of the calling convention
+    or a dataset column; TRL's signatures and **kwargs pass; a parameter taken only by position does not."""
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.rewards.python_fn import check_signature
+
+    def trl_style(prompts, completions, completion_ids, **kwargs): ...
+    def by_column(completions, a, b=None): ...
+    def needs(completions, solution): ...
+    def positional(completions, /): ...
+
+    columns = ["prompt", "answer", "a"]
+    check_signature(trl_style, "m:trl_style", columns)
+    check_signature(by_column, "m:by_column", columns)
+    with pytest.raises(GrpoError, match=r"needs\(\) requires solution, which no call passes.*\(prompt, answer, a\)"):
+        check_signature(needs, "m:needs", columns)
+    with pytest.raises(GrpoError, match=r"positional\(\) requires completions"):
+        check_signature(positional, "m:positional", columns)
+    check_signature(needs, "m:needs", [*columns, "solution"])

@@ -193,7 +193,13 @@ def load_user_rewards(cfg) -> None:
 
 def check_reward_columns(cfg, rows, split: str = "train") -> None:
     """The dataset columns the reward reads are there and readable (reward=code: every row's tests), before
-    any model loads. `rows`: a datasets.Dataset, the `split` named in the sentence."""
+    any model loads, and every python reward takes what a call passes. `rows`: a datasets.Dataset, the
+    `split` named in the sentence."""
+    from grpo_cli.rewards.python_fn import check_signature, load_function
+
+    for _, kind, spec in term_specs(cfg):
+        if kind == "python" and spec:
+            check_signature(load_function(spec, getattr(cfg, "fn_dir", None)), spec, rows.column_names)
     if not any(kind == "code" for _, kind, _ in term_specs(cfg)):
         return
     if cfg.tests_field not in rows.column_names:

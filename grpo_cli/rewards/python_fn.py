@@ -124,6 +124,30 @@ def parameters(fn) -> tuple[set[str], bool]:
             any(p.kind == p.VAR_KEYWORD for p in params))
 
 
+PASSED = ("prompts", "completions", "answers", "completion_tokens", "completion_ids", "environments")
+
+
+def check_signature(fn, spec: str, columns: list[str]) -> None:
+    """A GrpoError when `fn` requires an argument no call passes (module docstring): a parameter without a
+    default that is neither one of PASSED nor a dataset column, or one taken only by position."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: it is called and its error reported then
+        return
+    name = getattr(fn, "__name__", spec)
+    by_position = [p.name for p in params if p.kind == p.POSITIONAL_ONLY and p.default is p.empty]
+    missing = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
+               and p.name not in PASSED and p.name not in columns] + by_position
+    if missing:
+        shown = ", ".join(c for c in columns if not c.startswith("_"))
+        raise GrpoError(
+            f"reward.fn={spec!r}: {name}() requires {', '.join(missing)}, which no call passes: a reward is called "
+            f"with keywords, {', '.join(PASSED[:-1])} and the dataset's columns ({shown}); rename the parameter, give "
+            "it a default, or take **kwargs.")
+
+
 def build(cfg):
     """The term of one function: `cfg.fn` a single spec (rewards.term_specs gives each of a list its own cfg)."""
     if not cfg.fn or not isinstance(cfg.fn, str):  # checks.check_reward refuses it
