@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from grpo_cli.commands.compose import check_command_line
+from grpo_cli.commands.compose import check_command_line, config_file_overrides
 from grpo_cli.config import COMMAND_SCHEMAS, register_configs
 from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> object:
 
         sys.exit(print_help(config, rest))
     try:  # composition errors and bad values: one sentence, before torch is imported
+        rest = config_file_overrides(rest)  # --config FILE: its settings first, the command line's win
         check_command_line(config, rest, COMMAND_SCHEMAS[config])
         rest = _run_directory(command, rest) if command == config else [*rest, "hydra.run.dir=."]
     except GrpoError as e:
@@ -291,8 +292,9 @@ def _run_directory(command: str, overrides: list[str]) -> list[str]:
     sweep = any(o in ("-m", "--multirun") for o in overrides)
     run_key = "hydra.sweep.dir" if sweep else "hydra.run.dir"  # in a sweep output_dir holds one directory per job
     target = given.get(run_key) or given.get("output_dir")
-    if given.get("output_dir") and run_key not in given:
-        overrides = [*overrides, f"{run_key}='{given['output_dir']}'"]
+    if given.get("output_dir") and run_key not in given:  # beside output_dir: Hydra takes its overrides in one run
+        at = next(i for i, o in enumerate(overrides) if o.startswith("output_dir=")) + 1
+        overrides = [*overrides[:at], f"{run_key}='{given['output_dir']}'", *overrides[at:]]
     if sweep and not target:
         return overrides
     path = Path(str(target).strip("'\"") if target else DEFAULT_RUN_ROOTS[command]).expanduser()

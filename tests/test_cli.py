@@ -219,3 +219,40 @@ def test_the_run_directory_is_the_one_place_a_run_writes(tmp_path):
     for where in (run, run / "checkpoints" / "step-1", run / "final"):
         saved = (where / "config.yaml").read_text()
         assert "trainer:" in saved and "steps: 2" in saved, where
+
+
+def test_config_file_settings_come_first_and_the_command_line_wins(tmp_path):
+    """`--config FILE` (TRL's habit): a group's option, nested and dotted keys; a key the command line also
+    sets takes the command line's value, and `--cfg job` anywhere still works."""
+    import yaml
+
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text("model: qwen\ntrainer:\n  steps: 50\n  seed: 3\nsampler.group_size: 16\n"
+                      "reward:\n  format_pattern: '<a>\\s*</a>'\n")
+    out = grpo("train", "--config", str(recipe), "--cfg", "job", "trainer.steps=7", check_rc=0)
+    job = yaml.safe_load(out.stdout)
+    assert job["model"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct" and job["trainer"]["steps"] == 7
+    assert job["trainer"]["seed"] == 3 and job["sampler"]["group_size"] == 16
+    assert job["reward"]["format_pattern"] == "<a>\\s*</a>"
+    out = grpo("train", f"--config={recipe}", f"output_dir={tmp_path / 'x'}", "--cfg", "job", check_rc=0)
+    assert yaml.safe_load(out.stdout)["output_dir"] == str(tmp_path / "x")
+
+
+def test_a_run_s_own_config_yaml_composes_back_to_the_same_config(tmp_path):
+    import yaml
+
+    run = tmp_path / "run"
+    grpo("train", *FAST, f"output_dir={run}", "optimizer.lr=0.0002", check_rc=0)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    again = yaml.safe_load(grpo("train", "--config", str(run / "config.yaml"), "--cfg", "job", check_rc=0).stdout)
+    assert again == saved
+
+
+@pytest.mark.parametrize("text, phrase", [(None, "No such file"), ("a: [1,\n", "is not valid YAML"),
+                                          ("- 1\n- 2\n", "holds a list, not settings")])
+def test_a_config_file_that_cannot_be_read_is_one_sentence(tmp_path, text, phrase):
+    path = tmp_path / "run.yaml"
+    if text is not None:
+        path.write_text(text)
+    out = grpo("train", "--config", str(path), check_rc=2)
+    assert phrase in out.stderr and len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

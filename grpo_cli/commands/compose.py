@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import re
+from pathlib import Path
 from dataclasses import fields, is_dataclass
 
 from grpo_cli.errors import GrpoError, first_line
@@ -251,3 +253,68 @@ def parse_sentence(e: Exception) -> str:
     text = first_line(e).rstrip(".")
     return (f"{text}; write overrides as key=value, and quote a value holding spaces, commas or '=' as key=\"'...'\" "
             "(a comma-separated list is a sweep, which needs -m).")
+
+
+def _override_value(value) -> str:
+    """`value` written in Hydra's override grammar: strings quoted, lists and dicts in brackets."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_override_value(v)}" for k, v in value.items()) + "}"
+    text = str(value)
+    if re.fullmatch(r"[A-Za-z_./@~][A-Za-z0-9_./:@+~-]*", text) and text not in ("true", "false", "null"):
+        return text  # as a user would type it (output_dir=runs/x), which the command line's own handling expects
+    # Hydra's quoted string: a quote is escaped; a backslash is literal unless it precedes the closing quote
+    body = text.replace("'", "\\'")
+    trailing = len(body) - len(body.rstrip("\\"))
+    return "'" + body + "\\" * trailing + "'"
+
+
+def _flat(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and not (prefix == "env." and key == "factory"):  # a dict value stays whole
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def config_file_overrides(args: list[str]) -> list[str]:
+    """`--config FILE` (TRL's habit: a run in a YAML file) as overrides before the command line's, which win:
+    a group's option (`model: qwen`) or any keys, nested or dotted (`trainer: {steps: 50}`, `optimizer.lr: 1e-4`),
+    so a run's own config.yaml works too. A missing or unreadable file is one sentence."""
+    at = next((i for i, a in enumerate(args) if a == "--config" or a.startswith("--config=")), None)
+    if at is None:
+        return args
+    if args[at] == "--config":
+        if at + 1 >= len(args):
+            raise GrpoError("--config needs a file: grpo train --config run.yaml [key=value ...].")
+        path, rest = args[at + 1], args[:at] + args[at + 2:]
+    else:
+        path, rest = args[at].split("=", 1)[1], args[:at] + args[at + 1:]
+    import yaml
+
+    try:
+        tree = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise GrpoError(f"--config {path}: {e.strerror or e}; give the path of a YAML file of settings.") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        raise GrpoError(f"--config {path} is not valid YAML{f' (line {where.line + 1})' if where else ''}; fix the "
+                        "file.") from None
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise GrpoError(f"--config {path} holds a {type(tree).__name__}, not settings; write key: value lines.")
+    given = {a.split("=", 1)[0].lstrip("+~") for a in rest if "=" in a and not a.startswith("-")}
+    overrides = [f"{key}={_override_value(value)}" for key, value in _flat(tree) if key not in given]
+    # before the command line's first override, so Hydra sees the overrides in one run (never split by --cfg job)
+    at = next((i for i, a in enumerate(rest) if "=" in a and not a.startswith("-")), len(rest))
+    return rest[:at] + overrides + rest[at:]
