@@ -15,7 +15,8 @@ reports: `train` the run summary (reward_first, reward_last20, held-out accuraci
 the sentence the command prints. `reward_funcs` (one callable or a list) takes functions defined in
 the notebook: each becomes a `reward=python` term named after the function, weighted by
 `reward_weights`. `tools` and `environment_factory` take TRL's tool functions and environment class
-(README, "Agents: tools and environments"). A run trained this way records the functions by name only:
+(README, "Agents: tools and environments"); `train_dataset` and `eval_dataset` `datasets.Dataset` objects
+(written once to a parquet file in ~/.cache/grpo-cli/datasets, named by their fingerprint). A run trained this way records the functions by name only:
 evaluate it from Python with the same `reward_funcs`, `tools` and `environment_factory`.
 """
 
@@ -76,6 +77,39 @@ def _reward_overrides(reward_funcs, reward_weights) -> list[str]:
     return out
 
 
+def _dataset_file(ds, name: str) -> str:
+    """A `datasets.Dataset` as a parquet file in the user's cache, named by its content's fingerprint, so a
+    run's config names a file that outlives the call (resume and evaluate read it again)."""
+    import os
+    from pathlib import Path
+
+    if not hasattr(ds, "to_parquet") or not hasattr(ds, "column_names"):
+        raise GrpoError(f"{name} must be a datasets.Dataset (a DatasetDict: pass one split, e.g. ds['train']), "
+                        f"not {type(ds).__name__}.")
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo-cli" / "datasets"
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{getattr(ds, '_fingerprint', None) or abs(hash(tuple(map(str, ds[:50].items()))))}.parquet"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        ds.to_parquet(str(tmp))
+        tmp.replace(path)
+    return str(path)
+
+
+def _data_overrides(overrides: Sequence[str], train_dataset, eval_dataset) -> list[str]:
+    """TRL's `train_dataset=` / `eval_dataset=` as data=files with those files."""
+    if train_dataset is None:
+        if eval_dataset is not None:
+            raise GrpoError("eval_dataset needs train_dataset (or data.test_file= with data=files).")
+        return []
+    if any(str(o).split("=", 1)[0] in ("data", "data.train_file", "data.test_file") for o in overrides):
+        raise GrpoError("train_dataset= is the training data: leave out data=, data.train_file= and data.test_file=.")
+    out = ["data=files", f"data.train_file='{_dataset_file(train_dataset, 'train_dataset')}'"]
+    if eval_dataset is not None:
+        out.append(f"data.test_file='{_dataset_file(eval_dataset, 'eval_dataset')}'")
+    return out
+
+
 def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
     import grpo_cli.cli as cli
 
@@ -89,10 +123,11 @@ def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
 
 def train(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
           reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
-          environment_factory: Callable | None = None) -> dict:
-    """`grpo train OVERRIDES`; the run summary."""
+          environment_factory: Callable | None = None, train_dataset=None, eval_dataset=None) -> dict:
+    """`grpo train OVERRIDES`; the run summary. `train_dataset` / `eval_dataset`: `datasets.Dataset` objects,
+    as TRL's trainer takes them (without eval_dataset, data.test_size of the training rows are held out)."""
     return _call("train", overrides, _reward_overrides(reward_funcs, reward_weights)
-                 + _env_overrides(tools, environment_factory))
+                 + _env_overrides(tools, environment_factory) + _data_overrides(overrides, train_dataset, eval_dataset))
 
 
 def evaluate(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,

@@ -78,3 +78,30 @@ def test_trl_tools_and_an_environment_class_are_taken_as_python_objects(tmp_path
     assert "grpo_cli.notebook_rewards:add" in config and "grpo_cli.notebook_rewards:Notes" in config
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert "env/turns" in rows[0]
+
+
+def test_train_takes_trl_s_train_dataset_and_eval_dataset_objects(tmp_path, monkeypatch):
+    """train_dataset= / eval_dataset= as datasets.Dataset objects, as TRL's trainer takes them: the rows
+    the run trains on and holds out are theirs (saved once in the cache, by fingerprint, for resume)."""
+    from datasets import Dataset
+
+    from grpo_cli import GrpoError, train
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(1, 9) for b in range(1, 9)]
+    held = [{"prompt": "5+5=", "answer": "10"}, {"prompt": "6+7=", "answer": "13"}]
+    run = tmp_path / "run"
+    summary = train(*[a for a in FAST if not a.startswith("data.")], f"output_dir={run}",
+                    "trainer.log_completions_every=1", train_dataset=Dataset.from_list(rows),
+                    eval_dataset=Dataset.from_list(held))
+    assert summary["steps"] == 2
+    import yaml
+
+    data = yaml.safe_load((run / "config.yaml").read_text())["data"]
+    assert data["name"] == "files" and data["train_file"].startswith(str(tmp_path / "cache" / "grpo-cli" / "datasets"))
+    assert Dataset.from_parquet(data["test_file"]).to_list() == held
+    assert {r["prompt"] for r in read_jsonl(run / "completions.jsonl")} <= {r["prompt"] for r in rows}
+    with pytest.raises(GrpoError, match="train_dataset must be a datasets.Dataset"):
+        train(train_dataset=[{"prompt": "1+1="}])
+    with pytest.raises(GrpoError, match="leave out data="):
+        train("data=gsm8k", train_dataset=Dataset.from_list(rows))
