@@ -81,3 +81,13 @@ def wait_for(predicate, timeout: float = 120.0, poll: float = 0.0005) -> bool:
             return True
         time.sleep(poll)
     return False
+
+
+def with_batch_sizes(model, fn):
+    """(fn(), the batch size of every forward of `model` while it ran): to see a decode batch shrink."""
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        return fn(), seen
+    finally:
+        hook.remove()

@@ -16,7 +16,7 @@ from grpo_cli.models.precision import Precision
 from grpo_cli.update.batch import Rollout
 from grpo_cli.models.packer import LAYOUTS, largest_micro_batch, pack, pack_padded
 from grpo_cli.update.step import StepBatch, StepSettings, optimise
-from helpers import generate
+from helpers import generate, with_batch_sizes
 
 PAD = 0
 # Rows of a left-padded prompt + right-padded completion batch: (prompt tokens, completion tokens). The
@@ -240,15 +240,8 @@ def test_finished_rows_leave_the_decode_batch_without_changing_a_sampled_token(t
     runs = {}
     for name, threshold in (("drop", 1.0), ("keep", -1.0)):
         monkeypatch.setattr(generation, "DROP_FINISHED_AT", threshold)
-        rows_seen = []
-        hook = model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
-                                               with_kwargs=True)
-        try:
-            torch.manual_seed(0)
-            roll = generate(model, tok, prompts, 4, max_new_tokens=12, temperature=1.5)
-        finally:
-            hook.remove()
-        runs[name] = (roll, rows_seen)
+        torch.manual_seed(0)
+        runs[name] = with_batch_sizes(model, lambda: generate(model, tok, prompts, 4, max_new_tokens=12, temperature=1.5))
     (drop, drop_rows), (keep, keep_rows) = runs["drop"], runs["keep"]
     W = drop.input_ids.shape[1]  # decoding every row runs to max_new_tokens; the extra columns are padding
     assert torch.equal(drop.input_ids, keep.input_ids[:, :W]) and (keep.input_ids[:, W:] == tok.pad_token_id).all()

@@ -10,6 +10,7 @@ import torch
 
 from grpo_cli.models.static_cache import StaticSteps
 from grpo_cli.rollout import generation
+from helpers import with_batch_sizes
 from grpo_cli.rollout.generation import HFGenerator, Sampling, completion_mask, decode, encode_prompts, eos_token_ids
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -61,13 +62,7 @@ def test_finished_rows_leave_the_static_batch_without_changing_a_token(tiny_mode
     runs = {}
     for name, drop_at in (("drop", 1.0), ("keep", -1.0)):
         monkeypatch.setattr(StaticSteps, "drop_at", drop_at)
-        rows_seen = []
-        hook = model.register_forward_pre_hook(lambda m, a, kw: rows_seen.append(kw["input_ids"].shape[0]),
-                                               with_kwargs=True)
-        try:
-            runs[name] = (_decode(model, tok, "static", sampling), rows_seen)
-        finally:
-            hook.remove()
+        runs[name] = with_batch_sizes(model, lambda: _decode(model, tok, "static", sampling))
     ((drop, drop_lp), drop_rows), ((keep, keep_lp), keep_rows) = runs["drop"], runs["keep"]
     W = drop.shape[1]
     assert torch.equal(drop, keep[:, :W]) and (keep[:, W:] == tok.pad_token_id).all()
