@@ -13,7 +13,9 @@ The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a reg
   completions depend on its seed alone, not on which other prompts share the batch, the rank it runs
   on, or the batch size: runs on 1 or N processes sample the same completions;
 - rows that have finished are dropped from the batch as it shrinks, so a few long completions do not
-  keep every short one's rows computing.
+  keep every short one's rows computing;
+- on CUDA (generator.decode=auto) each token's forward runs over a static KV cache as one CUDA graph
+  replay (grpo_cli/models/static_cache.py), with the same tokens and log-probs as the eager steps.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class _Noise:
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
         self.ahead = noise_steps_ahead(len(seeds) * group_size, vocab, steps, torch.device(device).type)
         self.drawn, self.slot, self.used = None, {}, self.ahead  # [groups, ahead, G, vocab] log E; group -> row
+        self._index = None  # (the live rows, the noise rows that are theirs) while some rows have left
 
     def _draw(self, groups: list[int]) -> None:
         drawn = torch.empty(len(groups), self.ahead, self.G, self.vocab, device=self.device)
