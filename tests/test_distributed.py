@@ -29,9 +29,11 @@ def one_process(out, *args):
 
 
 def rows(run) -> list[dict]:
-    """Metrics rows without timings, and without padding_frac: the share of padding in each rank's padded
-    layout, which depends on how the rows are split (a layout fact, not a result)."""
-    return [{k: v for k, v in r.items() if k != "padding_frac"} for r in metric_rows(run, timing=False)]
+    """Metrics rows without timings, and without the layout facts, which depend on how the rows are split
+    (not results): padding_frac, the share of padding in each rank's padded layout, and
+    micro_batch_positions, the largest micro-batch a rank formed."""
+    layout = ("padding_frac", "micro_batch_positions")
+    return [{k: v for k, v in r.items() if k not in layout} for r in metric_rows(run, timing=False)]
 
 
 def weights(path):
