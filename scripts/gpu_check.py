@@ -191,18 +191,20 @@ def stage_train(c: Check) -> dict:
     return out
 
 
+def tensors(folder: Path) -> dict:
+    """Every tensor of a model directory's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    found = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        found.update(load_file(f))
+    return found
+
+
 def weight_change(start: Path | None, final: Path) -> float | None:
     """The largest absolute change of any weight between the model the run started from and its final/."""
     if start is None:
         return None
-    from safetensors.torch import load_file
-
-    def tensors(folder: Path) -> dict:
-        found = {}
-        for f in sorted(folder.glob("*.safetensors")):
-            found.update(load_file(f))
-        return found
-
     a, b = tensors(start), tensors(final)
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a.keys() & b.keys())
 
@@ -213,10 +215,7 @@ def stage_resume(c: Check) -> dict:
     out = {"ok": first["ok"] and second["ok"], "first": first, "second": second}
     straight = c.work / "train" / "final"
     if out["ok"] and straight.exists():
-        from safetensors.torch import load_file
-
-        a = {k: v for f in straight.glob("*.safetensors") for k, v in load_file(f).items()}
-        b = {k: v for f in (c.work / "resumed" / "final").glob("*.safetensors") for k, v in load_file(f).items()}
+        a, b = tensors(straight), tensors(c.work / "resumed" / "final")
         differ = [k for k in a if not (k in b and a[k].equal(b[k]))]
         out.update(bitwise=not differ, tensors=len(a), differing=len(differ))
         out["ok"] = not differ

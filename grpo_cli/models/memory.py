@@ -265,9 +265,9 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_size: int = 1,
-            resumed_budget: int | None = None, device: torch.device | None = None) -> tuple[Plan, int]:
-    """(the plan, the token budget per micro-batch to run with: trainer.max_tokens_per_micro_batch, or the
-    one memory_gib picks). Raises GrpoError when trainer.memory_gib cannot be met. A resumed run keeps the
+            resumed_budget: int | None = None, device: torch.device | None = None) -> Plan:
+    """The plan, its `budget` the token budget per micro-batch to run with (trainer.max_tokens_per_micro_batch,
+    or the one memory_gib picks). Raises GrpoError when trainer.memory_gib cannot be met. A resumed run keeps the
     budget its checkpoint ran with (`resumed_budget`) while memory_gib is still set, so it batches, and
     so computes, exactly as the uninterrupted run would."""
     m = cfg.model
@@ -286,6 +286,6 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
         budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)
     out = plan(cfg, shape, budget=budget or None, **kwargs)
     out.budget, out.redo = budget, lambda **seen: plan(cfg, shape, budget=budget or None, **kwargs, **seen)
-    return out, budget
+    return out
 
 

@@ -377,8 +377,8 @@ def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world:
     for name, split in data.items():
         check_reward_columns(cfg.reward, split, name)
     console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
-    plan, max_tokens = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
-                               precision, world, state.get("max_tokens_per_micro_batch"), device)
+    plan = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
+                   precision, world, state.get("max_tokens_per_micro_batch"), device)
     console.print(escape(plan.line()), highlight=False)
     return tokenizer, data, plan
 
