@@ -9,7 +9,8 @@ device's rated HBM bandwidth (where known: H100 SXM 3.35 TB/s, H200 4.8 TB/s) an
 device-to-device copy. The marginal time per token is measured as (t(T) - t(T/2)) / (T/2): decoding T
 and T/2 new tokens from the same prompts, so the prefill and the one-time captures cancel. Rows never
 stop (no EOS: the end id is out of the vocabulary), so every step runs the whole batch. Each case is the
-median of --repeats runs, eager and static interleaved. Prints a table, and JSON with --json.
+median of --repeats runs, eager and static interleaved. "step alone" is the model's part of a static step
+without the sampling around it: one graph replay, timed back to back. Prints a table, and JSON with --json.
 """
 
 from __future__ import annotations
@@ -84,6 +85,24 @@ def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: i
     return time.perf_counter() - t0, tokens
 
 
+@torch.no_grad()
+def step_ms(model, prompts, device: str, steps: int = 32) -> float:
+    """The model's part of a static decode step alone: ms per graph replay (a static-cache forward on a CPU),
+    with none of the host's sampling work around it."""
+    from grpo_cli.rollout.generation import decode_steps, prefill
+
+    cache, _, mask, position = prefill(model, prompts, 1, 0)
+    stepper = decode_steps(model, cache, mask, position, steps + 1, "static")
+    run = stepper.graph.replay if stepper.graph is not None else stepper._forward
+    run()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        run()
+    sync(device)
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
 def kv_bytes_per_token(model) -> int:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -116,6 +135,8 @@ def case(model, batch: int, args, bw: float) -> dict:
     context = args.prompt_len + (half + args.new_tokens) / 2  # the mean context over the marginal steps
     out["floor_ms"] = 1e3 * (weights + batch * context * kv_bytes_per_token(model)) / bw
     out["eager_x_floor"], out["static_x_floor"] = out["eager_ms"] / out["floor_ms"], out["static_ms"] / out["floor_ms"]
+    out["step_ms"] = step_ms(model, prompts, args.device)
+    out["step_x_floor"] = out["step_ms"] / out["floor_ms"]
     out["same_tokens"] = same  # share of equal tokens (bf16 kernels of different shapes may round apart)
     return out
 
@@ -142,10 +163,12 @@ def main(argv=None) -> int:
           f"{args.new_tokens} new tokens; bandwidth: measured copy {measured / 1e12:.2f} TB/s, rated "
           f"{'%.2f TB/s' % (rated / 1e12) if rated else 'unknown'}; floor at {bw / 1e12:.2f} TB/s")
     rows = [case(model, b, args, bw) for b in args.batch]
-    print(f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} {'same tokens':>12}")
+    print(f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} "
+          f"{'step alone':>11} {'x floor':>8} {'same tokens':>12}")
     for r in rows:
         print(f"{r['batch']:>5} {r['floor_ms']:>9.3f} {r['eager_ms']:>9.3f} {r['eager_x_floor']:>7.1f}x "
-              f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['same_tokens']:>12.3f}")
+              f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['step_ms']:>11.3f} {r['step_x_floor']:>7.1f}x "
+              f"{r['same_tokens']:>12.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_name, "shape": args.shape, "dtype": args.dtype,
                                                "parameters": params, "bandwidth_measured": measured,

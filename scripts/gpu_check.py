@@ -65,6 +65,7 @@ class Check:
         self.work.mkdir(parents=True, exist_ok=True)
         (self.work / "gpu_check_rewards.py").write_text(REWARD)
         self.results: dict[str, dict] = {}
+        self.output = ""  # the last command's whole output
         self.t0 = time.perf_counter()
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
                     "PYTHONPATH": os.pathsep.join([str(ROOT), str(self.work), os.environ.get("PYTHONPATH", "")])}
@@ -84,6 +85,7 @@ class Check:
         except subprocess.TimeoutExpired as e:
             code = 124
             text = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+        self.output = text  # all of it, for the lines a figure is read from
         return code, text[-3000:], time.perf_counter() - t0
 
     def model(self) -> str:
@@ -125,9 +127,11 @@ class Check:
                        peak_gib=round(max(r.get("peak_memory_gib", 0) for r in rows), 3),
                        phases={k: round(statistics.median(r[k] for r in timed), 3) for k in ("gen_s", "score_s", "update_s")},
                        reward=[round(r["reward_mean"], 3) for r in rows])
-        plan = re.search(r"memory plan: peak ([0-9.]+) GiB", tail)
-        if plan:
-            out["planned_gib"] = float(plan.group(1))
+        plans = re.findall(r"^(.*)memory plan: (peak ([0-9.]+) GiB.*)$", self.output, re.M)
+        if plans:  # the plan before the run, then again from the first step's samples
+            out["planned_gib"], out["plan"] = float(plans[0][2]), plans[0][1]
+            if len(plans) > 1:
+                out["planned_from_samples_gib"] = float(plans[1][2])
             if out.get("peak_gib"):
                 out["planned_over_measured"] = round(out["planned_gib"] / out["peak_gib"], 3)
         if code != 0:
@@ -225,13 +229,14 @@ def stage_resume(c: Check) -> dict:
 def stage_planner(c: Check) -> dict:
     shapes = {"fp32 full": ["trainer.precision=fp32"], "bf16-mixed, gradient checkpointing": ["model.gradient_checkpointing=true"],
               "bf16-mixed, 256 new tokens, micro-batch 32": ["sampler.max_new_tokens=256", "trainer.micro_batch_size=32"]}
-    out = {"shapes": {"bf16-mixed (train stage)": {k: c.results.get("train", {}).get(k) for k in ("planned_gib", "peak_gib")}}}
+    out = {"shapes": {"bf16-mixed (train stage)": {k: c.results.get("train", {}).get(k)
+                                                   for k in ("planned_gib", "peak_gib", "planned_over_measured", "plan")}}}
     for name, extra in shapes.items():
         if c.small:
             extra = [e for e in extra if "precision" not in e and "max_new_tokens" not in e]
         r = c.train("planner-" + re.sub(r"\W+", "-", name), *extra, steps=2)
-        out["shapes"][name] = {k: r.get(k) for k in ("ok", "planned_gib", "peak_gib", "planned_over_measured", "tail")
-                               if r.get(k) is not None}
+        out["shapes"][name] = {k: r.get(k) for k in ("ok", "planned_gib", "peak_gib", "planned_over_measured", "plan",
+                                                     "tail") if r.get(k) is not None}
     ratios = [s["planned_gib"] / s["peak_gib"] for s in out["shapes"].values() if s.get("planned_gib") and s.get("peak_gib")]
     out["ok"] = len(ratios) == len(out["shapes"])
     out["within_20pct"] = bool(ratios) and all(0.8 <= r <= 1.2 for r in ratios)

@@ -10,7 +10,7 @@ import torch
 
 from grpo_cli.config import TrainConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.models.memory import ALLOCATOR_SLACK, GIB, Shape, fit, model_shape, plan
+from grpo_cli.models.memory import ALLOCATOR_SLACK, CUDA_SLACK, GIB, Shape, fit, model_shape, plan
 from helpers import FAST, grpo_process, read_jsonl
 
 SHAPE = Shape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, parameters=1000,
@@ -47,6 +47,19 @@ def test_every_part_of_the_plan_worked_by_hand():
     assert p.update["backward"] == pytest.approx(ALLOCATOR_SLACK * 128 * (2 * 8 + 2 * 16) * 4)
     gen, upd = sum(p.generation.values()), sum(p.update.values())
     assert p.total == pytest.approx(100 + 16000 + max(gen, upd))
+
+
+def test_on_cuda_the_update_s_transients_take_cuda_s_factor_and_the_noise_its_larger_budget():
+    """On CUDA the peak is allocated tensors, not resident pages: the transient parts scale by CUDA_SLACK
+    (1.25) instead of the CPU allocator's 1.6; the persistent parts are the same bytes."""
+    cpu = plan(cfg(), SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=0.0)
+    gpu = plan(cfg(), SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=0.0,
+               device_type="cuda")
+    assert CUDA_SLACK == 1.25 and gpu.persistent == cpu.persistent
+    assert gpu.per_token == pytest.approx(2 * (136 * 4 + 32 * 4) * 1.25)
+    assert gpu.update["logits"] == pytest.approx(1.25 * 3 * 80 * 10 * 4)
+    assert gpu.update["backward"] == pytest.approx(1.25 * 128 * (2 * 8 + 2 * 16) * 4)
+    assert gpu.generation["sampling"] == 8 * 10 * 4 * (3 + 16)  # 20 tokens, vocab 10: 16 ahead on either
 
 
 def test_a_step_s_samples_replace_the_worst_case_rows_and_micro_batch():

@@ -24,14 +24,14 @@ def _model(tiny_dir, attn: str, device: str):
     return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation=attn).to(device).eval()
 
 
-def _decode(model, tok, kind: str, sampling: Sampling, group_size: int = 4):
+def _decode(model, tok, kind: str, sampling: Sampling, group_size: int = 4, read_eos_every: int | None = None):
     """decode()'s ids and log-probs, each row cut after its EOS (what a row draws after its EOS while it
     stays in the batch is never read, and the two paths drop finished rows at different points)."""
     ids = encode_prompts(tok, PROMPTS, False)
     seeds = list(range(11, 11 + len(PROMPTS)))
     eos = eos_token_ids(model, tok)
     tokens, logps = decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=tok.pad_token_id, seeds=seeds,
-                           with_logprobs=True, steps=kind)
+                           with_logprobs=True, steps=kind, read_eos_every=read_eos_every)
     mask, _ = completion_mask(tokens, eos)
     return tokens.masked_fill(mask == 0, tok.pad_token_id).cpu(), (logps * mask).cpu()
 
@@ -72,6 +72,30 @@ def test_finished_rows_leave_the_static_batch_without_changing_a_token(tiny_mode
         assert len(keep_rows) < W
     else:
         assert len(keep_rows) == W  # the prefill and one forward per token after the first
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["eager", "static"])
+def test_reading_the_end_flags_every_few_tokens_changes_no_token_before_an_eos(tiny_model, tiny_dir, device, kind,
+                                                                             monkeypatch):
+    """On a GPU the host reads which rows have ended every few tokens, not every one: rows that ended in
+    between sample a few tokens more, and leave the batch later, but every token up to each row's EOS and
+    its log-prob is what reading every token gives, and the batch still stops once all have ended."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", device)
+    monkeypatch.setattr(StaticSteps, "drop_at", 1.0)  # rows leave at every read where one has ended
+    monkeypatch.setattr(generation, "DROP_FINISHED_AT", 1.0)
+    sampling = Sampling(max_new_tokens=24, temperature=1.3)
+    (every, every_lp), every_rows = with_batch_sizes(model, lambda: _decode(model, tok, kind, sampling, read_eos_every=1))
+    (fifth, fifth_lp), fifth_rows = with_batch_sizes(model, lambda: _decode(model, tok, kind, sampling, read_eos_every=5))
+    W = every.shape[1]
+    assert W < sampling.max_new_tokens  # every row ended: the batch stopped early
+    assert fifth.shape[1] == min(-(-W // 5) * 5, sampling.max_new_tokens)  # seen at the first read after the last EOS
+    assert torch.equal(every, fifth[:, :W]) and (fifth[:, W:] == tok.pad_token_id).all()
+    torch.testing.assert_close(every_lp, fifth_lp[:, :W], atol=1e-5, rtol=1e-5)
+    if device == "cpu":  # (on CUDA a forward runs per capture, not per token)
+        assert len(set(every_rows[1:])) > 2 and len(set(fifth_rows[1:])) > 1  # rows left both batches
+        assert sum(fifth_rows[1:]) > sum(every_rows[1:W])  # left later: more row-steps computed
 
 
 def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_eagerly(tiny_model, tiny_dir):

@@ -18,8 +18,11 @@ Activations are counted at the compute dtype's width. The update's transient ten
 logits, backward) are multiplied by ALLOCATOR_SLACK, the resident memory the process holds per byte
 of them, measured once on a calibration shape that is not among the tests' (hidden 320, 6 layers,
 vocabulary 8,000, 8 rows of 336 tokens, fp32 on CPU: glibc keeps freed blocks mapped, and the
-backward's gradients land in fresh ones). The estimate is checked against measured peaks in
-tests/test_memory.py (within 20% on three other shapes). It assumes every row runs to max_new_tokens,
+backward's gradients land in fresh ones). On CUDA the peak is torch.cuda.max_memory_allocated, the live
+tensors alone, and the factor is CUDA_SLACK: the live bytes per counted byte (tensors the count leaves
+out: attention's and the loss's temporaries), measured on an H100 on two shapes of a 0.5B model (fp32
+full training, bf16-mixed LoRA; docs/gpu-check.md). The estimate is checked against measured peaks in
+tests/test_memory.py (within 20% on three other shapes) and by `make gpu-check` on a GPU. It assumes every row runs to max_new_tokens,
 so it is an upper bound for runs whose completions stop early.
 """
 
@@ -36,6 +39,7 @@ from grpo_cli.models.packer import largest_micro_batch
 
 GIB = float(1 << 30)
 ALLOCATOR_SLACK = 1.6  # resident bytes per byte of the update's transient tensors (fp32, CPU, glibc), measured
+CUDA_SLACK = 1.25  # allocated bytes per byte of them on CUDA (H100; 1.26 fp32 full, 1.23 bf16-mixed LoRA), measured
 DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
 
@@ -210,7 +214,7 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
                                            batch_rows=min(t.micro_batch_size, rows))
     completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
     head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
-    slack = ALLOCATOR_SLACK
+    slack = CUDA_SLACK if device_type == "cuda" else ALLOCATOR_SLACK
     update = {"gradients": shape.trainable * trainable_bytes,
               "activations": slack * tokens * per_token,
               "logits": slack * 3 * head_positions * shape.vocab * 4,

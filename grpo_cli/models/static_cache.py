@@ -116,6 +116,7 @@ class StaticSteps:
         self.allowed = allowed
         self.ids = torch.zeros(rows, 1, dtype=torch.long, device=allowed.device)
         self.position = position.view(rows, 1).clone()
+        self.slot = torch.tensor([self.filled], device=allowed.device)  # the slot the next step writes
         dtype = next(hf_model(self.model).parameters()).dtype
         self.mask = torch.zeros(rows, 1, 1, self.length, dtype=dtype, device=allowed.device) if self.additive \
             else allowed.view(rows, 1, 1, self.length)  # a view: writing `allowed` updates it
@@ -127,42 +128,53 @@ class StaticSteps:
                 warnings.warn(f"decoding without CUDA graphs: capturing a decode step failed ({e})", RuntimeWarning,
                               stacklevel=2)
                 self.graphs, self.graph, self.logits = False, None, None
-                for layer in self.cache.layers:  # the warm-up may have advanced them
-                    layer.cumulative_length.fill_(self.filled)
+                self._unstep(position)  # the warm-up may have run, in part or whole
 
     def _forward(self) -> Tensor:
+        """One step on the device alone (what the graph holds): the next slot opened in the mask, the
+        forward of `ids` writing it, the positions and the slot advanced."""
+        self.allowed.index_fill_(1, self.slot, True)
+        if self.additive:
+            self.mask.copy_(torch.where(self.allowed, 0.0, torch.finfo(self.mask.dtype).min)[:, None, None, :])
         out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.position,
                          **{self.kwarg: self.cache}, use_cache=True)
+        self.position.add_(1)
+        self.slot.add_(1)
         return out.logits[:, -1]
 
     def _capture(self) -> None:
         """The step's forward as a CUDA graph. One warm-up forward first, on a side stream (as
         torch.cuda.graphs asks); it writes the next slot, which the first real step overwrites, and
-        advances each layer's length, which is set back."""
+        advances what a step advances, which is set back."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             self._forward()
         torch.cuda.current_stream().wait_stream(stream)
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(self.filled)
+        self._unstep(self.position - 1)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.logits = self._forward()
 
+    def _unstep(self, position: Tensor) -> None:
+        """Undo a step that ran but must not count (the warm-up, or a capture that failed after it):
+        `position` is each row's next position before it."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(self.filled)
+        self.allowed[:, self.filled :] = False
+        self.position.copy_(position.view(-1, 1))
+        self.slot.fill_(self.filled)
+
     def step(self, tokens: Tensor) -> Tensor:
-        """The logits after each live row's `tokens` ([rows]), written at the next slot."""
+        """The logits after each live row's `tokens` ([rows]), written at the next slot. On CUDA the
+        graph's output buffer, valid until the next step (read it, or copy it, before)."""
         self.ids.copy_(tokens.view(-1, 1))
-        self.allowed[:, self.filled] = True
-        if self.additive:
-            self.mask.copy_(torch.where(self.allowed, 0.0, torch.finfo(self.mask.dtype).min)[:, None, None, :])
         if self.graph is not None:
             self.graph.replay()
-            logits = self.logits.clone()  # the graph's output buffer: the next replay overwrites it
+            logits = self.logits
         else:
             logits = self._forward()
         self.filled += 1
-        self.position += 1
         return logits
 
     def keep(self, index: Tensor) -> None:

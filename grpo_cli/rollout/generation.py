@@ -35,6 +35,11 @@ NEG_INF = float("-inf")
 # Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
 # the KV cache, so it waits until a quarter of the batch has finished.
 DROP_FINISHED_AT = 0.75
+# How often decoding reads the rows' end-of-sequence flags on a GPU: each read makes the host wait for the GPU,
+# so read every token the host could not queue the next token's work while the GPU runs this one. A row
+# that ended meanwhile samples a few tokens more, never read (what a row holds after its EOS is arbitrary).
+# On a CPU there is nothing to overlap: every token.
+READ_EOS_EVERY = 8
 
 
 def group_seed(*parts: int | str) -> int:
@@ -98,6 +103,7 @@ class _Noise:
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
         self.ahead = noise_steps_ahead(len(seeds) * group_size, vocab, steps, torch.device(device).type)
         self.drawn, self.slot, self.used = None, {}, self.ahead  # [groups, ahead, G, vocab] log E; group -> row
+        self._rows, self._groups = None, []  # the live rows last asked for, and their groups
         self._index = None  # (the live rows, the noise rows that are theirs) while some rows have left
 
     def _draw(self, groups: list[int]) -> None:
@@ -112,7 +118,9 @@ class _Noise:
     def __call__(self, rows: Tensor) -> Tensor:
         """log E, [len(rows), vocab], for the given original row indices (sorted, on the host, so reading
         them costs no device sync); one draw per live group and step."""
-        groups = torch.unique_consecutive(rows // self.G).tolist()
+        if rows is not self._rows:  # the live rows changed (decode passes the same tensor until they do)
+            self._rows, self._groups = rows, torch.unique_consecutive(rows // self.G).tolist()
+        groups = self._groups
         if self.used == self.ahead:
             self._draw(groups)
         step, self.used = self.used, self.used + 1
@@ -184,13 +192,16 @@ def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: i
 
 @torch.no_grad()
 def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
-           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager"):
+           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager",
+           read_eos_every: int | None = None):
     """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
     continuations cut there); [n*G, T'] sampling log-probs
-    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops when
-    every row has ended. `steps`: the kind of decode steps (decode_steps)."""
+    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops once every
+    row has ended, seen every `read_eos_every` tokens (READ_EOS_EVERY on a GPU, 1 on a CPU). `steps`: the
+    kind of decode steps (decode_steps)."""
     device = next(model.parameters()).device
     n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
+    every = read_eos_every or (1 if device.type == "cpu" else READ_EOS_EVERY)
     cache, logits, mask, position = prefill(model, prompt_ids, G, pad_id)
     stepper = decode_steps(model, cache, mask, position, T, steps) if T > 1 else None
     del cache, mask, position  # the steps hold what they need: a static cache frees the prefill's
@@ -200,7 +211,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     logps = torch.zeros((B, T), device=device) if with_logprobs else None
     rows = torch.arange(B, device=device)  # original index of each live row
     host_rows = rows.cpu()  # the same, on the host: what the noise reads
-    done = torch.zeros(B, dtype=torch.bool)  # each live row's: it has sampled an EOS
+    done = torch.zeros(B, dtype=torch.bool, device=device)  # each live row's: it has sampled an EOS
     for t in range(T):
         scores = logits.float()
         if sampling.greedy:
@@ -212,18 +223,23 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
         tokens[rows, t] = chosen
         if with_logprobs:
             logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
-        done |= torch.isin(chosen, eos).cpu()  # the one host read per token, as any sampler that stops early
-        live = ~done  # a row that ended stays ended, whatever it draws after its EOS while still in the batch
-        n_live = int(live.sum())
-        if t + 1 == T or n_live == 0:
-            return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
-        if n_live <= stepper.drop_at * live.numel():  # finished rows leave the batch
-            host_keep = live.nonzero().squeeze(-1)
-            keep = host_keep.to(device)
-            stepper.keep(keep)
-            host_rows, rows, done, chosen = host_rows[host_keep], rows[keep], done[host_keep], chosen[keep]
+        done |= torch.isin(chosen, eos)  # a row that ended stays ended, whatever it draws after its EOS
+        if t + 1 == T:
+            break
+        if (t + 1) % every == 0:
+            live = ~done.cpu()  # the host's one read of the GPU, as any sampler that stops early
+            n_live = int(live.sum())
+            if n_live == 0:
+                break
+            if n_live <= stepper.drop_at * live.numel():  # finished rows leave the batch
+                host_keep = live.nonzero().squeeze(-1)
+                keep = host_keep.to(device)
+                stepper.keep(keep)
+                host_rows, rows, done, chosen = host_rows[host_keep], rows[keep], done[keep], chosen[keep]
         logits = stepper.step(chosen)
-    return tokens[:, :0], None  # max_new_tokens = 0
+    else:
+        return tokens[:, :0], None  # max_new_tokens = 0
+    return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
 
 
 def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, completion_ids: Tensor,
