@@ -134,6 +134,9 @@ class Check:
                 out["planned_from_samples_gib"] = float(plans[1][2])
             if out.get("peak_gib"):
                 out["planned_over_measured"] = round(out["planned_gib"] / out["peak_gib"], 3)
+        warned = sorted(set(re.findall(r"^.*(?:deterministic|atomic).*$", self.output, re.M)))
+        if warned:  # what trainer.deterministic could not make repeatable (torch warns and runs it)
+            out["determinism_warnings"] = warned[:5]
         if code != 0:
             out["tail"] = tail
         return out

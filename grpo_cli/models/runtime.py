@@ -57,10 +57,16 @@ def reuse_freed_memory() -> bool:
 def prepare_process(threads: int, device: torch.device, local_processes: int = 1, deterministic: bool = False) -> int:
     """Threads for this process and, on CPU, the allocator setting; returns the thread count. `deterministic`
     (trainer.deterministic): kernels that give the same bits every run, as far as torch has them (an op
-    without one warns), and cuBLAS's fixed workspace, which must be set before cuBLAS starts."""
+    without one warns), and cuBLAS's fixed workspace, which must be set before cuBLAS starts. On CUDA,
+    attention runs on SDPA's math kernels: the fused ones' backward (memory-efficient and cuDNN, which
+    padded or packed rows' masks select) adds gradients with atomics, in a different order every run."""
     if device.type == "cpu":
         reuse_freed_memory()
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        if device.type == "cuda":
+            torch.backends.cuda.enable_flash_sdp(False)
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            torch.backends.cuda.enable_cudnn_sdp(False)
     return set_threads(threads, local_processes)
