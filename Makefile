@@ -95,7 +95,7 @@ plot: $(STAMP)
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info
 
-# The GPU lane (scripts/gpu_check.py; docs/gpu-check.md): one CUDA GPU, about 8 minutes on an H100. A CUDA
+# The GPU lane (scripts/gpu_check.py; docs/gpu-check.md): one CUDA GPU, about 10 minutes on an H100. A CUDA
 # machine with no network runs it from a copy of this tree: `make gpu-wheels` here first puts the wheels a
 # bare CUDA image with torch and transformers lacks into .whl/ (Hydra, datasets, TRL, bitsandbytes); there,
 # `make gpu-check` installs them into /tmp/gpu-site and runs every stage, writing runs/gpu-check/.

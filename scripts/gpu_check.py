@@ -1,6 +1,6 @@
 """The GPU lane: on one CUDA GPU, what the CPU lanes prove, scaled to the device; a JSON of figures and a table.
 
-    make gpu-check                                    # on a CUDA machine: every stage, about 8 minutes on an H100
+    make gpu-check                                    # on a CUDA machine: every stage, about 10 minutes on an H100
     python scripts/gpu_check.py --out runs/gpu-check --only probe decode train
     python scripts/gpu_check.py --small               # CPU smoke run of the harness (tests/test_gpu_check.py)
 

@@ -336,6 +336,28 @@ def test_trainer_threads_sets_torch_s_intra_op_threads():
         torch.set_num_threads(before)
 
 
+def test_deterministic_on_cuda_leaves_attention_on_sdpa_s_math_kernels_only():
+    """trainer.deterministic on CUDA: the fused SDPA kernels (whose backward adds with atomics: two runs
+    parted after one step on an H100) are switched off, the math kernel left on; on CPU nothing of SDPA's
+    changes. Run in a child process: the switches and the deterministic mode are global."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from grpo_cli.models.runtime import prepare_process
+b = torch.backends.cuda
+flags = lambda: (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled(), b.math_sdp_enabled())
+prepare_process(1, torch.device("cpu"), deterministic=True)
+cpu = flags()
+prepare_process(1, torch.device("cuda"), deterministic=True)
+print(cpu, flags(), torch.are_deterministic_algorithms_enabled())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "(True, True, True, True) (False, False, False, True) True"
+
+
 ALLOCATION_LOOP = """
 import json, resource, torch
 from grpo_cli.models.runtime import reuse_freed_memory
