@@ -177,6 +177,10 @@ class StaticSteps:
         self.filled += 1
         return logits
 
+    def held(self):
+        """The cache's layers and each row's [rows, length] mask of the slots it holds."""
+        return self.cache.layers, self.allowed
+
     def keep(self, index: Tensor) -> None:
         """Only the rows at `index` stay (a new cache, re-captured on CUDA)."""
         kv = [(layer.keys[index], layer.values[index]) for layer in self.cache.layers]

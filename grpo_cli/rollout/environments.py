@@ -315,3 +315,15 @@ def step_result(value) -> tuple[str, float, bool]:
         return str(observation), float(reward), bool(done)
     except (TypeError, ValueError):
         raise GrpoError(f"A step environment's step() returned {value!r}; it must return (observation, reward, done).") from None
+
+
+def content_parts(value) -> bool:
+    """A message's content given as a list of parts ({"type": "text", "text": ...}, {"type": "image", ...})."""
+    return isinstance(value, list) and bool(value) and all(isinstance(p, dict) and "type" in p for p in value)
+
+
+def text_of(content) -> str:
+    """A message's content as text: its text parts joined, any other part as [type]."""
+    if not content_parts(content):
+        return str(content)
+    return "".join(str(p["text"]) if "text" in p else f"[{p['type']}]" for p in content)

@@ -30,11 +30,12 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_cli.rollout.environments import (EnvSpec, Timeout, call_with_timeout, global_draws, reset_arguments, seeded,
-                                           hand_generators, step_result)
+from grpo_cli.rollout.environments import (EnvSpec, Timeout, call_with_timeout, content_parts, global_draws,
+                                           hand_generators, reset_arguments, seeded, step_result, text_of)
 from grpo_cli.rollout.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generation import Sampling, eos_token_ids, group_seed
+from grpo_cli.rollout.turn_cache import count_prefill
 from grpo_cli.update.batch import Rollout
 
 
@@ -62,7 +63,9 @@ class Episode:
     reward: float = 0.0  # a step environment's rewards, added up
     seconds: float = 0.0  # time spent in the environment
     env_wall: float = 0.0  # wall time its generate call spent in environment calls (all its episodes, concurrently)
-    context_tokens: int = 0  # tokens of the distinct contexts of its turns it was first to hand the generator (prefill)
+    context_tokens: int = 0  # tokens of its turns' contexts run through the model (prefill; turn_cache.count_prefill)
+    kv_reused: int = 0  # tokens of its turns' contexts taken from the last turn's kept keys and values
+    prefix_breaks: int = 0  # turns after the first whose context did not extend the last turn's tokens
 
     @property
     def final_text(self) -> str:
@@ -77,18 +80,6 @@ class Episode:
                             for c in m.get("tool_calls", []))
             lines.append(f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {text_of(m['content'])}{calls}")
         return "\n".join(lines)
-
-
-def content_parts(value) -> bool:
-    """A message's content given as a list of parts ({"type": "text", "text": ...}, {"type": "image", ...})."""
-    return isinstance(value, list) and bool(value) and all(isinstance(p, dict) and "type" in p for p in value)
-
-
-def text_of(content) -> str:
-    """A message's content as text: its text parts joined, any other part as [type]."""
-    if not content_parts(content):
-        return str(content)
-    return "".join(str(p["text"]) if "text" in p else f"[{p['type']}]" for p in content)
 
 
 class EnvTokens:
@@ -303,31 +294,30 @@ class EpisodeGenerator:
                                              is not None else group_seed("unseeded", i, "episode", j))
                                             for i, p in enumerate(prompts) for j in range(G)])
         live, env_wall = list(episodes), time.perf_counter() - t_env
-        for turn in range(cfg.max_turns):
-            budget = [cfg.max_tokens - len(ep.ids) for ep in live]
-            turn_sampling = replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, max(budget))))
-            turn_seeds = None if sampling.greedy else [group_seed(ep.seed, "turn", turn) for ep in live]
-            contexts, distinct = [ep.prompt_ids + ep.ids for ep in live], set()
-            for ep, context in zip(live, contexts):  # a context several episodes share (a group's first turn) is prefilled once
-                if tuple(context) not in distinct:
-                    distinct.add(tuple(context))
-                    ep.context_tokens += len(context)
-            outs = self.base.complete(model, contexts, turn_sampling, turn_seeds, with_logprobs=with_logprobs)
-            acted = []
-            for ep, room, (ids, logps, finished) in zip(live, budget, outs):
-                if len(ids) > room:  # past the episode's token budget
-                    ids, logps, finished = ids[:room], (logps[:room] if logps is not None else None), False
-                ep.ids += ids
-                ep.action += [1] * len(ids)
-                ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
-                ep.turns += 1
-                acted.append((ep, ids, finished, turn, env_tokens))
-            t_env = time.perf_counter()
-            self._each(self._after_turn, acted)
-            env_wall += time.perf_counter() - t_env
-            live = [ep for ep in live if not ep.done]  # the last turn ends every episode (_after_turn)
-            if not live:
-                break
+        session = getattr(self.base, "session", None)  # hf: each turn starts from the last one's keys and values
+        with session() if session is not None else nullcontext():
+            for turn in range(cfg.max_turns):
+                budget = [cfg.max_tokens - len(ep.ids) for ep in live]
+                turn_sampling = replace(sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, max(budget))))
+                turn_seeds = None if sampling.greedy else [group_seed(ep.seed, "turn", turn) for ep in live]
+                contexts = [ep.prompt_ids + ep.ids for ep in live]
+                outs = self.base.complete(model, contexts, turn_sampling, turn_seeds, with_logprobs=with_logprobs)
+                count_prefill(live, contexts, getattr(self.base, "turns", None), turn)
+                acted = []
+                for ep, room, (ids, logps, finished) in zip(live, budget, outs):
+                    if len(ids) > room:  # past the episode's token budget
+                        ids, logps, finished = ids[:room], (logps[:room] if logps is not None else None), False
+                    ep.ids += ids
+                    ep.action += [1] * len(ids)
+                    ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
+                    ep.turns += 1
+                    acted.append((ep, ids, finished, turn, env_tokens))
+                t_env = time.perf_counter()
+                self._each(self._after_turn, acted)
+                env_wall += time.perf_counter() - t_env
+                live = [ep for ep in live if not ep.done]  # the last turn ends every episode (_after_turn)
+                if not live:
+                    break
         for ep in episodes:
             ep.env_wall = env_wall
         return self._rollout(prompts, G, episodes, with_logprobs, eos, model)
@@ -448,3 +438,6 @@ def episode_metrics(episodes: list[Episode], record) -> None:
     record.sum("env/seconds", sum(ep.seconds for ep in episodes))
     record.max("env_s", max((ep.env_wall for ep in episodes), default=0.0))  # the step's wall time in the environment
     record.sum("multiturn/prefill_tokens", sum(ep.context_tokens for ep in episodes))
+    record.sum("multiturn/kv_reused_tokens", sum(ep.kv_reused for ep in episodes))
+    record.mean("multiturn/prefix_break_rate", sum(ep.prefix_breaks for ep in episodes),
+                sum(max(ep.turns - 1, 0) for ep in episodes))

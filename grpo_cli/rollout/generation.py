@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -29,6 +30,7 @@ from torch import Tensor
 from grpo_cli.models.memory import noise_steps_ahead
 from grpo_cli.models.precision import Precision
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
+from grpo_cli.rollout.turn_cache import TurnCache, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
 
 NEG_INF = float("-inf")
@@ -62,17 +64,6 @@ def encode_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[l
     (its ids are exactly apply_chat_template(..., tokenize=True)'s); a plain prompt gets the
     tokenizer's own (BOS, where it has one)."""
     return tokenizer(list(prompts), add_special_tokens=not chat_template)["input_ids"]
-
-
-def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _filter(scores: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -154,6 +145,10 @@ class EagerSteps:
         self.cache.batch_select_indices(index)
         self.mask, self.position = self.mask[index], self.position[index]
 
+    def held(self):
+        """The cache's layers and each row's [rows, width] mask of the positions it holds."""
+        return self.cache.layers, self.mask
+
 
 def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
     """Each distinct prompt's forward once, its cache copied to every row that decodes from it (G per
@@ -162,7 +157,7 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
     n, G = len(prompt_ids), group_size
     distinct: dict[tuple, int] = {}  # each distinct prompt's row in the prefill
     rows_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
-    ids, mask = _left_pad([list(p) for p in distinct], pad_id, device)
+    ids, mask = left_pad([list(p) for p in distinct], pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache, logits = getattr(out, cache_kwarg(model)), out.logits[:, -1]
@@ -193,16 +188,19 @@ def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: i
 @torch.no_grad()
 def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
            pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager",
-           read_eos_every: int | None = None):
+           read_eos_every: int | None = None, turns: TurnCache | None = None):
     """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
     continuations cut there); [n*G, T'] sampling log-probs
     of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops once every
     row has ended, seen every `read_eos_every` tokens (READ_EOS_EVERY on a GPU, 1 on a CPU). `steps`: the
-    kind of decode steps (decode_steps)."""
+    kind of decode steps (decode_steps). `turns`: a session's kept rows (turn_cache.py), which the prefill
+    starts from and every decoded row is kept in."""
     device = next(model.parameters()).device
     n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
     every = read_eos_every or (1 if device.type == "cpu" else READ_EOS_EVERY)
-    cache, logits, mask, position = prefill(model, prompt_ids, G, pad_id)
+    found = turns.lookup(prompt_ids) if turns is not None and G == 1 else None  # each row's kept prefix
+    cache, logits, mask, position = (prefill_after(model, prompt_ids, found, pad_id, cache_kwarg(model))
+                                     if found and any(found) else prefill(model, prompt_ids, G, pad_id))
     stepper = decode_steps(model, cache, mask, position, T, steps) if T > 1 else None
     del cache, mask, position  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
@@ -212,6 +210,15 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     rows = torch.arange(B, device=device)  # original index of each live row
     host_rows = rows.cpu()  # the same, on the host: what the noise reads
     done = torch.zeros(B, dtype=torch.bool, device=device)  # each live row's: it has sampled an EOS
+
+    def keep_rows(local: list[int], fed: int) -> None:  # the session keeps these rows, `fed` tokens decoded
+        layers, held = stepper.held()
+        for i in local:
+            r = int(host_rows[i])
+            context, kept = prompt_ids[r // G], kept_length(tokens[r], fed, eos)
+            turns.store(context, tokens[r, :kept].tolist(), row_kv(layers, held[i], i, len(context) + kept))
+
+    keeping = turns is not None and G == 1 and stepper is not None
     for t in range(T):
         scores = logits.float()
         if sampling.greedy:
@@ -232,6 +239,8 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
             if n_live == 0:
                 break
             if n_live <= stepper.drop_at * live.numel():  # finished rows leave the batch
+                if keeping:
+                    keep_rows((~live).nonzero().squeeze(-1).tolist(), t)
                 host_keep = live.nonzero().squeeze(-1)
                 keep = host_keep.to(device)
                 stepper.keep(keep)
@@ -239,6 +248,8 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
         logits = stepper.step(chosen)
     else:
         return tokens[:, :0], None  # max_new_tokens = 0
+    if keeping:
+        keep_rows(list(range(len(host_rows))), t)
     return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
 
 
@@ -252,7 +263,7 @@ def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, c
         completion_ids = torch.full((completion_ids.shape[0], 1), eos_ids[0], device=device)
     mask, no_eos = completion_mask(completion_ids, eos_ids)
     truncated = no_eos if truncated is None else truncated
-    ids, prompt_mask = _left_pad(prompt_ids, pad_id, device)
+    ids, prompt_mask = left_pad(prompt_ids, pad_id, device)
     ids, prompt_mask = ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
     completion_ids = completion_ids.masked_fill(mask == 0, pad_id)  # tokens after EOS are padding
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -309,6 +320,7 @@ class HFGenerator(PromptIds):
         super().__init__(tokenizer, chat_template)
         self.precision = precision or Precision("fp32")
         self.steps = getattr(settings, "decode", "auto") if settings is not None else "auto"
+        self.turns: TurnCache | None = None  # a session's kept rows (session())
 
     def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
                  *, with_logprobs: bool = False) -> Rollout:
@@ -326,10 +338,21 @@ class HFGenerator(PromptIds):
         """One continuation of each context (token ids, e.g. an episode so far; episodes.py), seeded per row:
         (its ids up to and including EOS, their sampling log-probs or None, whether it ended with EOS)."""
         eos = eos_token_ids(model, self.tokenizer)
-        return continuations(*self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos), eos)
+        return continuations(*self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos, self.turns), eos)
+
+    @contextmanager
+    def session(self):
+        """Within it, `complete` keeps every decoded row's keys and values and starts the next call's rows
+        from them (turn_cache.py): an episode's turn prefills only what the environment added. Open for one
+        `generate` of episodes: the kept cache belongs to the weights it was computed with."""
+        self.turns = TurnCache()
+        try:
+            yield self.turns
+        finally:
+            self.turns = None
 
     def _decode(self, model, ids: list[list[int]], group_size: int, sampling: Sampling, seeds, with_logprobs: bool,
-                eos: list[int]):
+                eos: list[int], turns: TurnCache | None = None):
         """decode() in eval mode (so no gradient checkpointing, which would turn the cache off) under the
         run's autocast, the model's mode restored after."""
         was_training = model.training
@@ -337,7 +360,7 @@ class HFGenerator(PromptIds):
         try:
             with self.precision.autocast():
                 return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
-                              seeds=seeds, with_logprobs=with_logprobs, steps=self.steps)
+                              seeds=seeds, with_logprobs=with_logprobs, steps=self.steps, turns=turns)
         finally:
             model.train(was_training)
 

@@ -1,0 +1,122 @@
+"""Keys and values kept between an episode's turns, so a turn prefills only what the environment added.
+
+An episode's next context is its last context, the tokens it sampled, and the environment's reply, spliced
+as ids (episodes.py): the tokens already decoded are an exact prefix of it. Within one `generate` (the
+weights do not change in it), `HFGenerator.session()` keeps each decoded row's keys and values, keyed by
+the tokens they hold, and the next turn's prefill (`prefill_after`) starts every row from the longest kept
+prefix of its context: only the rest runs through the model.
+
+- A row's kept entry is its context and the sampled tokens whose keys exist: up to its EOS, or fewer when
+  decoding stopped before feeding the last ones back. A finished row's entry is taken when it leaves the
+  decode batch, before its cache rows are dropped.
+- The batch resumes left-padded on both sides of the seam: the kept keys right-aligned in their width,
+  the new tokens right-aligned in theirs, the holes masked, and each row's positions continuing from its
+  own length, the same positions a whole-context prefill gives.
+- Entries live for one turn: each call to `complete` replaces them, so memory holds one turn's cache.
+- `reused` and `computed` count, per row of the last call, the tokens taken from the kept cache and
+  the tokens run through the model; a context with no kept prefix after the first turn is a prefix break
+  (a context that is not an exact extension of the last one: the episode driver counts them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KV = list[tuple[Tensor, Tensor]]  # per layer: keys and values of one row, [kv heads, tokens, head dim]
+
+
+class TurnCache:
+    """The kept rows of one generator session (module docstring)."""
+
+    def __init__(self):
+        self.entries: dict[tuple[int, ...], KV] = {}
+        self.reused: list[int] = []
+        self.computed: list[int] = []
+
+    def lookup(self, contexts: list[list[int]]) -> list[tuple[int, KV] | None]:
+        """Each context's longest kept prefix, shorter than the context (its last token must be fed to get
+        the next logits): (tokens reused, their keys and values), or None. The entries are handed over."""
+        found = []
+        for context in contexts:
+            best = None
+            for key, kv in self.entries.items():
+                n = len(key)
+                if n < len(context) and (best is None or n > best[0]) and tuple(context[:n]) == key:
+                    best = (n, kv)
+            found.append(best)
+        self.entries = {}
+        self.reused = [f[0] if f else 0 for f in found]
+        self.computed = [len(c) - r for c, r in zip(contexts, self.reused)]
+        return found
+
+    def store(self, context: list[int], generated: list[int], kv: KV) -> None:
+        self.entries[tuple(context) + tuple(generated)] = kv
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """[rows, width] ids, each row right-aligned after `pad_id`s, and its 0/1 attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def kept_length(tokens: Tensor, fed: int, eos: Tensor) -> int:
+    """How many of a row's sampled `tokens` to keep: through its first EOS, and no more than the `fed`
+    ones whose keys and values were written."""
+    hits = torch.isin(tokens[:fed], eos).nonzero()
+    return min(int(hits[0]) + 1, fed) if len(hits) else fed
+
+
+def row_kv(layers, row_mask: Tensor, row: int, n: int) -> KV:
+    """Row `row`'s keys and values at its first `n` attended positions (`row_mask`, the positions it holds)."""
+    positions = row_mask.nonzero().squeeze(-1)[:n]
+    return [(layer.keys[row][:, positions].clone(), layer.values[row][:, positions].clone()) for layer in layers]
+
+
+def prefill_after(model, contexts: list[list[int]], found: list[tuple[int, KV] | None], pad_id: int, kwarg: str):
+    """The prefill of `contexts`, each row's kept prefix taken from `found` and only the rest run through the
+    model: (cache, [rows, vocab] next logits, [rows, width] attention mask, [rows] next position), as
+    generation.prefill returns."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    kept = [f[0] if f else 0 for f in found]
+    sample = next(f[1] for f in found if f)
+    width = max(kept)
+    cache = DynamicCache()
+    for layer, (k0, v0) in enumerate(sample):
+        keys = k0.new_zeros(len(contexts), k0.shape[0], width, k0.shape[-1])
+        values = v0.new_zeros(len(contexts), v0.shape[0], width, v0.shape[-1])
+        for i, f in enumerate(found):
+            if f:
+                keys[i, :, width - f[0] :], values[i, :, width - f[0] :] = f[1][layer]
+        cache.update(keys, values, layer)
+    kept_mask = torch.zeros(len(contexts), width, dtype=torch.long, device=device)
+    for i, n in enumerate(kept):
+        kept_mask[i, width - n :] = 1
+    ids, new_mask = left_pad([c[n:] for c, n in zip(contexts, kept)], pad_id, device)
+    positions = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(kept, device=device)[:, None]
+    mask = torch.cat([kept_mask, new_mask], dim=1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                **{kwarg: cache})
+    return getattr(out, kwarg), out.logits[:, -1], mask, positions[:, -1] + 1
+
+
+def count_prefill(episodes, contexts: list[list[int]], turns: TurnCache | None, turn: int) -> None:
+    """Each episode's share of the turn's prefill: the tokens run through the model (a context several
+    episodes share, a group's first turn, runs once: the first of them counts it), those taken from the
+    kept cache, and whether a later turn's context broke from the last one's tokens."""
+    distinct = set()
+    for i, (ep, context) in enumerate(zip(episodes, contexts)):
+        reused = turns.reused[i] if turns is not None and turns.reused else 0
+        ep.kv_reused += reused
+        ep.prefix_breaks += int(turns is not None and turn > 0 and reused == 0)
+        if tuple(context) not in distinct:
+            distinct.add(tuple(context))
+            ep.context_tokens += len(context) - reused

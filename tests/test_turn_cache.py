@@ -1,0 +1,93 @@
+"""Keys and values kept between an episode's turns (grpo_cli/rollout/turn_cache.py): a second turn started
+from the first turn's kept rows samples what re-prefilling the whole context samples, running only the
+environment's tokens through the model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
+from helpers import with_batch_sizes
+
+PROMPTS = ["3+4=", "12+30=", "7+7=", "50+25=", "3+4=", "1+1="]
+ENV_TEXT = ["2+3=", "10+5=", "4+4=", "19=", "6+1=", "8+18="]  # what each episode's environment adds
+
+
+def _model(tiny_dir, kind: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation="sdpa").eval(), kind
+
+
+def _two_turns(model, tok, kind: str, session: bool, sampling: Sampling):
+    """Both turns' outputs, the second turn's contexts, the forwards' batch widths in the second turn and
+    the session's counts."""
+    gen = HFGenerator(tok, SimpleNamespace(decode=kind))
+    first = encode_prompts(tok, PROMPTS, False)
+    env_ids = tok(ENV_TEXT, add_special_tokens=False)["input_ids"]
+    seeds = list(range(21, 21 + len(first)))
+    with gen.session() if session else _nothing():
+        one = gen.complete(model, first, sampling, seeds, with_logprobs=True)
+        second = [c + ids + env for c, (ids, _, _), env in zip(first, one, env_ids)]
+        widths = []
+        hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+        try:
+            two = gen.complete(model, second, sampling, [s + 100 for s in seeds], with_logprobs=True)
+        finally:
+            hook.remove()
+        counts = (list(gen.turns.reused), list(gen.turns.computed)) if session else None
+    return one, two, second, widths, counts
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("kind", ["eager", "static"])
+@pytest.mark.parametrize("sampling", [Sampling(max_new_tokens=10, temperature=1.3), Sampling(max_new_tokens=7, greedy=True)],
+                         ids=["sampled", "greedy"])
+def test_a_turn_from_kept_keys_samples_what_a_whole_prefill_samples(tiny_model, tiny_dir, kind, sampling):
+    _, tok = tiny_model
+    model, _ = _model(tiny_dir, kind)
+    one, two, second, widths, _ = _two_turns(model, tok, kind, False, sampling)
+    one_s, two_s, second_s, widths_s, (reused, computed) = _two_turns(model, tok, kind, True, sampling)
+    assert [o[0] for o in one] == [o[0] for o in one_s] and second == second_s
+    assert [o[0] for o in two] == [o[0] for o in two_s]  # the same tokens
+    for (_, lp, end), (_, lp_s, end_s) in zip(two, two_s):
+        assert end == end_s
+        torch.testing.assert_close(torch.tensor(lp_s), torch.tensor(lp), atol=1e-5, rtol=1e-5)
+    assert max(len(ids) for ids, _, _ in two) > 1  # the comparison runs past the first token
+    assert sampling.greedy or len({tuple(ids) for ids, _, _ in two}) > 2  # and over varied continuations
+    # Each row reuses its first context and the sampled tokens whose keys were written: all of them but
+    # possibly the last (decoding stops once it is sampled, before feeding it back).
+    envs = tok(ENV_TEXT, add_special_tokens=False)["input_ids"]
+    for c, (ids, _, _), env, r, n, ctx in zip(encode_prompts(tok, PROMPTS, False), one, envs, reused, computed, second):
+        assert len(c) + len(ids) - 1 <= r <= len(c) + len(ids) and r + n == len(ctx)
+        assert n <= len(env) + 1
+    # The second turn's prefill ran only the new tokens: as wide as the longest, not the whole context.
+    assert widths_s[0] == max(computed) < widths[0] == max(len(ctx) for ctx in second)
+
+
+def test_a_context_that_does_not_extend_the_last_turn_is_prefilled_whole(tiny_model, tiny_dir):
+    """A context whose start differs from every kept row's tokens (re-rendered, or edited) reuses nothing:
+    its count says so, and it samples what a whole prefill samples."""
+    _, tok = tiny_model
+    model, _ = _model(tiny_dir, "eager")
+    gen = HFGenerator(tok, SimpleNamespace(decode="eager"))
+    sampling = Sampling(max_new_tokens=6, temperature=1.2)
+    first = encode_prompts(tok, PROMPTS[:2], False)
+    with gen.session():
+        one = gen.complete(model, first, sampling, [1, 2])
+        second = [first[0] + one[0][0] + [5], [7] + first[1] + one[1][0]]  # the second row's start changed
+        two = gen.complete(model, second, sampling, [3, 4])
+        reused = list(gen.turns.reused)
+    assert reused[0] >= len(first[0]) + len(one[0][0]) - 1 and reused[1] == 0
+    assert gen.turns is None  # the session ended with the block
+    assert two == gen.complete(model, second, sampling, [3, 4])
