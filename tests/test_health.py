@@ -39,6 +39,8 @@ def fired(rows: list[dict]) -> list[str]:
     ("entropy_explode", [dict(entropy=0.4)] + [dict(entropy=2.5)] * 3, [dict(entropy=0.4)] + [dict(entropy=2.3)] * 3),
     ("memory_growth", [dict(memory_gib=1.0)] * 5 + [dict(memory_gib=1.0 + 0.01 * i) for i in range(9)],
      [dict(memory_gib=1.0)] * 5 + [dict(memory_gib=1.0 + 0.01 * i) for i in range(8)]),
+    ("prefix_breaks", [{"multiturn/prefix_break_rate": 0.3}] * 2,
+     [{"multiturn/prefix_break_rate": 0.3}, {"multiturn/prefix_break_rate": 0.25}]),
 ])
 def test_a_rule_fires_past_its_threshold_and_not_short_of_it(rule, rows, quiet):
     assert fired(rows) == [rule] or (rule == "zero_variance" and "zero_variance" in fired(rows))
@@ -59,7 +61,8 @@ def test_under_stop_the_sentence_names_the_rule_the_step_and_the_knob():
 
 def test_every_sentence_is_filled_in():
     rows = [{**HEALTHY, "truncated_frac": 1.0, "zero_var_frac": 1.0, "reward_std": 0.0, "reward_none_frac": 0.9,
-             "sampler/logp_diff": 0.5, "kl": 3.0, "entropy": 0.001, "accuracy": 0.1, "memory_gib": 1.0 + 0.1 * i}
+             "sampler/logp_diff": 0.5, "kl": 3.0, "entropy": 0.001, "accuracy": 0.1, "memory_gib": 1.0 + 0.1 * i,
+             "multiturn/prefix_break_rate": 0.5}
             for i in range(14)]
     for rule in health.rules(CFG):
         sentence = rule.sentence(rows)

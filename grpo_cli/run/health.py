@@ -15,6 +15,7 @@ the rows before it:
 | entropy_collapse | entropy under 0.01 nats a token while under half the completions are correct, 3 steps running | raise sampler.temperature or algo.entropy_coef |
 | entropy_explode | entropy over 3x its first value and over 2 nats a token above it, 3 steps running | lower optimizer.lr |
 | memory_growth | memory (resident on CPU, allocated on CUDA) rose at every one of the last 8 steps, by over 64 MiB, after 5 warm-up steps | a leak: a reward or callback keeping references |
+| prefix_breaks | over a quarter of episodes' later turns did not extend the last turn's tokens (multiturn/prefix_break_rate), 2 steps running | a chat template or environment that rewrites earlier turns |
 
 `warn` prints one line per rule, once, naming the knob; `stop` saves a checkpoint and stops the run with
 that sentence; `off` checks nothing. A row gets `health/<rule>: 1` at every step its rule holds, and the
@@ -37,6 +38,7 @@ KL_NATS = 2.0  # the default tiny run peaks at 0.74
 ENTROPY_FLOOR, ENTROPY_STEPS, ENTROPY_ACCURACY = 0.01, 3, 0.5
 ENTROPY_FACTOR, ENTROPY_RISE = 3.0, 2.0
 MEMORY_WARMUP, MEMORY_STEPS, MEMORY_GROWTH_GIB = 5, 8, 64 / 1024
+BREAK_RATE, BREAK_STEPS = 0.25, 2
 
 
 @dataclass
@@ -97,6 +99,11 @@ def rules(cfg) -> list[Rule]:
         Rule("memory_growth", _memory_grew,
              lambda rows: f"memory has grown at each of the last {MEMORY_STEPS} steps, to {rows[-1]['memory_gib']:.2f} GiB: "
                           "something keeps a reference every step (a reward or callback that stores completions?)"),
+        Rule("prefix_breaks", lambda rows: _running(rows, BREAK_STEPS, lambda r: r.get("multiturn/prefix_break_rate", 0.0)
+                                                    > BREAK_RATE),
+             lambda rows: f"{rows[-1]['multiturn/prefix_break_rate']:.0%} of episodes' later turns did not extend the last "
+                          "turn's tokens, so each prefilled its whole context again; an environment or chat template is "
+                          "rewriting earlier turns (episodes must only append)"),
     ]
 
 
