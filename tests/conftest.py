@@ -38,3 +38,22 @@ def chat_dir(tiny_dir, tmp_path):
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)
     return out
+
+
+# `make test-fast` (pytest --fast): the default suite without the tests listed in tests/slow_tests.txt, those
+# that took over a second each in a full run (mostly whole training runs). `make slow-list` rewrites the
+# list from a run's `--durations=0` report.
+SLOW_LIST = __import__("pathlib").Path(__file__).with_name("slow_tests.txt")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true", help="leave out the tests listed in tests/slow_tests.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    slow = {line.split()[0] for line in SLOW_LIST.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    keep = [item for item in items if item.nodeid not in slow]
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in slow])
+    items[:] = keep

@@ -91,3 +91,21 @@ def test_a_context_that_does_not_extend_the_last_turn_is_prefilled_whole(tiny_mo
     assert reused[0] >= len(first[0]) + len(one[0][0]) - 1 and reused[1] == 0
     assert gen.turns is None  # the session ended with the block
     assert two == gen.complete(model, second, sampling, [3, 4])
+
+
+def test_prefill_counts_come_from_the_session_s_last_lookup_once():
+    """count_prefill: tokens reused and breaks only from a lookup this turn ran; a generator that ignores the
+    session (a scripted one) counts none, never a break; a group's shared first context is counted once."""
+    from grpo_cli.rollout.turn_cache import TurnCache, count_prefill
+
+    eps = [SimpleNamespace(kv_reused=0, prefix_breaks=0, context_tokens=0) for _ in range(3)]
+    turns = TurnCache()
+    count_prefill(eps, [[1, 2, 3]] * 3, turns, turn=0)  # the first turn of one group: one prefill of 3
+    assert [e.context_tokens for e in eps] == [3, 0, 0] and not any(e.prefix_breaks for e in eps)
+    count_prefill(eps, [[1, 2, 3, 4], [1, 2, 5], [9]], turns, turn=1)  # no lookup ran: nothing reused, no break
+    assert [e.context_tokens for e in eps] == [7, 3, 1] and not any(e.prefix_breaks for e in eps)
+    turns.store([1, 2], [3], [])
+    turns.lookup([[1, 2, 3, 4], [1, 2, 5], [9, 9]])
+    count_prefill(eps, [[1, 2, 3, 4], [1, 2, 5], [9, 9]], turns, turn=1)
+    assert [e.kv_reused for e in eps] == [3, 0, 0] and [e.prefix_breaks for e in eps] == [0, 1, 1]
+    assert [e.context_tokens for e in eps] == [8, 6, 3]

@@ -155,7 +155,7 @@ def score(reward, group: list[dict], source: dict, completion_ids=None, episodes
 def show(rows: list[dict], group_size: int, path: str, console) -> None:
     """One section per prompt: its completions, and their rewards when it has an answer."""
     extra = list(dict.fromkeys(k for r in rows for k in r if k == "answer" or k.startswith("reward")))
-    table = Table(title=f"{group_size} samples per prompt from {path}")
+    table = Table()  # the source on a line of its own: a title would be cut to the table's width
     for col in ("prompt", "completion", "tokens", *extra):
         table.add_column(col.split("/", 1)[-1], justify="left" if col in ("prompt", "completion", "answer") else "right")
     for i, r in enumerate(rows):
@@ -166,6 +166,7 @@ def show(rows: list[dict], group_size: int, path: str, console) -> None:
                  f"{r['tokens']}{'+' if r['truncated'] else ''}"]
         cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else escape(str(r.get(k, ""))) for k in extra]
         table.add_row(*cells)
+    console.out.print(f"{group_size} samples per prompt from {escape(str(path))}", soft_wrap=True)
     console.out.print(table)
     if any(r["truncated"] for r in rows):
         console.print("tokens marked + hit sampler.max_new_tokens without an end-of-sequence token.")

@@ -14,7 +14,7 @@ prefix of its context: only the rest runs through the model.
   own length, the same positions a whole-context prefill gives.
 - Entries live for one turn: each call to `complete` replaces them, so memory holds one turn's cache.
 - `reused` and `computed` count, per row of the last call, the tokens taken from the kept cache and
-  the tokens run through the model; a context with no kept prefix after the first turn is a prefix break
+  the tokens run through the model (`take_counts` hands `reused` over once); a context with no kept prefix after the first turn is a prefix break
   (a context that is not an exact extension of the last one: the episode driver counts them).
 """
 
@@ -49,6 +49,12 @@ class TurnCache:
         self.reused = [f[0] if f else 0 for f in found]
         self.computed = [len(c) - r for c, r in zip(contexts, self.reused)]
         return found
+
+    def take_counts(self) -> list[int] | None:
+        """The last lookup's tokens reused per row, once (None when no lookup ran since: a generator that
+        does not use the session)."""
+        counts, self.reused = self.reused, []
+        return counts or None
 
     def store(self, context: list[int], generated: list[int], kv: KV) -> None:
         self.entries[tuple(context) + tuple(generated)] = kv
@@ -112,11 +118,11 @@ def count_prefill(episodes, contexts: list[list[int]], turns: TurnCache | None, 
     """Each episode's share of the turn's prefill: the tokens run through the model (a context several
     episodes share, a group's first turn, runs once: the first of them counts it), those taken from the
     kept cache, and whether a later turn's context broke from the last one's tokens."""
-    distinct = set()
+    distinct, counts = set(), turns.take_counts() if turns is not None else None
     for i, (ep, context) in enumerate(zip(episodes, contexts)):
-        reused = turns.reused[i] if turns is not None and turns.reused else 0
+        reused = counts[i] if counts else 0
         ep.kv_reused += reused
-        ep.prefix_breaks += int(turns is not None and turn > 0 and reused == 0)
+        ep.prefix_breaks += int(counts is not None and turn > 0 and reused == 0)
         if tuple(context) not in distinct:
             distinct.add(tuple(context))
             ep.context_tokens += len(context) - reused
