@@ -6,9 +6,10 @@ weights do not change in it), `HFGenerator.session()` keeps each decoded row's k
 the tokens they hold, and the next turn's prefill (`prefill_after`) starts every row from the longest kept
 prefix of its context: only the rest runs through the model.
 
-- A row's kept entry is its context and the sampled tokens whose keys exist: up to its EOS, or fewer when
-  decoding stopped before feeding the last ones back. A finished row's entry is taken when it leaves the
-  decode batch, before its cache rows are dropped.
+- A row's kept entry is its context and its sampled tokens but the last (the EOS, or the last before the
+  cap), whose keys were written whatever the rows around it: the counts do not depend on the batch or on
+  how ranks split it. A finished row's entry is taken when it leaves the decode batch, before its cache
+  rows are dropped.
 - The batch resumes left-padded on both sides of the seam: the kept keys right-aligned in their width,
   the new tokens right-aligned in theirs, the holes masked, and each row's positions continuing from its
   own length, the same positions a whole-context prefill gives.
@@ -73,10 +74,11 @@ def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor
 
 
 def kept_length(tokens: Tensor, fed: int, eos: Tensor) -> int:
-    """How many of a row's sampled `tokens` to keep: through its first EOS, and no more than the `fed`
-    ones whose keys and values were written."""
-    hits = torch.isin(tokens[:fed], eos).nonzero()
-    return min(int(hits[0]) + 1, fed) if len(hits) else fed
+    """How many of a row's sampled `tokens` to keep: all but its last (its EOS, or the last before the cap),
+    whose keys exist whatever the batch around it (`fed` were written). Keeping the last too where it was fed
+    would make the count depend on when the batch stopped, i.e. on the other rows and the ranks' split."""
+    hits = torch.isin(tokens[:fed + 1], eos).nonzero()
+    return min(int(hits[0]), fed) if len(hits) else fed
 
 
 def row_kv(layers, row_mask: Tensor, row: int, n: int) -> KV:
