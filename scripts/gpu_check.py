@@ -42,8 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-STAGES = ("probe", "static", "decode", "train", "planner", "trl", "resume", "lora", "worker", "torchrun", "tools",
-          "vllm")  # the order they run in: what the issue must show first
+STAGES = ("probe", "static", "decode", "train", "torchrun", "tools", "worker", "resume", "planner", "trl", "lora",
+          "vllm")  # the order they run in: what no GPU run has reached yet comes early (docs/gpu-check.md)
 REWARD = '''import zlib
 
 
