@@ -62,6 +62,18 @@ def test_on_cuda_the_update_s_transients_take_cuda_s_factor_and_the_noise_its_la
     assert gpu.generation["sampling"] == 8 * 10 * 4 * (3 + 16)  # 20 tokens, vocab 10: 16 ahead on either
 
 
+def test_episodes_keep_a_second_copy_of_the_cache_for_their_next_turn():
+    """With tools or an environment, each decoded row's keys and values are kept for its next turn
+    (rollout/turn_cache.py): generation holds the cache twice; a single-turn run once."""
+    c = cfg()
+    single = plan(c, SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=0.0)
+    c.env.tools = ["calculator"]
+    episodes = plan(c, SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=0.0)
+    assert "kept turns" not in single.generation
+    row = 12 + c.env.max_tokens  # an episode's row: the prompt and env.max_tokens
+    assert episodes.generation["KV cache"] == episodes.generation["kept turns"] == 8 * row * (2 * 2 * 1 * 4 * 4)
+
+
 def test_a_step_s_samples_replace_the_worst_case_rows_and_micro_batch():
     """Plan.from_samples: the longest row and the largest micro-batch a step really formed (an episode's
     whole length, a packed micro-batch's positions) in place of prompt + max_new_tokens and the row count."""

@@ -4,8 +4,9 @@ any weights load, and the token budget that fits `trainer.memory_gib`.
 Peak = what stays all run + the larger of the two phases:
 - all run: the process itself (measured: Python, torch, transformers, the data), the policy's weights,
   a frozen reference (beta != 0, not under LoRA) or behaviour copy, and AdamW's two moments;
-- generation: the KV cache of every row of the step at its full length (prompt + max_new_tokens), and
-  the sampler's per-row [vocab] temporaries;
+- generation: the KV cache of every row of the step at its full length (prompt + max_new_tokens), the
+  sampler's per-row [vocab] temporaries, and for episodes a second copy of the cache (each decoded row's
+  keys and values kept for its next turn);
 - the update: the gradients, the activations autograd keeps for backward (per token and layer, counted
   from a Llama-style block: two RMSNorms 2h each, q, k, v, the attention output and o_proj's input, h
   each, with k and v repeated to every head when a mask is in play, the MLP's four [intermediate]
@@ -22,8 +23,8 @@ backward's gradients land in fresh ones). On CUDA the peak is torch.cuda.max_mem
 tensors alone, and the factor is CUDA_SLACK: the live bytes per counted byte (tensors the count leaves
 out: attention's and the loss's temporaries), measured on an H100 on two shapes of a 0.5B model (fp32
 full training, bf16-mixed LoRA; docs/gpu-check.md). The estimate is checked against measured peaks in
-tests/test_memory.py (within 20% on three other shapes) and by `make gpu-check` on a GPU. It assumes every row runs to max_new_tokens,
-so it is an upper bound for runs whose completions stop early.
+tests/test_memory.py (within 20% on three other shapes) and by `make gpu-check` on a GPU. It assumes
+every row runs to max_new_tokens, so it is an upper bound for runs whose completions stop early.
 """
 
 from __future__ import annotations
@@ -208,6 +209,9 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     ahead = noise_steps_ahead(rows, shape.vocab, s.max_new_tokens, device_type)
     generation = {"KV cache": rows * row_len * kv_per_token,  # sampling: logits, scores, log-softmax, and the noise
                   "sampling": rows * shape.vocab * 4 * (3 + ahead)}  # drawn `ahead` tokens at a time: [rows, vocab] fp32
+    env = getattr(cfg, "env", None)
+    if env is not None and (env.tools or env.factory):  # episodes: each decoded row kept for its next turn (turn_cache.py)
+        generation["kept turns"] = generation["KV cache"]
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
     tokens = tokens or largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
