@@ -43,3 +43,16 @@ def test_the_tool_demo_prints_no_python_warning(tmp_path):
                        env={"PYTHONWARNINGS": "default"}, check_rc=0)
     text = out.stdout + out.stderr
     assert not re.search(r"\w+Warning:", text), text[-3000:]  # its own "warning:" line about the template is deliberate
+
+
+def test_in_the_suite_a_warning_from_grpo_cli_code_is_an_error_and_a_listed_notice_is_not():
+    """pyproject.toml's filters: a warning raised from a grpo_cli module fails the test that caused it; the
+    third-party notice listed there by its message is ignored; any other third-party warning still shows."""
+    import warnings
+
+    with pytest.raises(RuntimeWarning, match="from our code"):
+        warnings.warn_explicit("from our code", RuntimeWarning, "generation.py", 1, module="grpo_cli.rollout.generation")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.warn_explicit("`is_gradient_checkpointing` is deprecated", FutureWarning, "m.py", 1, module="peft.x")
+        warnings.warn_explicit("another notice", FutureWarning, "m.py", 1, module="peft.x")
+    assert [str(w.message) for w in seen] == ["another notice"]
