@@ -127,11 +127,11 @@ class Check:
                        peak_gib=round(max(r.get("peak_memory_gib", 0) for r in rows), 3),
                        phases={k: round(statistics.median(r[k] for r in timed), 3) for k in ("gen_s", "score_s", "update_s")},
                        reward=[round(r["reward_mean"], 3) for r in rows])
-        plans = re.findall(r"^(.*)memory plan: (peak ([0-9.]+) GiB.*)$", self.output, re.M)
+        plans = re.findall(r"memory plan: (peak ([0-9.]+) GiB.*)$", self.output, re.M)
         if plans:  # the plan before the run, then again from the first step's samples
-            out["planned_gib"], out["plan"] = float(plans[0][2]), plans[0][1]
+            out["planned_gib"], out["plan"] = float(plans[0][1]), plans[0][0]
             if len(plans) > 1:
-                out["planned_from_samples_gib"] = float(plans[1][2])
+                out["planned_from_samples_gib"] = float(plans[1][1])
             if out.get("peak_gib"):
                 out["planned_over_measured"] = round(out["planned_gib"] / out["peak_gib"], 3)
         warned = sorted(set(re.findall(r"^.*(?:deterministic|atomic).*$", self.output, re.M)))

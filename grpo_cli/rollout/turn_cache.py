@@ -15,8 +15,9 @@ prefix of its context: only the rest runs through the model.
   own length, the same positions a whole-context prefill gives.
 - Entries live for one turn: each call to `complete` replaces them, so memory holds one turn's cache.
 - `reused` and `computed` count, per row of the last call, the tokens taken from the kept cache and
-  the tokens run through the model (`take_counts` hands `reused` over once); a context with no kept prefix after the first turn is a prefix break
-  (a context that is not an exact extension of the last one: the episode driver counts them).
+  the tokens run through the model (`take_counts` hands `reused` over once). A context with no kept
+  prefix after the first turn is a prefix break: not an exact extension of the last one (the episode
+  driver counts them).
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def kept_length(tokens: Tensor, fed: int, eos: Tensor) -> int:
     """How many of a row's sampled `tokens` to keep: all but its last (its EOS, or the last before the cap),
     whose keys exist whatever the batch around it (`fed` were written). Keeping the last too where it was fed
     would make the count depend on when the batch stopped, i.e. on the other rows and the ranks' split."""
-    hits = torch.isin(tokens[:fed + 1], eos).nonzero()
-    return min(int(hits[0]), fed) if len(hits) else fed
+    hits = torch.isin(tokens[: fed + 1], eos).nonzero()
+    return int(hits[0]) if len(hits) else fed
 
 
 def row_kv(layers, row_mask: Tensor, row: int, n: int) -> KV:
