@@ -15,7 +15,7 @@ reports: `train` the run summary (reward_first, reward_last20, held-out accuraci
 the sentence the command prints. `reward_funcs` (one callable or a list) takes functions defined in
 the notebook: each becomes a `reward=python` term named after the function, weighted by
 `reward_weights`. `tools` and `environment_factory` take TRL's tool functions and environment class
-(README, "Agents: tools and environments"); `train_dataset` and `eval_dataset` `datasets.Dataset` objects
+(docs/how-to/tools.md); `train_dataset` and `eval_dataset` `datasets.Dataset` objects
 (written once to a parquet file in ~/.cache/grpo-cli/datasets, named by their fingerprint). A run trained this way records the functions by name only:
 evaluate it from Python with the same `reward_funcs`, `tools` and `environment_factory`.
 """

@@ -46,6 +46,16 @@ def grpo_process(*args, cwd=None, env: dict | None = None, timeout: int = 600,
     return out
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def docs_text() -> str:
+    """The README and every page of docs/, in one text: what a user reads, where the tests find the commands
+    and code they show."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return "\n\n".join(p.read_text() for p in pages)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 

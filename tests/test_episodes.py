@@ -415,12 +415,12 @@ def test_the_tool_use_demo_resumes_bitwise_and_is_evaluated_and_sampled_as_episo
         assert s["reward"] == float(s["messages"][-1]["content"].strip() == "936")
 
 
-def test_the_readme_tools_and_environment_run_as_written(tmp_path, monkeypatch):
-    """README, "Agents": its my_tools.py (a TRL tool and a TRL environment class) trains one step as it is,
-    on the built-in tool model (the README's commands name a hub model, which this machine cannot fetch)."""
+def test_the_docs_tools_and_environment_run_as_written(tmp_path, monkeypatch):
+    """docs/how-to/tools.md: its my_tools.py (a TRL tool and a TRL environment class) trains one step as it is,
+    on the built-in tool model (the page's commands name a hub model, which this machine cannot fetch)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "tools.md").read_text()
     code = text[text.index("cat > my_tools.py <<'EOF2'") :].split("\n", 1)[1].split("\nEOF2\n", 1)[0]
     (tmp_path / "my_tools.py").write_text(code + "\n")
     monkeypatch.chdir(tmp_path)

@@ -307,11 +307,11 @@ def test_the_held_out_curve_ends_at_the_last_step_scored_once_and_a_short_run_le
     assert {r["step"] for r in read_jsonl(run / "completions.jsonl")} == {steps}  # under 50 steps: the last one
 
 
-def test_the_readme_s_trl_table_is_the_one_the_suggester_reads():
+def test_the_docs_trl_table_is_the_one_the_suggester_reads():
     from grpo_cli.commands.compose import TRL_NAMES, schema_keys
     from grpo_cli.config import schema_of
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "coming-from-trl.md").read_text()
     keys = set(schema_keys(schema_of("train")))
     for trl, (ours, note) in TRL_NAMES.items():
         assert ours in keys, (trl, ours)  # every target is a real key

@@ -167,8 +167,8 @@ def test_imports_flow_one_way_between_the_stages():
     assert not upward, "imports against the stages' order: " + "; ".join(upward)
 
 
-def test_the_readme_layout_names_every_package_and_module():
-    readme = (PACKAGE.parent / "README.md").read_text()
+def test_the_docs_layout_names_every_package_and_module():
+    readme = (PACKAGE.parent / "docs" / "development.md").read_text()
     layout = readme[readme.index("Layout, by stage"):]
     layout = layout[: layout.index("`tests/test_house.py` keeps the house so")]
     named = set(re.findall(r"`([\w/]+\.py|\w+/)`", layout))
@@ -176,7 +176,7 @@ def test_the_readme_layout_names_every_package_and_module():
     modules |= {p.name for stage in STAGES for p in (PACKAGE / stage).glob("*.py")}
     rewards = {p.name for p in (PACKAGE / "rewards").glob("*.py")} - {"reward_pool.py", "reward_worker.py"}
     missing = sorted(modules - named - rewards - {"__init__.py"})  # the rewards: "one module per reward"
-    assert not missing, f"README's layout does not name: {', '.join(missing)}"
+    assert not missing, f"docs/development.md's layout does not name: {', '.join(missing)}"
     for stage in STAGES:  # and each package says what lives there, in its docstring's first line
         doc = ast.get_docstring(ast.parse((PACKAGE / stage / "__init__.py").read_text()))
         assert doc and doc.splitlines()[0].endswith("."), stage

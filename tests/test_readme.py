@@ -1,4 +1,4 @@
-"""Every `grpo` command in the README works as written: each one is composed and checked exactly as the
+"""Every `grpo` command in the README and the docs works as written: each one is composed and checked exactly as the
 CLI does before it runs anything (so a key, option or value that does not exist fails here), and the ones
 that need neither a network, a GPU, a cluster nor a big model are run for real, shortened by overrides."""
 
@@ -12,20 +12,25 @@ from pathlib import Path
 import pytest
 
 from grpo_cli.cli import CONFIG_OF, main
-from grpo_cli.commands.compose import check_command_line
+from grpo_cli.commands.compose import check_command_line, config_file_overrides
 from grpo_cli.config import register_configs, schema_of
+from helpers import docs_text
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 SHORT = {"trainer.steps": "2", "trainer.eval_prompts": "8", "trainer.progress": "false", "data.num_test": "20",
          "data.max_operand": "9", "trainer.log_completions_every": "0", "trainer.eval_every": "0"}
 
 
 def readme_commands() -> list[str]:
-    """`grpo ...` and `torchrun ... -m grpo_cli ...` lines of the README's code (continuations joined,
-    comments dropped, the usage line with [overrides] left out)."""
-    lines, out, joined = README.read_text().splitlines(), [], ""
+    """`grpo ...` and `torchrun ... -m grpo_cli ...` lines of the README's and the docs' code (continuations
+    joined, comments dropped, the usage line with [overrides] left out), each once."""
+    lines, out, joined, output = docs_text().splitlines(), [], "", False
     for line in lines:
         text = line.strip()
+        if text.startswith("```"):  # a ```text block shows what a command printed, not a command
+            output = text == "```text"
+            continue
+        if output:
+            continue
         if joined:
             text, joined = joined + " " + text, ""
         if text.endswith("\\"):
@@ -33,7 +38,7 @@ def readme_commands() -> list[str]:
             continue
         text = re.sub(r"\s+#.*$", "", text)
         is_cli = text.startswith("grpo ") or re.search(r"(^|\s)torchrun .*-m grpo_cli ", text)
-        if is_cli and "[overrides]" not in text and "|" not in text:
+        if is_cli and "[overrides]" not in text and "|" not in text and text.strip() not in out:
             out.append(text.strip())
     return out
 
@@ -65,6 +70,9 @@ def test_every_readme_command_composes_and_passes_the_checks(command, tmp_path, 
     for name in set(re.findall(r"([\w./-]+\.py):", command)):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).touch()
+    if "--config" in args:  # the file a user would have written: settings first, the command line's win
+        (tmp_path / args[args.index("--config") + 1]).write_text("trainer:\n  steps: 3\nsampler.group_size: 4\n")
+        args = config_file_overrides(args)
     sub = CONFIG_OF.get(sub, sub)  # grpo tools composes train's config
     check_command_line(sub, args, schema_of(sub))  # raises GrpoError with the sentence a user would see
 
@@ -88,7 +96,7 @@ def run(args: list[str], cwd: Path) -> None:
 
 def test_the_offline_readme_commands_run_as_written_shortened(tmp_path):
     """The data and reward examples as a new user types them, then evaluate and sample on their run."""
-    text = README.read_text()
+    text = docs_text()
     loop = next(line for line in text.splitlines() if line.startswith("for a in $(seq 1 40)"))
     subprocess.run(["bash", "-c", loop], cwd=tmp_path, check=True)
     reward = text[text.index("cat > my_rewards.py <<'EOF'") :].split("\n", 1)[1].split("\nEOF\n", 1)[0]

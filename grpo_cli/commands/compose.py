@@ -16,7 +16,7 @@ from dataclasses import fields, is_dataclass
 from grpo_cli.errors import GrpoError, first_line
 
 # TRL GRPOConfig's names (and a few of transformers' TrainingArguments) -> grpo-cli's key, with what differs.
-# README "Coming from TRL" prints this table; the did-you-mean of an unknown key reads it first.
+# docs/coming-from-trl.md prints this table; the did-you-mean of an unknown key reads it first.
 TRL_NAMES: dict[str, tuple[str, str]] = {
     "num_generations": ("sampler.group_size", "G completions per prompt"),
     "epsilon": ("algo.clip_eps", "the clip range; algo.eps is the epsilon inside the reward std"),

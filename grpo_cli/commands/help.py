@@ -52,13 +52,10 @@ def _flat(node, prefix: str = "") -> list[tuple[str, object]]:
     return [(prefix.rstrip("."), node)]
 
 
-def command_help(command: str, args: list[str]) -> str:
-    """The help text of `grpo COMMAND ARGS --help`: the values are those ARGS compose."""
-    from dataclasses import asdict
-
-    overrides = [a for a in args if a not in ("--help", "-h")]
-    plain = compose_config(command, [o for o in overrides if not o.startswith("-")])
-    chosen = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o and "." not in o.split("=")[0]}
+def key_comments(command: str, chosen: dict[str, str] | None = None) -> tuple[dict, dict[str, str]]:
+    """({group: the option in use}, {dotted key: its comment}) of `command` with the group options `chosen`
+    (the defaults where not chosen): `--help` and the docs' reference (scripts/docs_reference.py) read this."""
+    chosen = chosen or {}
     primary = (_conf() / f"{command}.yaml").read_text()
     defaults = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", primary, re.M))
     comments = yaml_comments(primary)
@@ -77,12 +74,23 @@ def command_help(command: str, args: list[str]) -> str:
                 continue
             for k, v in yaml_comments(text, "" if "@package _global_" in text else f"{group}.").items():
                 comments.setdefault(k, v)
+    return in_use, comments
+
+
+def command_help(command: str, args: list[str]) -> str:
+    """The help text of `grpo COMMAND ARGS --help`: the values are those ARGS compose."""
+    from dataclasses import asdict
+
+    overrides = [a for a in args if a not in ("--help", "-h")]
+    plain = compose_config(command, [o for o in overrides if not o.startswith("-")])
+    chosen = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o and "." not in o.split("=")[0]}
+    in_use, comments = key_comments(command, chosen)
     lines = [f"grpo {command}: {WHAT.get(command, '')}.",
              "Pick an option of a group (group=option), set any key (key=value), sweep with -m (key=a,b);",
              "`--cfg job` prints the composed config, `--hydra-help` Hydra's own help.", "",
              "== Configuration groups (group=option; in use: the option after 'now') =="]
     for group, options in groups().items():
-        if group in defaults or group in chosen:
+        if group in in_use:
             lines.append(f"{group}: {', '.join(options)}  (now: {in_use.get(group) if in_use.get(group) not in (None, 'null') else 'none'})")
     lines += ["", "== Settings (key=value): the value this command line gives, and what it means =="]
     flat = _flat(asdict(plain))

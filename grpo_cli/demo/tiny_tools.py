@@ -10,7 +10,7 @@ operands up to 999:
 
 So the base model can use its tool but mostly does not (a quarter of sampled episodes call it, 1% of
 greedy ones), and what RL has to discover is that calling it pays: the held-out success rate climbs
-with the tool-use rate (README, "Agents: tools and environments"). Its copying is imperfect (two thirds
+with the tool-use rate (docs/how-to/tools.md). Its copying is imperfect (two thirds
 of its sampled tool episodes copy an operand or the result with a wrong digit), which caps what RL
 reaches.
 `python scripts/build_tiny_model.py --tools` rebuilds it (about 15 minutes on one core).
