@@ -181,6 +181,7 @@ class TrainerConfig:
     log_every: int = 1
     save_every: int = 100
     eval_before_after: bool = True
+    eval_before_at: str = "start"
     eval_prompts: int = 200
     zero_variance_warn_steps: int = 5
     health: str = "warn"

@@ -166,6 +166,25 @@ def test_a_preset_of_one_s_own_under_config_dir_passes_the_pre_check_and_trains(
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+def test_the_docs_config_dir_and_config_name_examples_compose_as_written(tmp_path):
+    """docs/coming-from-trl.md, "Your own config files": its two files, written by its own shell lines, and
+    its two commands (with --cfg job): each file's settings, and the command line's over them."""
+    import re
+    import subprocess
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "coming-from-trl.md").read_text()
+    section = page[page.index("## Your own config files"):]
+    blocks = re.findall(r"((?:\n    .*)+)", section)
+    shell = "\n".join(line[4:] for block in blocks for line in block.splitlines() if line.startswith("    "))
+    setup = "\n".join(line for line in shell.splitlines() if not line.startswith("grpo "))
+    subprocess.run(["bash", "-c", setup], cwd=tmp_path, check=True)
+    commands = [line.split() for line in shell.splitlines() if line.startswith("grpo ")]
+    assert len(commands) == 2
+    for words, want in zip(commands, (["steps: 20", "prompts_per_step: 8", "group_size: 4"], ["steps: 20", "lr: 0.0001"])):
+        out = grpo_process(*words[1:], "--cfg", "job", cwd=tmp_path, check_rc=0)
+        assert all(w in out.stdout for w in want), (words, out.stdout[-3000:])
+
+
 @pytest.mark.parametrize("avx512_bf16, amx, ratio, want", [
     (False, False, 30.0, "fp32"),        # AVX2 only: bf16 is emulated (this project's CI machines)
     (True, False, 0.6, "bf16-mixed"),    # AVX-512 BF16, confirmed by the probe

@@ -61,3 +61,18 @@ def test_evaluate_scores_the_real_model_on_held_out_sums(tmp_path):
          "sampler.max_new_tokens=12", "limit=8", "samples=2", "k=[1,2]", "precision=bf16", f"output_dir={tmp_path}")
     row = json.loads((tmp_path / "eval.json").read_text())["rows"][0]
     assert row["num_prompts"] == 8 and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
+
+
+def test_the_preset_s_first_step_starts_right_after_the_model_loads_and_the_start_is_scored_at_the_end(tmp_path):
+    """The preset measures the held-out scores before training after its last step (trainer.eval_before_at=end),
+    so nothing is scored between the model loading and step 1; the summary still has both ends."""
+    args = [a for a in SHORT if not a.startswith(("trainer.eval_before_after", "trainer.steps"))]
+    out = grpo("train", *args, "trainer.steps=1", "trainer.eval_prompts=8", f"output_dir={tmp_path}")
+    lines = out.stderr.splitlines() + out.stdout.splitlines()
+    loaded = next(i for i, line in enumerate(lines) if "loaded the model" in line)
+    step = next(i for i, line in enumerate(lines) if "step 1: sampling" in line)
+    between = lines[loaded + 1 : step]
+    assert len(between) == 1 and "measured after the last step" in between[0], lines[loaded : step + 1]
+    evals = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    assert sorted(r["step"] for r in evals) == [0, 1]
+    print(f"model loaded -> step 1: {lines[loaded].split()[0]} -> {lines[step].split()[0]}")  # elapsed, as printed

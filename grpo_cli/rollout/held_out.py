@@ -12,17 +12,17 @@ from grpo_cli.rollout.data import answer_column
 from grpo_cli.rollout.scoring import Draws, greedy_scores, sampled_scores
 
 
-def held_out_scores(source, rows, settings: "HeldOutSettings", dist: Dist = SINGLE) -> dict:
+def held_out_scores(source, rows, settings: "HeldOutSettings", dist: Dist = SINGLE, model=None) -> dict:
     """The trainer's held-out row, asked of the run's rollout source (source.py; the weights it samples
     the policy with): greedy accuracy and reward, and the accuracy of 4 completions per prompt sampled as
     in training (seeded per prompt by the run seed, so every evaluation draws the same noise). Under data
     parallelism each rank scores a slice of `rows`; the means are combined, weighted by each slice's
-    prompts."""
+    prompts. `model`: weights other than the policy's, where the source can score them."""
     per = -(-len(rows) // dist.world_size)
     first = min(dist.rank * per, len(rows))
     part = rows.select(range(first, min(first + per, len(rows)))).to_dict()
     n = len(part[settings.prompt_field])
-    scores = source.evaluate(part, settings, first)  # every rank enters: under FSDP it gathers the parameters
+    scores = source.evaluate(part, settings, first, model)  # every rank enters: under FSDP it gathers the parameters
     parts = [(n, s) for n, s in dist.gather_objects((n, scores)) if n]
     total = sum(n for n, _ in parts)
     combined = {k: sum(n * s[k] for n, s in parts) / total for k in parts[0][1] if k != "num_prompts"}
@@ -46,7 +46,9 @@ def part_scores(generator, model, part: dict, reward_fn, judge: Judge, settings:
 class HeldOut:
     """The held-out split's first `trainer.eval_prompts` prompts, scored with the run's generator and
     reward: before training (kept in checkpoints, so a resumed run reports the same start), every
-    `trainer.eval_every` steps as an `eval/` metrics row, and after training."""
+    `trainer.eval_every` steps as an `eval/` metrics row, and after training. With
+    `trainer.eval_before_at=end` the scores before training are those of the initial weights loaded again
+    after the last step (`initial`), so the first step starts at once: the same weights, drawn the same way."""
 
     def __init__(self, cfg, rows, source, judge: Judge, dist: Dist, console, metrics):
         t = cfg.trainer
@@ -56,6 +58,10 @@ class HeldOut:
         self.source, self.judge = source, judge  # the rollout source samples the policy (source.py)
         self.dist, self.console, self.metrics = dist, console, metrics
         self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation
+        self.deferred = t.eval_before_after and t.eval_before_at == "end" and source.evaluates_any_model()
+        if t.eval_before_after and t.eval_before_at == "end" and not self.deferred:
+            console.warn("trainer.eval_before_at=end needs the in-process hf generator and one process (the scores "
+                         "come from the initial weights loaded again); the scores before training are measured first")
 
     def scores(self) -> dict:
         return held_out_scores(self.source, self.rows, self.settings, self.dist)
@@ -67,7 +73,12 @@ class HeldOut:
         return {"step": step, "kind": "eval", **{f"eval/{k}": v for k, v in scores.items() if k != "num_prompts"}}
 
     def before(self, saved: dict | None, enabled: bool, first_row: bool) -> dict | None:
-        """The scores before training: those a checkpoint kept, else measured now when `enabled`."""
+        """The scores before training: those a checkpoint kept, else measured now when `enabled` (after the
+        last step when deferred)."""
+        if self.deferred and not saved:
+            self.console.print(f"held-out accuracy on {len(self.rows)} prompts before training: measured after the last "
+                               "step, on the initial weights loaded again (trainer.eval_before_at=end)")
+            return None
         before = saved or (self.scores() if enabled else None)
         if before:
             self.console.print(f"held-out accuracy on {len(self.rows)} prompts before training: greedy "
@@ -90,6 +101,17 @@ class HeldOut:
             return self.last[1]
         scores = self.scores()
         self.metrics.write(self.row(step, scores))
+        return scores
+
+    def initial(self, load) -> dict:
+        """The deferred scores before training: the initial weights, `load()`ed again as the run first built
+        them, scored as `before` would have scored them, and written as the step-0 `eval/` row."""
+        model = load().eval()
+        scores = held_out_scores(self.source, self.rows, self.settings, self.dist, model=model)
+        del model
+        self.console.print(f"held-out accuracy on {len(self.rows)} prompts before training (the initial weights, loaded "
+                           f"again): greedy {scores['accuracy']:.3f}, sampled {scores['sampled_accuracy']:.3f}")
+        self.metrics.write(self.row(0, scores))
         return scores
 
     def after(self, before: dict, after: dict) -> dict:

@@ -59,7 +59,9 @@ class RolloutSource(Protocol):
 
     def update(self, policy, version: int) -> dict: ...
 
-    def evaluate(self, part: dict, settings, first: int) -> dict: ...
+    def evaluate(self, part: dict, settings, first: int, model=None) -> dict: ...
+
+    def evaluates_any_model(self) -> bool: ...
 
     def state_dict(self) -> dict: ...
 
@@ -111,10 +113,18 @@ class LocalSource:
         roll.answers = answers
         return ScoredRollout(roll, metrics, gen_s=t_gen - t0, score_s=clock(self.device) - t_gen)
 
-    def evaluate(self, part: dict, settings, first: int) -> dict:
-        """Held-out scores of `part` under the policy (held_out.part_scores), with this source's generator."""
+    def evaluate(self, part: dict, settings, first: int, model=None) -> dict:
+        """Held-out scores of `part` under the policy, or under `model` (the initial weights loaded again:
+        held_out.HeldOut.initial), with this source's generator (held_out.part_scores)."""
+        if model is not None:
+            return part_scores(self.generator, model, part, self.reward_fn, self.settings.judge, settings, first)
         with self.dist.full_model(self.policies.policy) as model:  # every rank enters: FSDP gathers here
             return part_scores(self.generator, model, part, self.reward_fn, self.settings.judge, settings, first)
+
+    def evaluates_any_model(self) -> bool:
+        """Whether `evaluate` can score weights other than the policy's: the generator reads the model it is
+        given (hf), and one process holds the whole of it."""
+        return not self.generator.needs_weights and self.dist.world_size == 1
 
     def update(self, policy, version: int) -> dict:
         """An engine that samples from its own copy of the weights takes the update (not a behaviour
@@ -198,7 +208,10 @@ class WorkerSource:
                 self.lost = e
         return {"push_s": time.perf_counter() - start}
 
-    def evaluate(self, part: dict, settings, first: int) -> dict:
+    def evaluates_any_model(self) -> bool:
+        return False  # the worker samples its own copy of the policy
+
+    def evaluate(self, part: dict, settings, first: int, model=None) -> dict:
         """Held-out scores of `part` under the policy: in the worker, which first takes an update it has
         not had (the last one is not pushed for sampling); in this process when the worker samples a
         behaviour policy."""

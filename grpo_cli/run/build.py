@@ -301,7 +301,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         run.source.close()
         raise
     run.held_out = HeldOut(cfg, data["test"], run.source, settings.judge, dist, console, metrics)
-    if t.eval_before_after and not state.get("held_out_before"):
+    if t.eval_before_after and not state.get("held_out_before") and not run.held_out.deferred:
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
@@ -423,7 +423,9 @@ def finish_run(run: Run, seconds: float) -> dict:
     if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
         merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
     save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
-    after = run.held_out.final(t.steps) if run.held_out_before else None  # in metrics.jsonl too: the curve's end
+    after = run.held_out.final(t.steps) if run.held_out_before or run.held_out.deferred else None  # the curve's end
+    before = run.held_out_before or (run.held_out.initial(lambda: load_policy(cfg.model, run.precision, None))
+                                     if after is not None else None)
     run.metrics.close()
     rows = [r for r in run.metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
     last = rows[-20:]
@@ -437,7 +439,7 @@ def finish_run(run: Run, seconds: float) -> dict:
         "run_dir": str(run.run_dir),
     }
     if after is not None:
-        summary.update(run.held_out.after(run.held_out_before, after))
+        summary.update(run.held_out.after(before, after))
     if run.dist.is_main and rows:  # where the time went, against the floor (floors.py)
         run.console.print(escape(run_bottleneck(cfg, run.policy, run.precision, rows) or ""), highlight=False, soft_wrap=True)
     if run.dist.is_main:

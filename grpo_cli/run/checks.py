@@ -303,6 +303,7 @@ def check_train(cfg) -> None:
                      ("zero_variance_warn_steps", 1), ("threads", 0), ("nonfinite_patience", 1)):
         p.at_least(f"trainer.{key}", getattr(t, key), low)
     p.choice("trainer.health", t.health, HEALTH_MODES)
+    p.choice("trainer.eval_before_at", t.eval_before_at, ("start", "end"))
     p.choice("trainer.strategy", t.strategy, STRATEGIES)
     check_worker(p, cfg)
     if t.eval_before_after or t.eval_every:
