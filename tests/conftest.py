@@ -53,7 +53,8 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--fast"):
         return
-    slow = {line.split()[0] for line in SLOW_LIST.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    slow = {line.rsplit("  ", 1)[0].strip() for line in SLOW_LIST.read_text().splitlines()  # "<node id>  <seconds>s"
+            if line.strip() and not line.startswith("#")}
     keep = [item for item in items if item.nodeid not in slow]
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid in slow])
     items[:] = keep

@@ -99,6 +99,7 @@ class HeldOut:
         weights, drawn the same way), else measured now and written as that step's `eval/` row."""
         if self.last is not None and self.last[0] == step:
             return self.last[1]
+        self.console.phase(f"scoring {len(self.rows)} held-out prompts after training")
         scores = self.scores()
         self.metrics.write(self.row(step, scores))
         return scores
@@ -106,6 +107,7 @@ class HeldOut:
     def initial(self, load) -> dict:
         """The deferred scores before training: the initial weights, `load()`ed again as the run first built
         them, scored as `before` would have scored them, and written as the step-0 `eval/` row."""
+        self.console.phase(f"scoring {len(self.rows)} held-out prompts with the initial weights, loaded again")
         model = load().eval()
         scores = held_out_scores(self.source, self.rows, self.settings, self.dist, model=model)
         del model
