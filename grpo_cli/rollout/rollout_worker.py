@@ -21,6 +21,7 @@ The worker dies with the trainer (PR_SET_PDEATHSIG) and leaves SIGINT and SIGTER
 from __future__ import annotations
 
 import pickle
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
@@ -98,12 +99,15 @@ class RolloutWorker:
             self.requested.popleft()
             self.received[step] = state
 
-    def push(self, tensors: list[torch.Tensor], version: int) -> None:
+    def push(self, tensors: list[torch.Tensor], version: int) -> float:
         """Send `tensors` (the trainable ones, in the worker's order) as `version`, once the worker has
-        answered every request (it reads messages in order, so it then waits for this one)."""
+        answered every request (it reads messages in order, so it then waits for this one). Returns the
+        seconds spent waiting for those answers, before the push itself."""
+        start = time.perf_counter()
         self._started()
         while self.requested:
             self._take(f"sampling step {self.requested[0]}")
+        waited = time.perf_counter() - start
         layout = [(tuple(t.shape), t.dtype) for t in tensors]
         if [shape for shape, _ in layout] != self.ready:
             raise RuntimeError("the generation worker's trainable parameters differ from the trainer's: "
@@ -119,6 +123,7 @@ class RolloutWorker:
             why = f"did not answer within {self.timeout_s:g} s" if hung else how_it_ended(self.helper.process)
             raise WorkerDied(f"the generation worker {why} while taking the weights of update {version}"
                              + (" (generator.timeout_s)" if hung else "")) from None
+        return waited
 
     def _started(self) -> None:
         """Wait for the worker to load its model (it may take longer than one answer's deadline)."""

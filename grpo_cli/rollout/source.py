@@ -193,20 +193,20 @@ class WorkerSource:
         return lambda: nullcontext(policy)
 
     def update(self, policy, version: int) -> dict:
-        """Push the weights the worker samples with next; the seconds the trainer waited, for the worker's
-        answers and the push. A worker lost during the push leaves this step done; the next request says
-        so."""
-        start = time.perf_counter()
+        """Push the weights the worker samples with next: the seconds the trainer waited for the worker's
+        answers to the steps asked ahead (`wait_s`), and those of the push itself (`push_s`). A worker lost
+        during the push leaves this step done; the next request says so."""
+        start, waited = time.perf_counter(), 0.0
         self.updated = (policy, version)
         sampler = self.sampler(policy, version)
         if sampler is not None:
             try:
                 with sampler() as model:
-                    self.worker.push(pushed_tensors(model, policy), version)
+                    waited = self.worker.push(pushed_tensors(model, policy), version)
                 self.pushed = version
             except SourceLost as e:
                 self.lost = e
-        return {"push_s": time.perf_counter() - start}
+        return {"push_s": time.perf_counter() - start - waited, "wait_s": waited}
 
     def evaluates_any_model(self) -> bool:
         return False  # the worker samples its own copy of the policy

@@ -4,7 +4,9 @@ the hardware allows.
 Phases, from the metrics rows (seconds per step, summed over the run): generation (the model's sampling;
 `gen_s` less the environment's share), environment (episodes' calls between turns, wall time: `env_s`),
 scoring (advantages and the extra forwards: reference, old log-probs), update (forwards and backwards,
-AdamW) and push (weights into a generator with its own copy).
+AdamW), push (weights into a generator with its own copy) and wait (the trainer idle while a generation
+worker answers the steps asked ahead, before a push). A row's `seconds` is the step's wall time: these
+phases and what lies between them.
 
 Floors, from this machine's measured peaks (a memory copy for bandwidth, a matmul in the compute dtype
 for FLOP/s; measured once, at the end):
@@ -12,8 +14,8 @@ for FLOP/s; measured once, at the end):
   completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token;
 - scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for;
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
-- the environment and the push have none here: the first is the environment's own code, the second a
-  copy whose floor depends on the transport.
+- the environment, the push and the wait have none here: the first is the environment's own code, the
+  second a copy whose floor depends on the transport, the third the other process's work.
 P is the policy's parameter count. The floors count only weights (no KV cache, no activations), so they
 are optimistic: a ratio near 1 is the hardware's limit, a tiny model's large ratio is per-operation
 overhead, not memory or arithmetic.
@@ -25,7 +27,7 @@ import time
 
 import torch
 
-PHASES = ("generation", "environment", "scoring", "update", "push")
+PHASES = ("generation", "environment", "scoring", "update", "push", "wait")
 
 
 def _sync(device: torch.device) -> None:
@@ -67,6 +69,7 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
         total["scoring"] += r.get("score_s", 0.0)
         total["update"] += r.get("update_s", 0.0)
         total["push"] += r.get("push_s", 0.0)
+        total["wait"] += r.get("wait_s", 0.0)
     return total
 
 
@@ -80,7 +83,7 @@ def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth:
         score += forwards * 2 * params * (prompt + completion) / flops
         update += passes * 6 * params * (prompt + completion) / flops
     return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
-            "push": None}
+            "push": None, "wait": None}
 
 
 def bottleneck_line(rows: list[dict], params: int, weight_bytes: float, device: torch.device, dtype: torch.dtype,

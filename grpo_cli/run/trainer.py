@@ -41,12 +41,15 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
         with console.training(t.steps, start=run.first_step - 1, log_every=t.log_every), \
                 GracefulStop(announcer(console)) as stop:
             for step in range(run.first_step, t.steps + 1):
+                t_step = time.perf_counter()
                 run.policy.train()
                 with run.stop_if_source_lost(step):
                     scored = source.next(step)  # 1.
                 row, roll = grpo_step(run.policies.roles(), run.optimizer, scored, run.settings,  # 2.
                                       precision=run.precision, dist=dist)
                 row.update(source.update(run.policy, step))  # the source samples the coming steps with this update
+                wall = dist.all_max(time.perf_counter() - t_step)  # the step's wall time, every wait included
+                row.update(seconds=wall, tokens_per_s=row["completion_tokens"] / max(wall, 1e-9))
                 watch.updates(step, row)
                 lr = run.scheduler.get_last_lr()[0]  # 3.
                 run.scheduler.step()
