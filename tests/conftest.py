@@ -46,6 +46,15 @@ def chat_dir(tiny_dir, tmp_path):
 SLOW_LIST = __import__("pathlib").Path(__file__).with_name("slow_tests.txt")
 
 
+def pytest_configure(config):
+    """The machine peaks a run probes (floors.py) are cached in a directory of the test session's, not the
+    user's home: runs in the suite probe once per process, on whatever load the machine has then."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("GRPO_CLI_CACHE", tempfile.mkdtemp(prefix="grpo-cli-cache-"))
+
+
 def pytest_addoption(parser):
     parser.addoption("--fast", action="store_true", help="leave out the tests listed in tests/slow_tests.txt")
 

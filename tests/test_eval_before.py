@@ -4,7 +4,7 @@ draws); training is untouched."""
 
 import pytest
 
-from helpers import FAST, grpo, read_jsonl
+from helpers import FAST, TIMING, grpo, read_jsonl
 
 RUN = [*FAST[:1], "trainer.steps=3", *FAST[1:], "trainer.eval_before_after=true", "trainer.eval_prompts=12",
        "trainer.eval_every=0", "trainer.save_every=100"]
@@ -25,9 +25,7 @@ def test_the_scores_before_training_measured_at_the_end_equal_those_measured_fir
     assert set(evals(first_rows)) == set(evals(end_rows)) == {0, 3}
     assert evals(end_rows)[0] == evals(first_rows)[0]  # exactly: the same weights and the same seeded draws
     assert evals(end_rows)[3] == evals(first_rows)[3]
-    training = lambda rows: [{k: v for k, v in r.items() if k not in ("seconds", "gen_s", "score_s", "update_s",  # noqa: E731
-                                                                       "tokens_per_s", "peak_memory_gib", "memory_gib")}
-                             for r in rows if "reward_mean" in r]
+    training = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows if "reward_mean" in r]  # noqa: E731
     assert training(end_rows) == training(first_rows)
     # the first step starts before any held-out scoring when deferred, after it otherwise
     assert end_out.index("step 1") < end_out.index("before training (the initial weights")

@@ -32,16 +32,41 @@ def test_floors_by_hand():
     assert floors.floor_seconds(ROWS, 10**6, 4e6, 1e9, 1e10, forwards=0, passes=1)["scoring"] is None
 
 
-def test_the_line_names_the_largest_phase_and_its_ratio(monkeypatch):
-    monkeypatch.setattr(floors, "machine_peaks", lambda device, dtype: (1e9, 1e10))
-    line = floors.bottleneck_line(ROWS, 10**6, 4e6, torch.device("cpu"), torch.float32, forwards=1, passes=2)
+HAND = floors.StepFloors(params=10**6, weight_bytes=4e6, bandwidth=1e9, flops=1e10, forwards=1, passes=2)
+
+
+def test_each_row_s_efficiency_is_its_phases_floor_over_their_seconds():
+    """test_floors_by_hand's floors over the rows' seconds. Row 2: generation 0.14 / 1.0, scoring 0.05 / 0.5,
+    update 0.30 / 2.0. Row 1 comes from a generation worker (it has wait_s): the update's alone, 0.18 / 2.0.
+    No scoring floor without an extra forward."""
+    assert HAND.efficiency(ROWS[1]) == pytest.approx(
+        {"efficiency/generation": 0.14, "efficiency/scoring": 0.10, "efficiency/update": 0.15})
+    assert HAND.efficiency(ROWS[0]) == pytest.approx({"efficiency/update": 0.09})
+    no_forward = floors.StepFloors(10**6, 4e6, 1e9, 1e10, forwards=0, passes=1)
+    assert set(no_forward.efficiency(ROWS[1])) == {"efficiency/generation", "efficiency/update"}
+
+
+def test_the_peaks_are_probed_once_per_machine_and_cached(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
+    monkeypatch.setattr(floors, "machine_peaks", lambda device, dtype: calls.append(dtype) or (2e9, 3e10))
+    assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10)
+    assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10)
+    assert floors.cached_peaks(torch.device("cpu"), torch.bfloat16) == (2e9, 3e10)
+    assert calls == [torch.float32, torch.bfloat16]  # once per dtype
+    (tmp_path / "peaks.json").write_text("not json")
+    assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10) and len(calls) == 3
+
+
+def test_the_line_names_the_largest_phase_and_its_ratio():
+    line = floors.bottleneck_line(ROWS, HAND)
     # 7.75 s over 2 steps; update 4.0 s against 0.48 s: 8.3x
     assert line.startswith("time: update 52%, generation 23%, scoring 13%, wait 6%, environment 3%, push 3% of 3.88 s per step")
-    assert "the largest, update, is 8.3x its floor (2.000 s per step against 0.2400 s at the 1 GB/s and 10 GFLOP/s" in line
+    assert ("the largest, update, is 8.3x its floor, efficiency 0.12 (2.000 s per step against 0.2400 s at the 1 GB/s "
+            "and 10 GFLOP/s") in line
     env_bound = [{"gen_s": 3.0, "env_s": 2.5, "update_s": 1.0, "completion_len_max": 1, "prompt_tokens": 1,
                   "completion_tokens": 1}]
-    assert "environment is the largest, and has no floor here" in floors.bottleneck_line(
-        env_bound, 10**6, 4e6, torch.device("cpu"), torch.float32, forwards=0, passes=1)
+    assert "environment is the largest, and has no floor here" in floors.bottleneck_line(env_bound, HAND)
 
 
 def test_a_run_ends_with_the_line_and_its_rows_carry_prompt_tokens(tmp_path, capsys):
@@ -72,3 +97,7 @@ def test_a_row_s_seconds_is_the_step_s_wall_time_with_every_phase_and_wait_insid
         assert r["tokens_per_s"] == pytest.approx(r["completion_tokens"] / r["seconds"])
     if extra:
         assert all(r["wait_s"] >= 0 and r["push_s"] >= 0 for r in rows)
+    assert all(0 < r["efficiency/update"] < 1.5 for r in rows)
+    # with a worker the trainer's gen_s is a wait, so no generation efficiency is claimed from it
+    assert all((0 < r["efficiency/generation"] < 1.5) != bool(extra) for r in rows if "efficiency/generation" in r)
+    assert all(("efficiency/generation" in r) != bool(extra) for r in rows)

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from rich.markup import escape
 from transformers import get_scheduler
 
-from grpo_cli.run.floors import run_bottleneck
+from grpo_cli.run.floors import StepFloors, bottleneck_line
 from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, Stateful, clean_temporaries,
                                      experiment_diff, load_state, resolve_resume, save_checkpoint, save_final,
                                      write_config)
@@ -168,6 +168,7 @@ class Run:
     saved: int = 0  # the newest step saved by this run
     resumed_from: Path | None = None  # the checkpoint this run started from
     plan: object = None  # the memory plan (memory.py), shown again from the first step's samples
+    floors: StepFloors | None = None  # each step's phases against this machine's peaks (floors.py)
 
     def parts(self) -> dict[str, Stateful]:
         """The run's state, part by part, in the order a resume loads them (the RNG last): each saves and
@@ -441,7 +442,7 @@ def finish_run(run: Run, seconds: float) -> dict:
     if after is not None:
         summary.update(run.held_out.after(before, after))
     if run.dist.is_main and rows:  # where the time went, against the floor (floors.py)
-        run.console.print(escape(run_bottleneck(cfg, run.policy, run.precision, rows) or ""), highlight=False, soft_wrap=True)
+        run.console.print(escape(bottleneck_line(rows, run.floors) or ""), highlight=False, soft_wrap=True)
     if run.dist.is_main:
         card = write_model_card(run.run_dir / "final", cfg, summary, run.command or "grpo train")
         if cfg.hub.push:

@@ -9,7 +9,9 @@ worker answers the steps asked ahead, before a push). A row's `seconds` is the s
 phases and what lies between them.
 
 Floors, from this machine's measured peaks (a memory copy for bandwidth, a matmul in the compute dtype
-for FLOP/s; measured once, at the end):
+for FLOP/s; probed once per machine, device, dtype and thread count, and cached in
+~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). Every metrics row carries `efficiency/<phase>` = the
+phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
 - generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
   completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token;
 - scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for;
@@ -23,7 +25,12 @@ overhead, not memory or arithmetic.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -59,6 +66,66 @@ def machine_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, floa
     return bandwidth, flops
 
 
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+             if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
+    """machine_peaks, probed once per (machine, device, dtype, threads, torch) and kept in the cache file; a
+    cache that cannot be read or written is probed again, never an error."""
+    key = f"{_machine(device)}|{device.type}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    path = Path(os.environ.get("GRPO_CLI_CACHE") or Path.home() / ".cache" / "grpo-cli") / "peaks.json"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if isinstance(cache.get(key), list) and len(cache[key]) == 2:
+        return tuple(cache[key])
+    peaks = machine_peaks(device, dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**cache, key: list(peaks)}, indent=1))
+    except OSError:
+        pass  # a read-only home: the next run probes again
+    return peaks
+
+
+@dataclass(frozen=True)
+class StepFloors:
+    """What a step's floors need (module docstring): the policy's size, the extra forwards and passes the
+    config asks for, and this machine's peaks."""
+
+    params: int
+    weight_bytes: float
+    bandwidth: float
+    flops: float
+    forwards: int
+    passes: int
+
+    @classmethod
+    def of(cls, cfg, policy: torch.nn.Module, precision) -> "StepFloors":
+        device = next(policy.parameters()).device
+        dtype = precision.frozen_dtype  # what generation reads: bf16 under bf16-mixed (autocast's copies)
+        params = sum(p.numel() for p in policy.parameters())
+        return cls(params, params * torch.finfo(dtype).bits / 8, *cached_peaks(device, dtype),
+                   int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1), cfg.algo.num_iterations)
+
+    def efficiency(self, row: dict) -> dict[str, float]:
+        """`efficiency/<phase>`: the phase's floor over its measured seconds in this row. A generation worker's
+        rows (they carry `wait_s`) have the update's alone: their gen_s is the trainer's wait for the worker,
+        not the sampling's time."""
+        floor = floor_seconds([row], self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
+                              self.passes)
+        spent = phase_seconds([row])
+        phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")
+        return {f"efficiency/{p}": floor[p] / spent[p] for p in phases if floor[p] is not None and spent[p] > 0}
+
+
 def phase_seconds(rows: list[dict]) -> dict[str, float]:
     """Each phase's seconds, summed over the rows."""
     total = {p: 0.0 for p in PHASES}
@@ -86,8 +153,7 @@ def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth:
             "push": None, "wait": None}
 
 
-def bottleneck_line(rows: list[dict], params: int, weight_bytes: float, device: torch.device, dtype: torch.dtype,
-                    forwards: int, passes: int) -> str | None:
+def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     """One line: each phase's share of the steps' time, and the largest phase against its floor."""
     spent = phase_seconds(rows)
     total = sum(spent.values())
@@ -96,21 +162,10 @@ def bottleneck_line(rows: list[dict], params: int, weight_bytes: float, device: 
     shares = ", ".join(f"{p} {s / total:.0%}" for p, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s / total >= 0.005)
     top = max(spent, key=spent.get)
     line = f"time: {shares} of {total / len(rows):.2f} s per step"
-    bandwidth, flops = machine_peaks(device, dtype)
-    floor = floor_seconds(rows, params, weight_bytes, bandwidth, flops, forwards, passes)[top]
+    f = floors
+    floor = floor_seconds(rows, f.params, f.weight_bytes, f.bandwidth, f.flops, f.forwards, f.passes)[top]
     if floor is None or floor <= 0:
         return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
-    return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor ({spent[top] / len(rows):.3f} s per step "
-            f"against {floor / len(rows):.4f} s at the {bandwidth / 1e9:.0f} GB/s and {flops / 1e9:.0f} GFLOP/s "
-            f"measured here; weights only, so a small model's ratio is overhead).")
-
-
-def run_bottleneck(cfg, policy: torch.nn.Module, precision, rows: list[dict]) -> str | None:
-    """bottleneck_line for a finished run: its policy's size in the compute dtype, its extra forwards
-    (a reference when algo.beta != 0, the old log-probs when algo.num_iterations > 1) and its passes."""
-    device = next(policy.parameters()).device
-    dtype = precision.frozen_dtype  # what generation reads: bf16 under bf16-mixed (autocast's copies)
-    params = sum(p.numel() for p in policy.parameters())
-    forwards = int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1)
-    return bottleneck_line(rows, params, params * torch.finfo(dtype).bits / 8, device, dtype, forwards,
-                           cfg.algo.num_iterations)
+    return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
+            f"({spent[top] / len(rows):.3f} s per step against {floor / len(rows):.4f} s at the {f.bandwidth / 1e9:.0f} GB/s "
+            f"and {f.flops / 1e9:.0f} GFLOP/s measured here; weights only, so a small model's ratio is overhead).")

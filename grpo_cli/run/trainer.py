@@ -25,6 +25,7 @@ from grpo_cli.run.console import Console
 from grpo_cli.models.distributed import SINGLE, Dist
 from grpo_cli.errors import GrpoError
 from grpo_cli.run.health import Health, stop_run
+from grpo_cli.run.floors import StepFloors
 from grpo_cli.run.build import Run, finish_run, resume_command, start_run
 from grpo_cli.update.step import completion_rows, grpo_step, shown_group
 from grpo_cli.run.stopping import GracefulStop, Stopped
@@ -34,6 +35,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     """The whole run, on this rank. Returns the summary printed at the end."""
     run = start_run(cfg, Path(run_dir), console, dist, command)
     t, source = cfg.trainer, run.source
+    run.floors = StepFloors.of(cfg, run.policy, run.precision)  # this machine's peaks: probed once, then cached
     watch, start = Watch(t, console), time.perf_counter()
     health = Health(cfg, console.warn, t.health)  # every rank sees the same reduced rows, so all stop together
     # The reward's and the source's helper processes end with the run, however it ends.
@@ -50,6 +52,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                 row.update(source.update(run.policy, step))  # the source samples the coming steps with this update
                 wall = dist.all_max(time.perf_counter() - t_step)  # the step's wall time, every wait included
                 row.update(seconds=wall, tokens_per_s=row["completion_tokens"] / max(wall, 1e-9))
+                row.update(run.floors.efficiency(row))  # efficiency/<phase>: its floor over its seconds
                 watch.updates(step, row)
                 lr = run.scheduler.get_last_lr()[0]  # 3.
                 run.scheduler.step()
