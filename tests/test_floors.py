@@ -101,3 +101,20 @@ def test_a_row_s_seconds_is_the_step_s_wall_time_with_every_phase_and_wait_insid
     # with a worker the trainer's gen_s is a wait, so no generation efficiency is claimed from it
     assert all((0 < r["efficiency/generation"] < 1.5) != bool(extra) for r in rows if "efficiency/generation" in r)
     assert all(("efficiency/generation" in r) != bool(extra) for r in rows)
+
+
+def test_the_benchmark_table_sums_floors_and_seconds_by_hand():
+    """scripts/bench_floors.py: two rows, update 2 s at efficiency 0.5 and 1 s at 0.25: floors 1.0 + 0.25 over 3 s
+    of update is 0.42 over the run, 1.5 s and 0.625 s per step; generation has no efficiency (a worker's rows)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_floors", Path(__file__).parents[1] / "scripts" / "bench_floors.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [{"gen_s": 1.0, "update_s": 2.0, "seconds": 3.5, "efficiency/update": 0.5, "wait_s": 0.0},
+            {"gen_s": 1.0, "update_s": 1.0, "seconds": 2.5, "efficiency/update": 0.25, "wait_s": 0.0}]
+    lines = bench.table(rows)
+    assert lines[1].split() == ["generation", "1.000", "-", "-"]
+    assert lines[3].split() == ["update", "1.500", "0.625", "0.42"]
+    assert lines[4].split() == ["step", "(wall)", "3.000"]
