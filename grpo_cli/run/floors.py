@@ -89,7 +89,9 @@ def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float
     peaks = machine_peaks(device, dtype)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**cache, key: list(peaks)}, indent=1))
+        temporary = path.with_name(f"{path.name}.{os.getpid()}")  # ranks of one machine may write at once
+        temporary.write_text(json.dumps({**cache, key: list(peaks)}, indent=1))
+        os.replace(temporary, path)
     except OSError:
         pass  # a read-only home: the next run probes again
     return peaks
