@@ -58,8 +58,9 @@ class HeldOut:
         self.source, self.judge = source, judge  # the rollout source samples the policy (source.py)
         self.dist, self.console, self.metrics = dist, console, metrics
         self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation
-        self.deferred = t.eval_before_after and t.eval_before_at == "end" and source.evaluates_any_model()
-        if t.eval_before_after and t.eval_before_at == "end" and not self.deferred:
+        at_end = t.eval_before_after and t.eval_before_at == "end"
+        self.deferred = at_end and source.evaluates_any_model()
+        if at_end and not self.deferred:
             console.warn("trainer.eval_before_at=end needs the in-process hf generator and one process (the scores "
                          "come from the initial weights loaded again); the scores before training are measured first")
 

@@ -116,9 +116,8 @@ class LocalSource:
     def evaluate(self, part: dict, settings, first: int, model=None) -> dict:
         """Held-out scores of `part` under the policy, or under `model` (the initial weights loaded again:
         held_out.HeldOut.initial), with this source's generator (held_out.part_scores)."""
-        if model is not None:
-            return part_scores(self.generator, model, part, self.reward_fn, self.settings.judge, settings, first)
-        with self.dist.full_model(self.policies.policy) as model:  # every rank enters: FSDP gathers here
+        # every rank enters the policy's: FSDP gathers here
+        with nullcontext(model) if model is not None else self.dist.full_model(self.policies.policy) as model:
             return part_scores(self.generator, model, part, self.reward_fn, self.settings.judge, settings, first)
 
     def evaluates_any_model(self) -> bool:
