@@ -96,6 +96,7 @@ class DataConfig:
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     digits: int = 3
+    terms: int = 2
     num_train: int = 10000
     train_file: Optional[str] = None
     test_file: Optional[str] = None
@@ -166,6 +167,8 @@ class EnvConfig:
     max_tokens: int = 256
     timeout_s: float = 10.0
     concurrency: int = 16
+    workers: int = 0  # environment worker processes (env_worker.py); 0 = in the training process, on threads
+    worker_memory_gib: float = 4.0
     tool_format: str = "auto"
 
 

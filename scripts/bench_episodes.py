@@ -41,27 +41,32 @@ def replaying(turns: int):
     return Replaying
 
 
-def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency: int) -> tuple[float, list]:
-    """(seconds of one step's episodes, their transcripts as (messages, ids)) at this concurrency."""
+def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency: int, workers: int = 0
+            ) -> tuple[float, list]:
+    """(seconds of one step's episodes, their transcripts as (messages, ids)) at this concurrency, the
+    environments in this process (workers=0) or in that many environment workers."""
+    import os
+
     if str(INPUTS) not in sys.path:
         sys.path.insert(0, str(INPUTS))
     import sleepy_env  # the module env.factory names below, so DELAY and JITTER are set where they are read
 
     from grpo_cli.config import EnvConfig, TrainConfig
     from grpo_cli.models.loading import load_model, load_tokenizer
-    from grpo_cli.rollout.environments import EnvSpec
+    from grpo_cli.rollout.environments import environment
     from grpo_cli.rollout.generation import Sampling
     from grpo_cli.rollout.generators import GENERATORS, make_generator, register_generator
 
     sleepy_env.DELAY, sleepy_env.JITTER = delay, jitter
+    os.environ["SLEEPY_DELAY"], os.environ["SLEEPY_JITTER"] = str(delay), str(jitter)  # for environment workers
     register_generator("replaying", replaying(turns))
     try:
         tokenizer, model = load_tokenizer("builtin:tiny-tools"), load_model("builtin:tiny-tools", device="cpu")
         settings = TrainConfig().generator
         settings.name = "replaying"
         env = EnvConfig(factory="sleepy_env:Sleepy", fn_dir=str(INPUTS), max_turns=turns + 1, max_tokens=2048,
-                        concurrency=concurrency)
-        spec = EnvSpec(env, str(INPUTS))
+                        concurrency=concurrency, workers=workers)
+        spec = environment(env)
         gen = make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu", env=spec)
         groups = max(1, episodes // 4)
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{i}="}], tools=spec.schemas,
@@ -83,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay", type=float, default=0.1, help="seconds each reset and tool call sleeps")
     parser.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more per call, at random")
     parser.add_argument("--concurrency", default="1,64", help="comma-separated env.concurrency values; the first is the baseline")
+    parser.add_argument("--workers", type=int, default=0, help="env.workers: environment processes (0 = this one)")
     args = parser.parse_args(argv)
     import torch
 
@@ -96,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     base_s, base_t = measure(args.episodes, args.turns, args.delay, args.jitter, levels[0])
     print(f"env.concurrency={levels[0]:<4} {base_s:7.2f} s/step  1.00x")
     for level in levels[1:]:
-        seconds, transcripts = measure(args.episodes, args.turns, args.delay, args.jitter, level)
-        print(f"env.concurrency={level:<4} {seconds:7.2f} s/step  {seconds / base_s:.3f}x  "
+        seconds, transcripts = measure(args.episodes, args.turns, args.delay, args.jitter, level, args.workers)
+        print(f"env.concurrency={level:<4} workers={args.workers} {seconds:7.2f} s/step  {seconds / base_s:.3f}x  "
               f"transcripts {'equal' if transcripts == base_t else 'DIFFER'}")
 
 

@@ -92,7 +92,7 @@ class Reward:
             import asyncio
             import inspect
 
-            values = [None if only is not None and type(ep.environment) is not only else
+            values = [None if only is not None and getattr(ep.environment, "remote_class", type(ep.environment)) is not only else
                       ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
                       for ep in batch.episodes]
             return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward

@@ -16,11 +16,12 @@ Nothing an environment does stops the run: a tool that raises, an unknown tool o
 becomes the tool message `{'error': ...}` (TRL's wording); every call and step has `env.timeout_s`
 seconds (a call past it is abandoned on its thread, which Python cannot kill, and the model is told
 it timed out); a list of content parts is kept as parts (TRL's rule), any other non-string result is
-`str()`-ed. Each is counted in the step's metrics. Each call
-draws from its episode's own generators (`random`'s and `np.random`'s module functions follow the
-calling thread: thread_generators), and each environment gets its own `self.rng` and `self.np_rng`, so
-an environment that draws random numbers repeats whether episodes' calls run one at a time or
-concurrently, and a resumed run matches an uninterrupted one.
+`str()`-ed. Each is counted in the step's metrics. Each call draws from its episode's own generators
+(env_random.py), so the transcripts repeat whatever the concurrency and across a resume.
+
+With `env.workers=N` the instances and calls live in N helper processes (EnvWorkers here; env_worker.py
+is the worker's end): a crash, a call stuck in native code or a leak stays there, and what the model
+reads is the same as in the training process.
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import os
-import random
+import itertools
 import threading
+import time
 from collections.abc import Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Any, Callable
 
-import numpy as np
-
 from grpo_cli.errors import GrpoError
+from grpo_cli.procs.subprocesses import Helper, HelperLost
+from grpo_cli.rollout.env_random import bound_globally, episode_generators, hand_generators, thread_generators
 
 
 # ---- the environment a config names -----------------------------------------------------------------
@@ -59,11 +60,16 @@ def tool_schema(fn: Callable, where: str) -> dict:
                         "and a Google-style docstring with an Args: section.") from None
 
 
-def environment(cfg) -> "EnvSpec | EnvChoice | None":
-    """The env group's tools and environment, loaded (None when single-turn)."""
+def environment(cfg, schemas: bool = True) -> "EnvSpec | EnvChoice | None":
+    """The env group's tools and environment, loaded (None when single-turn); with env.workers, their
+    instances and calls live in that many helper processes (env_worker.py). `schemas=False` skips the
+    tools' JSON schemas (and transformers' import): an environment worker shows the model nothing."""
     if not (cfg.tools or cfg.factory):
         return None
-    return EnvChoice(cfg, cfg.fn_dir) if isinstance(cfg.factory, Mapping) else EnvSpec(cfg, cfg.fn_dir)
+    spec = EnvChoice(cfg, cfg.fn_dir, schemas) if isinstance(cfg.factory, Mapping) else EnvSpec(cfg, cfg.fn_dir, schemas)
+    if getattr(cfg, "workers", 0):
+        spec.workers = EnvWorkers(cfg, cfg.workers, cfg.worker_memory_gib)
+    return spec
 
 
 def reward_with(reward_cfg, spec: "EnvSpec | None"):
@@ -88,7 +94,9 @@ def reward_with(reward_cfg, spec: "EnvSpec | None"):
 class EnvSpec:
     """What `env.*` names, loaded: standalone tools, the environment class, and their schemas."""
 
-    def __init__(self, cfg, base: str | None = None):
+    workers = None  # env_worker.EnvWorkers with env.workers > 0
+
+    def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         from grpo_cli.rewards.python_fn import load_function
 
         thread_generators()  # before the environment's modules are imported, so their random functions follow
@@ -105,8 +113,8 @@ class EnvSpec:
                             "returning None or text for the prompt (TRL's environment_factory contract).")
         self.cls = cls
         methods = public_methods(cls) if cls is not None and self.kind == "tools" else {}
-        self.schemas = [tool_schema(f, "env.tools function") for f in self.tools]
-        self.schemas += [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]
+        self.schemas = [tool_schema(f, "env.tools function") for f in self.tools] if schemas else []
+        self.schemas += [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()] if schemas else []
         self.shared_draws = bound_globally([*self.tools, self.factory])  # names that would make concurrency unrepeatable
         self.reward_name = cls.__name__ if cls is not None and (self.kind == "step" or hasattr(cls, "get_reward")) else None
 
@@ -115,14 +123,25 @@ class EnvSpec:
         if self.reward_name and hasattr(reward, "add_environment_term"):
             reward.add_environment_term(self.reward_name, getattr(self.cls, "max_reward", 1.0))
 
-    def new(self, row: dict | None = None):
-        return self.factory() if self.factory is not None else None
+    def new(self, row: dict | None = None, rng_seed: int | None = None):
+        """An episode's environment (None with tools alone), given its own generators (hand_generators);
+        with workers, a RemoteEnvironment whatever the factory (the calls run where it lives)."""
+        if self.workers is not None:
+            return self.workers.new(row or {}, rng_seed, self.cls)
+        instance = self.factory() if self.factory is not None else None
+        if rng_seed is not None:
+            hand_generators(instance, rng_seed)
+        return instance
 
     def schemas_for(self, row: dict) -> list[dict]:
         """The tools' JSON schemas a row's prompt shows."""
         return self.schemas
 
     def tools_of(self, instance) -> dict[str, Callable]:
+        if isinstance(instance, RemoteEnvironment):
+            cls = instance.remote_class if self.kind == "tools" else None
+            return {name: RemoteMethod(instance, name) for name in
+                    [f.__name__ for f in self.tools] + (list(public_methods(cls)) if cls is not None else [])}
         tools = {f.__name__: f for f in self.tools}
         if instance is not None and self.kind == "tools":
             tools.update({name: getattr(instance, name) for name in public_methods(type(instance))})
@@ -137,11 +156,13 @@ class EnvChoice:
     `environment` column names its environment, whose instance the episode gets and whose tools alone its
     prompt shows; each environment class that scores is its own reward term, scoring its episodes only."""
 
-    def __init__(self, cfg, base: str | None = None):
+    workers = None  # env_worker.EnvWorkers with env.workers > 0
+
+    def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         def one(spec):
             single = copy.copy(cfg)
             single.factory = spec
-            return EnvSpec(single, base)
+            return EnvSpec(single, base, schemas)
 
         if not cfg.factory:
             raise GrpoError("env.factory is an empty dict; name at least one environment: env.factory={name:mod.Class}.")
@@ -166,8 +187,9 @@ class EnvChoice:
                             f"give every row an {ENVIRONMENT_COLUMN!r} column naming its environment.")
         return self.named[name]
 
-    def new(self, row: dict | None = None):
-        return self.of(row or {}).new()
+    def new(self, row: dict | None = None, rng_seed: int | None = None):
+        spec = self.of(row or {})
+        return spec.new(row, rng_seed) if self.workers is None else self.workers.new(row or {}, rng_seed, spec.cls)
 
     def schemas_for(self, row: dict) -> list[dict]:
         return self.of(row).schemas
@@ -183,6 +205,120 @@ class EnvChoice:
 # ---- calls with a deadline --------------------------------------------------------------------------
 class Timeout(Exception):
     pass
+
+
+class RemoteEnvironment:
+    """An episode's environment living in an environment worker (env_worker.py): the methods of
+    `remote_class` (None with tools alone), each call made there."""
+
+    def __init__(self, workers, slot: int, life: int, handle: int, cls):
+        self.workers, self.slot, self.life, self.handle, self.remote_class = workers, slot, life, handle, cls
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or not callable(getattr(self.remote_class, name, None)):
+            raise AttributeError(name)
+        return RemoteMethod(self, name)
+
+
+class RemoteMethod:
+    """One method (or standalone tool) of a RemoteEnvironment. Calling it directly (get_reward(), from the
+    reward term) has env.timeout_s and no seed."""
+
+    def __init__(self, env: RemoteEnvironment, name: str):
+        self.env, self.__name__ = env, name
+
+    def remote_call(self, args: tuple, kwargs: dict, timeout: float, seed: int | None):
+        return self.env.workers.call(self.env, self.__name__, args, kwargs, timeout, seed)
+
+    def __call__(self, *args, **kwargs):
+        return self.remote_call(args, kwargs, self.env.workers.timeout_s, None)
+
+
+# ---- environment workers (env.workers: env_worker.py is their end) -------------------------------------
+GRACE_S = 5.0  # past a call's own deadline, how long a worker may take to say it timed out before it is killed
+
+
+class EnvWorkerLost(HelperLost):
+    """An environment worker is gone or did not answer in time."""
+
+
+class EnvWorkers:
+    """N environment workers, started when first needed; instances are spread over them in turn."""
+
+    def __init__(self, cfg, count: int, memory_gib: float):
+        from omegaconf import OmegaConf
+
+        settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(vars(cfg))
+        self.settings = ({**settings, "workers": 0}, memory_gib)
+        self.timeout_s = float(cfg.timeout_s)
+        self.helpers: list[Helper | None] = [None] * count
+        self.locks = [threading.Lock() for _ in range(count)]
+        self.lives = [0] * count  # how many workers each slot has started: an instance belongs to one life
+        self.ended: dict[tuple[int, int], str] = {}  # (slot, life) -> how that worker ended
+        self.handles = itertools.count()
+
+    def _helper(self, slot: int) -> Helper:
+        helper = self.helpers[slot]
+        if helper is None or not helper.alive():
+            self.lives[slot] += 1
+            helper = Helper("grpo_cli.rollout.env_worker", self.settings, name=f"environment worker {slot}",
+                            lost=EnvWorkerLost, timeout_key="env.timeout_s")
+            helper.receive(120, "starting (importing the environment)")
+            self.helpers[slot] = helper
+        return helper
+
+    def new(self, row: dict, rng_seed: int, cls) -> "RemoteEnvironment":
+        handle = next(self.handles)
+        slot = handle % len(self.helpers)
+        with self.locks[slot]:
+            helper = self._helper(slot)
+            helper.send(("new", handle, row, rng_seed))
+            helper.receive(self.timeout_s + GRACE_S, "making an environment")
+            return RemoteEnvironment(self, slot, self.lives[slot], handle, cls)
+
+    def call(self, env: RemoteEnvironment, name: str, args: tuple, kwargs: dict, timeout: float, seed: int | None):
+        """The method's value; raises Timeout, or RuntimeError with what went wrong (the model reads it). A
+        call past its deadline whose worker does not answer either (stuck in native code) has the worker
+        killed. Standalone tools (an episode with no environment instance) run on whichever life of the
+        slot is up."""
+        with self.locks[env.slot]:
+            helper = self._helper(env.slot) if env.remote_class is None else self.helpers[env.slot]
+            gone = None if env.remote_class is None else self.ended.get((env.slot, env.life))
+            if gone is None and env.remote_class is not None and (helper is None or self.lives[env.slot] != env.life
+                                                                  or not helper.alive()):
+                gone = "ended"
+            if gone is not None:
+                raise RuntimeError(f"this episode's environment is gone: its process {gone}")
+            start = time.perf_counter()
+            try:
+                helper.send(("call", env.handle, name, args, kwargs, seed, timeout))
+                kind, value = helper.receive(timeout + GRACE_S, f"running {name}")
+            except EnvWorkerLost as e:
+                how = str(e).removeprefix(f"{helper.name} ")
+                self.ended[(env.slot, self.lives[env.slot])] = how
+                helper.kill()  # reaped: the slot's next use starts a fresh worker
+                self.helpers[env.slot] = None
+                if time.perf_counter() - start >= timeout + GRACE_S:
+                    raise Timeout(f"timed out after {timeout:g} s (its process did not answer and was stopped)") from None
+                raise RuntimeError(f"the environment's process {how}") from None
+        if kind == "timeout":
+            raise Timeout(value)
+        if kind == "raised":
+            raise RuntimeError(value)
+        return value
+
+    def release(self) -> None:
+        """Drop the last step's instances (their episodes are scored)."""
+        for slot, helper in enumerate(self.helpers):
+            if helper is not None and helper.alive():
+                with self.locks[slot]:
+                    helper.send(("drop",))
+
+    def close(self) -> None:
+        for helper in self.helpers:
+            if helper is not None:
+                helper.close(grace_s=2.0)
+        self.helpers = [None] * len(self.helpers)
 
 
 def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float, seed: int | None = None):
@@ -209,90 +345,6 @@ def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float, s
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-# ---- random numbers, per episode ------------------------------------------------------------------
-_thread = threading.local()  # .random, .numpy: the generators of the episode whose call runs on this thread
-_GLOBAL = random._inst  # what random's module functions draw from
-_NP_ALIASES = {"seed": "seed", "sample": "random_sample", "ranf": "random_sample"}  # module functions, not bound methods
-
-
-def _drawing(name: str, shared, which: str, method: str | None = None):
-    def draw(*args, **kwargs):
-        return getattr(getattr(_thread, which, None) or shared, method or name)(*args, **kwargs)
-
-    draw.__name__ = draw.__qualname__ = name
-    return draw
-
-
-def thread_generators() -> None:
-    """Python's and NumPy's module-level random functions (random.randint, np.random.rand, np.random.seed, ...)
-    draw from the generators of the episode whose call runs on the calling thread, where one is set
-    (episode_generators), and from the shared global ones everywhere else, as before. So an environment
-    that draws "globally", as many TRL environments do, gives the same transcripts whether episodes' calls
-    run one at a time or concurrently. Installed once, before an environment's modules are imported; a
-    name bound earlier (`from random import randint` in a module already loaded) still draws from the
-    shared generator, which bound_globally finds."""
-    if getattr(random.random, "__self__", None) is not _GLOBAL:
-        return
-    for name in random.__all__:
-        if getattr(getattr(random, name), "__self__", None) is _GLOBAL:
-            setattr(random, name, _drawing(name, _GLOBAL, "random"))
-    shared = np.random.mtrand._rand
-    for name in dir(np.random):
-        if getattr(getattr(np.random, name, None), "__self__", None) is shared:
-            setattr(np.random, name, _drawing(name, shared, "numpy"))
-    for name, method in _NP_ALIASES.items():
-        setattr(np.random, name, _drawing(name, shared, "numpy", method))
-
-
-def hand_generators(environment, seed: int) -> None:
-    """An episode's environment gets its own generators, `rng` (random.Random) and `np_rng` (NumPy's
-    Generator), seeded from the episode's seed, unless it has attributes of those names already."""
-    if hasattr(environment, "__dict__"):
-        for name, make in (("rng", random.Random), ("np_rng", np.random.default_rng)):
-            if not hasattr(environment, name):
-                setattr(environment, name, make(seed))
-
-
-@contextmanager
-def episode_generators(seed: int):
-    """The calling thread's module-level random functions draw from generators seeded with `seed`, as
-    random.seed(seed) and np.random.seed(seed) would seed the shared ones."""
-    _thread.random, _thread.numpy = random.Random(seed), np.random.RandomState(seed % 2**32)
-    try:
-        yield
-    finally:
-        _thread.random = _thread.numpy = None
-
-
-def bound_globally(objects) -> list[str]:
-    """`name (file)` for every name in the modules defining `objects` that holds a method of the shared global
-    generators (bound before thread_generators was installed): draws through it are shared between threads."""
-    shared, found = (_GLOBAL, np.random.mtrand._rand), []
-    for module in {inspect.getmodule(o) for o in objects if o is not None} - {None}:
-        where = os.path.basename(getattr(module, "__file__", None) or module.__name__)
-        found += [f"{k} ({where})" for k, v in vars(module).items() if getattr(v, "__self__", None) in shared]
-    return sorted(found)
-
-
-def global_draws() -> tuple:
-    """A fingerprint of the shared generators' states: it changes when anything draws from them."""
-    _, keys, pos, *_ = np.random.mtrand._rand.get_state()
-    return _GLOBAL.getstate(), int(pos), keys.tobytes()
-
-
-@contextmanager
-def seeded(seed: int):
-    """Python's and NumPy's global generators seeded for one environment call, then put back."""
-    state, np_state = random.getstate(), np.random.get_state()
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
-        random.setstate(state)
-        np.random.set_state(np_state)
 
 
 def reset_arguments(row: dict) -> dict:

@@ -30,8 +30,9 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_cli.rollout.environments import (EnvSpec, Timeout, call_with_timeout, content_parts, global_draws,
-                                           hand_generators, reset_arguments, seeded, step_result, text_of)
+from grpo_cli.rollout.env_random import global_draws, seeded
+from grpo_cli.rollout.environments import (EnvSpec, RemoteMethod, Timeout, call_with_timeout, content_parts,
+                                           reset_arguments, step_result, text_of)
 from grpo_cli.rollout.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generation import Sampling, eos_token_ids, group_seed
@@ -158,7 +159,8 @@ class EpisodeGenerator:
                                 "model whose chat template writes tool calls.")
             self.specials = [t for t in tokenizer.all_special_tokens if t]
         # names bound to the shared global generators make concurrent calls unrepeatable: those run one at a time
-        self.concurrency = 1 if spec.shared_draws else self.cfg.concurrency
+        # (in environment workers, each call has its process's shared generators to itself)
+        self.concurrency = 1 if spec.shared_draws and spec.workers is None else self.cfg.concurrency
         self._pool = ThreadPoolExecutor(self.concurrency, "grpo-episode") if self.concurrency > 1 else None
         self._tokenizing = threading.Lock()  # a fast tokenizer is not to be used from two threads at once
         if not callable(getattr(base, "complete", None)):
@@ -174,6 +176,8 @@ class EpisodeGenerator:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.spec.workers is not None:
+            self.spec.workers.close()
         self.base.close()
 
     def _each(self, fn: Callable, items: list[tuple]) -> list:
@@ -199,6 +203,8 @@ class EpisodeGenerator:
         t, seed = time.perf_counter(), group_seed(ep.seed, "env", ep.calls)
         try:  # one at a time, the shared generators are seeded too (a name bound to them draws from there)
             with seeded(seed) if self.concurrency == 1 else nullcontext():
+                if isinstance(fn, RemoteMethod):  # env.workers: made where the environment lives
+                    return fn.remote_call(args, kwargs, self.cfg.timeout_s, seed), None
                 return call_with_timeout(fn, args, kwargs, self.cfg.timeout_s, seed), None
         except Timeout as e:
             ep.timeouts += 1
@@ -245,8 +251,7 @@ class EpisodeGenerator:
 
     def _start(self, prompt: str, prompt_ids: list[int], row: dict, seed: int) -> Episode:
         ep = Episode(prompt_ids=list(prompt_ids), seed=seed)
-        ep.environment = self.spec.new(row)
-        hand_generators(ep.environment, group_seed(seed, "rng"))
+        ep.environment = self.spec.new(row, group_seed(seed, "rng"))
         reset = getattr(ep.environment, "reset", None)
         if reset is None:
             return ep
@@ -288,6 +293,8 @@ class EpisodeGenerator:
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(prompts))]
         eos = eos_token_ids(model, self.tokenizer)
         env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
+        if self.spec.workers is not None:  # the last call's episodes are scored: their environments can go
+            self.spec.workers.release()
         # unseeded (greedy), each prompt's episodes still differ from the others' (data=none: only the seed does)
         t_env = time.perf_counter()
         episodes = self._each(self._start, [(p, prompt_ids[i], rows[i], group_seed(seeds[i], "episode", j) if seeds

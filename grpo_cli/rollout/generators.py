@@ -105,7 +105,10 @@ def make_generator(settings, tokenizer, *, chat_template: bool, precision, devic
     if env is not None:
         from grpo_cli.rollout.episodes import EpisodeGenerator
 
-        return EpisodeGenerator(generator, env, tokenizer, chat_template=chat_template, system_prompt=system_prompt)
+        episodes = EpisodeGenerator(generator, env, tokenizer, chat_template=chat_template, system_prompt=system_prompt)
+        _LIVE.discard(generator)  # closed by the episode driver, with its environment workers
+        _LIVE.add(episodes)
+        return episodes
     return generator
 
 

@@ -97,6 +97,8 @@ def check_env(p: Problems, env, data) -> None:
     p.at_least("env.max_tokens", env.max_tokens, 1)
     p.finite("env.timeout_s", env.timeout_s, 0, low_open=True)
     p.at_least("env.concurrency", env.concurrency, 1)
+    p.at_least("env.workers", env.workers, 0)
+    p.finite("env.worker_memory_gib", env.worker_memory_gib, 0)
     p.choice("env.tool_format", env.tool_format, ("auto", "schema", *TOOL_FORMATS))
     factories = (env.factory.items() if isinstance(env.factory, Mapping) else [("", env.factory)]) if env.factory else []
     specs = [("env.tools", str(t)) for t in env.tools] + [(f"env.factory{'.' + str(k) if k else ''}", str(v))
@@ -225,9 +227,11 @@ def check_data(p: Problems, d) -> None:
         p.at_least("data.digits", d.digits, 1)
         p.at_least("data.num_train", d.num_train, 1)
         p.at_least("data.num_test", d.num_test, 1)
-        distinct = 10 ** (2 * max(d.digits, 0)) // 2
+        p.need(2 <= d.terms <= 6, f"data.terms={d.terms} must be between 2 and 6 (operands per problem)")
+        distinct = 10 ** (max(d.terms, 2) * max(d.digits, 0)) // 2
         p.need(d.num_train + d.num_test <= distinct, f"data.num_train + data.num_test = {d.num_train + d.num_test} must be "
-                                                     f"at most {distinct}, half the distinct problems of data.digits={d.digits}")
+                                                     f"at most {distinct}, half the distinct problems of data.digits={d.digits}"
+                                                     + (f" and data.terms={d.terms}" if d.terms != 2 else ""))
     if d.name == "code":
         p.need(0 < d.num_test < 62, f"data.num_test={d.num_test} must be between 1 and 61, of the 62 problems of data=code")
     if d.name == "files":

@@ -3,13 +3,14 @@ scripts/bench_episodes.py): Python's and NumPy's global generators, and its own 
 sleep DELAY seconds, plus up to JITTER seconds drawn from a generator of its own that nothing seeds, so the calls
 finish in a different order every run."""
 
+import os
 import random
 import time
 
 import numpy as np
 
-DELAY = 0.0  # seconds every reset and tool call sleeps
-JITTER = 0.0  # up to this many seconds more, at random
+DELAY = float(os.environ.get("SLEEPY_DELAY", 0))  # seconds every reset and tool call sleeps (the variables reach
+JITTER = float(os.environ.get("SLEEPY_JITTER", 0))  # environment workers); up to JITTER seconds more, at random
 _latency = random.Random()  # unseeded on purpose: real latencies do not repeat
 
 

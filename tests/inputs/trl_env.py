@@ -140,3 +140,34 @@ class Doubling:
 
     def get_reward(self) -> float:
         return float(self.given == 2 * self.n)
+
+
+def crash() -> str:
+    """A tool whose process dies under it (a segfault in native code, the OOM killer).
+    """
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
+def spin(n: int) -> str:
+    """A tool stuck in native code that never returns to Python (a regular expression that backtracks
+    for ever, holding the interpreter lock).
+
+    Args:
+        n: How long the input is.
+    """
+    import re
+
+    return str(re.match(r"(a+)+$", "a" * n + "b"))
+
+
+def hog(gib: float) -> str:
+    """A tool that allocates `gib` GiB.
+
+    Args:
+        gib: How much.
+    """
+    return str(len(bytearray(int(gib * 2**30))))
