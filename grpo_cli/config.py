@@ -96,7 +96,7 @@ class DataConfig:
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     digits: int = 3
-    terms: int = 2
+    signs: str = "+"
     num_train: int = 10000
     train_file: Optional[str] = None
     test_file: Optional[str] = None

@@ -59,6 +59,11 @@ def w(tmp_path_factory):
     (root / "bad.jsonl").write_text('{"prompt": "1+1="\n')
     (root / "noprompt.jsonl").write_text('{"question": "1+1="}\n' * 10)
     (root / "only_header.csv").write_text("prompt,answer\n")
+    chats = {"norole": [{"content": "1+1="}], "badrole": [{"role": "robot", "content": "1+1="}],
+             "emptymsg": [{"role": "user", "content": " "}], "sysonly": [{"role": "system", "content": "Add."}],
+             "ownsys": [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1="}], "emptyprompt": ""}
+    for name, prompt in chats.items():
+        (root / f"{name}.jsonl").write_text((json.dumps({"prompt": prompt, "answer": "2"}) + "\n") * 10)
     (root / "bad_tests.jsonl").write_text('{"prompt": "Write f.", "answer": "", "tests": ["assert f(1) == 1"]}\n' * 9
                                           + '{"prompt": "Write g.", "answer": "", "tests": ["  "]}\n')
     (root / "mixed_tests.jsonl").write_text('{"prompt": "Write f.", "answer": "", "tests": ["assert f(1) == 1"]}\n' * 9
@@ -86,6 +91,9 @@ def w(tmp_path_factory):
         "    def step(self, text):\n        return 'x', 0.0, True\n"
         "class BadStep:\n    def reset(self, **row):\n        return None\n"
         "    def step(self, text):\n        return 'x'\n"
+        "class Dup:\n    def reset(self, **row):\n        return None\n"
+        "    def add(self, a: int, b: int) -> int:\n        \"\"\"Add.\n\n        Args:\n            a: A.\n            b: B.\n        \"\"\"\n"
+        "        return a + b\n"
     )
     return {"root": root, "run": run, "file": root / "file", "truncated": truncated, "empty_config": empty_config,
             "no_config": root / "no_config", "damaged_run": damaged_run, "empty_state": empty_state,
@@ -306,6 +314,24 @@ CASES = [
     (TRAIN + " trainer.max_staleness=1 algo.behaviour=frozen", "and algo.behaviour=frozen already samples from a "
      "policy of its own; set trainer.max_staleness=0"),
     (TRAIN + " trainer.max_staleness=1 generator.device=cuda:7", "generator.device"),
+    # values with no effect, or one no run could live with
+    (TRAIN + " env.timeout_s=1e30", "env.timeout_s=1e+30 must be > 0 and <= 86400"),
+    (TRAIN + " reward.timeout_s=1e30", "reward.timeout_s=1e+30 must be > 0 and <= 86400"),
+    (TRAIN + " generator.timeout_s=1e30", "generator.timeout_s=1e+30 must be > 0 and <= 86400"),
+    (TRAIN + " generator.device=cpu", "generator.device=cpu places the generation worker, but there is none"),
+    (TRAIN + " reward=combo reward.terms=[exact_match,format] reward.weights=[0,0]",
+     "reward.weights=[0.0, 0.0] are all zero, so every completion would score 0"),
+    ("train output_dir={root}/dup " + " ".join(FAST) + " data.chat_template=true model.path=builtin:tiny-tools "
+     "env.fn_dir={root} env.factory=envs.py:Dup env.tools=[grpo_cli.demo.tools:add]", "Two tools are named 'add'"),
+    # prompts a model cannot be asked
+    *[("train output_dir={root}/chat_" + name + " " + " ".join(FAST) + " model.path=builtin:tiny-tools data=files "
+       "data.chat_template=true data.train_file={root}/" + name + ".jsonl" + extra, phrase) for name, extra, phrase in [
+        ("norole", "", "Row 0's prompt has a message whose role is None; each message needs a role"),
+        ("badrole", "", "Row 0's prompt has a message whose role is 'robot'"),
+        ("emptymsg", "", "Row 0's prompt has a user message with no content"),
+        ("sysonly", "", "Row 0's prompt has only system messages; add the user's message"),
+        ("ownsys", " data.system_prompt=hi", "data.system_prompt is set, but row 0's prompt brings its own system message"),
+        ("emptyprompt", "", "Row 0's prompt is empty; give every row a prompt")]],
     ("sample prompt=x env.tool_format=json", "env.tool_format='json' must be one of auto, schema, qwen3_coder, glm, hermes"),
     # grpo sample
     ("sample", "no prompt given"),
@@ -397,6 +423,28 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint_and_says_so(w, tmp_path, 
     assert "skipping step-2" in text and "resuming from" in text and "step-1" in text
     rows = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3]  # step 2 was redone from step 1
+
+
+def test_a_checkpoint_whose_state_does_not_load_is_one_sentence_and_the_logs_stay_whole(w, tmp_path, capsys):
+    """Resuming from step 1 of a 2-step run whose step-1 optimizer state is damaged: one sentence naming the
+    part, exit 2, and metrics.jsonl and completions.jsonl untouched (they are cut back to the checkpoint's step
+    only once every part of it has loaded)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(w["run"], run)
+    path = run / "checkpoints" / "step-1" / "trainer_state.pt"
+    state = torch.load(path, weights_only=True)
+    state["optimizer"] = {"state": {}, "param_groups": []}
+    torch.save(state, path)
+    logs = {name: (run / name).read_bytes() for name in ("metrics.jsonl", "completions.jsonl") if (run / name).exists()}
+    assert logs["metrics.jsonl"].count(b"\n") >= 2
+    with pytest.raises(SystemExit) as e:
+        main(["train", f"output_dir={run}", f"resume={run}/checkpoints/step-1", *FAST])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert "step-1's optimizer state does not load" in err and "resume=PATH" in err, err
+    assert {name: (run / name).read_bytes() for name in logs} == logs
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

@@ -401,6 +401,19 @@ def test_long_addition_is_deterministic_distinct_and_correct():
     assert list(long_addition_problems(3, 500, 50, seed=3)["train"]["prompt"]) != prompts[:500]
 
 
+def test_long_addition_with_signs_has_their_values_and_operand_columns_and_leaves_a_plus_b_as_it_was():
+    """data.signs="+-" (experiment=tool_chain): a+b-c= with its value and columns a, b, c; the a+b= draw is
+    unchanged (the first held-out problem of the default draw, as the built-in tool models were trained)."""
+    three = long_addition_problems(3, 300, 20, signs="+-")
+    rows = three["train"].to_list() + three["test"].to_list()
+    assert len({r["prompt"] for r in rows}) == 320 and any(int(r["answer"]) < 0 for r in rows)
+    for r in rows:
+        assert r["prompt"] == f"{r['a']}+{r['b']}-{r['c']}=" and int(r["answer"]) == r["a"] + r["b"] - r["c"]
+        assert max(r["a"], r["b"], r["c"]) < 1000
+    assert long_addition_problems(3, 10000, 200)["test"][0] == {"prompt": "864+394=", "answer": "1258", "a": 864, "b": 394}
+    assert "data.signs='+*' must be 1 to 5 of + and -" in problems(check_data, DataConfig(name="long_addition", signs="+*"))
+
+
 @pytest.mark.parametrize("cfg, message", [
     (DataConfig(name="files"), "data=files needs data.train_file"),
     (DataConfig(name="nope"), "data.name='nope' must be one of arithmetic"),

@@ -242,7 +242,7 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
             self.received = dict(state)
 
     warned, policies = [], Policies.of(torch.nn.Linear(1, 1))
-    scored = {"metrics": {}}
+    scored = stored()
     LocalSource(None, policies, None, None, warn=warned.append).load_state_dict({3: scored})
     assert len(warned) == 1 and "step(s) 3 " in warned[0] and "dropped" in warned[0]
     algo = SimpleNamespace(behaviour="current", behaviour_refresh=1)
@@ -256,6 +256,46 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     assert "no rollouts sampled ahead for step(s) 3," in warned[3]
     source.load_state_dict({3: scored})
     assert len(warned) == 4, "a checkpoint holding exactly what this run samples ahead needs no word"
+
+
+def stored(version=2, **changes) -> dict:
+    """A scored rollout as a checkpoint holds it (source.scored_state): one prompt, G = 2, rows of 3 and 2 tokens."""
+    state = {"prompts": ["1+1="], "group_size": 2, "tokens": torch.arange(5), "lengths": torch.tensor([3, 2]),
+             "prompt_lengths": torch.tensor([1, 1]), "loss_mask": torch.tensor([0, 1, 1, 0, 1]),
+             "sampler_logp": torch.full((5,), -0.5), "behaviour_logp": None, "version": version, "metrics": {}}
+    return {**state, **changes}
+
+
+@pytest.mark.parametrize("changes, damage", [
+    ({"sampler_logp": torch.tensor([0.0, float("nan"), -1.0, 0.0, -1.0])}, "sampler_logp is not finite"),
+    ({"tokens": torch.arange(4)}, "4 tokens in (2,) rows for 2 completions"),
+    ({"lengths": torch.tensor([5])}, "5 tokens in (1,) rows for 2 completions"),
+    ({"loss_mask": torch.ones(3)}, "loss_mask has shape (3,), not (5,)"),
+    ({"version": 0}, "sampled with the weights of step 0"),
+    ({"tokens": None}, "unreadable: AttributeError"),
+])
+def test_a_damaged_rollout_in_a_checkpoint_is_sampled_again_and_said(changes, damage):
+    """Rollouts a checkpoint holds are checked when a resume loads them (their token fields line up with their
+    rows, their log-probs are finite, their weights are at most trainer.max_staleness behind): a damaged one is
+    never trained on; it is dropped and sampled again, with a warning that names the step and the damage."""
+    from types import SimpleNamespace
+
+    from grpo_cli.rollout.source import WorkerSource
+    from grpo_cli.update.step import Policies
+
+    class Worker:
+        def restore(self, state):
+            self.received = dict(state)
+
+    warned = []
+    source = WorkerSource(Worker(), Policies.of(torch.nn.Linear(1, 1)), SimpleNamespace(behaviour="current",
+                          behaviour_refresh=1), max_staleness=1, first_step=3, last_step=8, warn=warned.append)
+    source.load_state_dict({3: stored()})
+    assert list(source.worker.received) == [3] and warned == []
+    source.load_state_dict({3: stored(**changes)})
+    assert source.worker.received == {} and source.asked == 2
+    assert warned[0].startswith(f"the checkpoint's rollout sampled ahead for step 3 is damaged ({damage}") and \
+        "sampled again" in warned[0], warned
 
 
 def test_a_push_groups_small_tensors_of_one_dtype_and_sends_large_ones_alone():

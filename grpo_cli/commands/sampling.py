@@ -11,7 +11,7 @@ from rich.table import Table
 from grpo_cli.run.checkpoint import list_checkpoints
 from grpo_cli.run.checks import check_sample
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.data import USER_PROMPT, is_conversation, render_user_prompts, user_text
+from grpo_cli.rollout.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
 from grpo_cli.rollout.environments import environment, reward_with
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.runtime import prepare_process

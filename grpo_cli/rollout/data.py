@@ -25,15 +25,23 @@ from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.rollout.generation import group_seed
 from grpo_cli.rewards import ANSWER_READERS, PROMPT_MESSAGES  # PROMPT_MESSAGES: where rewards read chat prompts
 from grpo_cli.rewards.exact_match import extract_answer
+from grpo_cli.rollout.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
 
+OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 to 5 signs)
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def addition_split(pairs: list[tuple[int, int]]) -> Dataset:
-    """Prompts `a+b=` with their sums; the operands are columns too, for templates such as
-    `data.template="What is {a} + {b}?"` (instruct models)."""
-    return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs],
-                              "a": [a for a, _ in pairs], "b": [b for _, b in pairs]})
+def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Dataset:
+    """Prompts `a+b=` (or `a+b-c=`, ...: `signs` between the operands) with their values; the operands are
+    columns too (a, b, c, ...), for templates such as `data.template="What is {a} + {b}?"` (instruct models)."""
+    def text(t):
+        return str(t[0]) + "".join(sign + str(x) for sign, x in zip(signs, t[1:])) + "="
+
+    def value(t):
+        return t[0] + sum(x if sign == "+" else -x for sign, x in zip(signs, t[1:]))
+
+    return Dataset.from_dict({"prompt": [text(t) for t in draws], "answer": [str(value(t)) for t in draws],
+                              **{name: [t[i] for t in draws] for i, name in enumerate(OPERANDS[: len(signs) + 1])}})
 
 
 def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> DatasetDict:
@@ -81,19 +89,22 @@ def empty_prompts(num_train: int, num_test: int) -> DatasetDict:
     return DatasetDict({"train": rows(num_train), "test": rows(num_test)})
 
 
-def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> DatasetDict:
-    """`a+b=` with operands of up to `digits` digits: distinct problems drawn by a seeded generator,
-    the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over many steps."""
-    limit = 10**digits
-    if digits < 1 or num_train < 1 or num_test < 1 or num_train + num_test > limit * limit // 2:  # checks.check_data
-        raise ValueError(f"digits={digits}, num_train={num_train}, num_test={num_test} are out of range.")
-    rng, seen, pairs = random.Random(seed), set(), []
-    while len(pairs) < num_train + num_test:
-        pair = (rng.randrange(limit), rng.randrange(limit))
-        if pair not in seen:
-            seen.add(pair)
-            pairs.append(pair)
-    return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
+def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0,
+                           signs: str = "+") -> DatasetDict:
+    """`a+b=` (`signs="+-"`: `a+b-c=`) with operands of up to `digits` digits: distinct problems drawn by a
+    seeded generator, the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over
+    many steps."""
+    limit, terms = 10**digits, len(signs) + 1
+    if not (digits >= 1 and num_train >= 1 and num_test >= 1 and 2 <= terms <= len(OPERANDS) and set(signs) <= {"+", "-"}
+            and num_train + num_test <= limit**terms // 2):  # checks.check_data
+        raise ValueError(f"digits={digits}, num_train={num_train}, num_test={num_test}, signs={signs!r} are out of range.")
+    rng, seen, drawn = random.Random(seed), set(), []
+    while len(drawn) < num_train + num_test:
+        draw = tuple(rng.randrange(limit) for _ in range(terms))
+        if draw not in seen:
+            seen.add(draw)
+            drawn.append(draw)
+    return DatasetDict(train=addition_split(drawn[num_test:], signs), test=addition_split(drawn[:num_test], signs))
 
 
 def read_file(path: str, key: str) -> Dataset:
@@ -175,77 +186,6 @@ def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
     order = list(range(n))
     random.Random(cfg.seed).shuffle(order)
     return DatasetDict(train=rows.select(order[count:]), test=rows.select(order[:count]))
-
-
-USER_PROMPT = "_user_prompt"  # the prompt before the chat template, kept beside the rendered one
-
-
-def is_conversation(value) -> bool:
-    """A prompt given as chat messages (TRL's conversational format): [{"role": ..., "content": ...}, ...]."""
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
-
-
-def chat_messages(value, system_prompt: str | None) -> list[dict]:
-    """A prompt as chat messages: text becomes one user message; given messages are kept (None keys that
-    Arrow fills in dropped); data.system_prompt goes first unless they start with their own."""
-    system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
-    if not is_conversation(value):
-        return system + [{"role": "user", "content": value}]
-    given = [{k: v for k, v in m.items() if v is not None} for m in value]
-    return given if given[0]["role"] == "system" else system + given
-
-
-def render_prompts(rows: list[dict], cfg, tokenizer, tools: "list[dict] | Callable | None" = None) -> list[str]:
-    """The prompt text of each row: the template filled from its columns, then the chat template (with the
-    tools' schemas, when an environment has tools; `tools(row)`, when they depend on the row's environment).
-    A prompt of chat messages goes through the chat template as it is (its system message included)."""
-    if cfg.template is None:
-        values = [row[cfg.prompt_field] for row in rows]
-        texts = [v if is_conversation(v) else str(v) for v in values]
-    else:  # prompt_field need not exist yet: the rendered prompt is stored under it
-        try:
-            texts = [cfg.template.format(**row) for row in rows]
-        except KeyError as e:
-            raise GrpoError(
-                f"data.template names the column {e.args[0]!r}, which the data does not have; it has "
-                f"{list(rows[0])}."
-            ) from None
-        except (ValueError, IndexError) as e:
-            raise GrpoError(
-                f"data.template {cfg.template!r} is not a format string ({e}); write columns as {{name}} "
-                "and literal braces as {{ }}."
-            ) from None
-    if not cfg.chat_template:
-        if any(is_conversation(t) for t in texts):  # never str()-ed into a prompt
-            raise GrpoError("A prompt is given as chat messages (TRL's conversational format); set "
-                            "data.chat_template=true to render them with the model's chat template.")
-        return texts
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
-    per_row = tools if callable(tools) else (lambda row: tools)
-    return [tokenizer.apply_chat_template(chat_messages(t, cfg.system_prompt), tools=per_row(row) or None, tokenize=False,
-                                          add_generation_prompt=True) for t, row in zip(texts, rows)]
-
-
-def user_text(value) -> str:
-    """What a person wrote: the text, or a conversation's last user message (for tables and logs)."""
-    if not is_conversation(value):
-        return str(value)
-    users = [m.get("content") for m in value if m.get("role") == "user"]
-    return str(users[-1] if users else value[-1].get("content"))
-
-
-def render_user_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | None = None) -> list[str]:
-    """Prompts typed by a user (`grpo sample`), rendered as training renders the dataset's: `data.template`
-    when the row has every column it names (a .jsonl row of the training file), else the text as is;
-    then the chat template with `data.system_prompt` when `data.chat_template=true`."""
-    import string
-
-    names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
-    texts = [{**row, "prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
-    plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
-                            system_prompt=cfg.system_prompt)
-    return render_prompts(texts, plain, tokenizer, tools)
 
 
 def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None],
@@ -344,16 +284,6 @@ def _one_arrow_type(values: list) -> bool:
     return True
 
 
-def check_conversations(rows: list[dict], cfg, where: str) -> None:
-    """Once one row's prompt is chat messages, every row's must be (render_prompts wants the chat template)."""
-    for i, row in enumerate(rows):
-        value = row[cfg.prompt_field]
-        if not is_conversation(value) or not all(isinstance(m.get("content"), str) for m in value):
-            raise GrpoError(f"Row {i} of {where} is not a list of chat messages with text content like the others "
-                            f"({str(value)[:60]!r}); give every row's {cfg.prompt_field!r} as [{{\"role\": ..., "
-                            "\"content\": ...}, ...].")
-
-
 def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
               tools: list[dict] | None = None) -> DatasetDict:
     """The data group's train and test splits, prompts rendered for `tokenizer`'s model (which the
@@ -363,7 +293,7 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
     if cfg.name == "arithmetic":
         data = arithmetic_problems(cfg.max_operand, cfg.num_test, cfg.seed)
     elif cfg.name == "long_addition":
-        data = long_addition_problems(cfg.digits, cfg.num_train, cfg.num_test, cfg.seed)
+        data = long_addition_problems(cfg.digits, cfg.num_train, cfg.num_test, cfg.seed, cfg.signs)
     elif cfg.name == "code":
         from grpo_cli.rollout.code_tasks import code_problems
 

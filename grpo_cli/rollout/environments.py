@@ -113,6 +113,11 @@ class EnvSpec:
                             "returning None or text for the prompt (TRL's environment_factory contract).")
         self.cls = cls
         methods = public_methods(cls) if cls is not None and self.kind == "tools" else {}
+        names = [f.__name__ for f in self.tools] + list(methods)
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # the model could call only one of them, and which one would depend on the order
+            raise GrpoError(f"Two tools are named {twice[0]!r} (env.tools and env.factory's methods); rename one, "
+                            "since the model calls a tool by its name.")
         self.schemas = [tool_schema(f, "env.tools function") for f in self.tools] if schemas else []
         self.schemas += [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()] if schemas else []
         self.shared_draws = bound_globally([*self.tools, self.factory])  # names that would make concurrency unrepeatable
@@ -350,7 +355,7 @@ def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float, s
 def reset_arguments(row: dict) -> dict:
     """What reset(**row) gets: the dataset row's columns, the prompt as the user wrote it (chat messages on
     conversational data, as TRL passes the example) rather than rendered by the chat template."""
-    from grpo_cli.rollout.data import USER_PROMPT
+    from grpo_cli.rollout.prompts import USER_PROMPT
     from grpo_cli.rewards import PROMPT_MESSAGES
 
     args = {k: v for k, v in row.items() if not k.startswith("_")}

@@ -268,7 +268,7 @@ class EpisodeGenerator:
 
     def _prompt_with(self, prompt: str, row: dict, text: str) -> list[int]:
         """The prompt's ids with `text` appended to its last user message (reset()'s observation)."""
-        from grpo_cli.rollout.data import USER_PROMPT, chat_messages
+        from grpo_cli.rollout.prompts import USER_PROMPT, chat_messages
         from grpo_cli.rewards import PROMPT_MESSAGES
 
         if not self.chat_template:
@@ -408,21 +408,6 @@ class EpisodeGenerator:
             completions=[ep.final_text for ep in episodes], pad_token_id=self.tokenizer.pad_token_id,
             sampler_logp=flat("logps", 0.0, torch.float32) * action if with_logprobs else None, episodes=episodes,
         )
-
-
-def context_note(cfg, model, tokenizer, prompts: list[str], chat_template: bool) -> str | None:
-    """A warning when the longest prompt plus env.max_tokens runs past the model's positions (an episode
-    that long is scored where the model was never trained), or None."""
-    from grpo_cli.rollout.generation import encode_prompts
-
-    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not positions or not prompts:
-        return None
-    longest = max(len(ids) for ids in encode_prompts(tokenizer, list(prompts), chat_template))
-    if longest + cfg.max_tokens <= positions:
-        return None
-    return (f"the longest prompt ({longest} tokens) plus env.max_tokens={cfg.max_tokens} exceeds the model's "
-            f"{positions} positions; lower env.max_tokens to {max(positions - longest, 1)} or less.")
 
 
 def episode_metrics(episodes: list[Episode], record) -> None:

@@ -233,6 +233,12 @@ class WorkerSource:
         are sampled again instead."""
         expected = range(self.first_step, min(self.first_step - 1 + self.k, self.last_step) + 1)
         dropped = sorted(s for s, r in state.items() if s not in expected or "metrics" not in r)  # or unscored (older)
+        for step in sorted(s for s in state if s not in dropped):
+            damage = stored_damage(state[step], step, self.k)
+            if damage:  # never trained on: sampled again, and said
+                self.warn(f"the checkpoint's rollout sampled ahead for step {step} is damaged ({damage}), so it is "
+                          "dropped and sampled again: from there this run differs from an uninterrupted one")
+                dropped.append(step)
         missing = [s for s in expected if s not in state or s in dropped]
         if dropped:
             self.warn(f"the checkpoint holds rollouts sampled ahead for step(s) {', '.join(map(str, dropped))} that "
@@ -273,6 +279,28 @@ def scored_state(scored: ScoredRollout) -> dict:
                        [{k: v for k, v in vars(e).items() if k != "environment"} for e in roll.episodes])
     out.update(metrics=scored.metrics.state_dict(), gen_s=scored.gen_s, score_s=scored.score_s)
     return out
+
+
+def stored_damage(state: dict, step: int, k: int) -> str | None:
+    """What is wrong with a rollout a checkpoint holds for `step` (sampled at most `k` steps ahead), or None:
+    its token fields must line up with its rows, its log-probs be finite, its weights' version in range."""
+    try:
+        tokens, lengths = state["tokens"], state["lengths"]
+        rows = len(state["prompts"]) * state["group_size"]
+        if tokens.dim() != 1 or lengths.shape != (rows,) or int(lengths.sum()) != tokens.numel():
+            return f"{tokens.numel()} tokens in {tuple(lengths.shape)} rows for {rows} completions"
+        for name in TOKEN_FIELDS:
+            value = state.get(name)
+            if value is not None and value.shape != tokens.shape:
+                return f"{name} has shape {tuple(value.shape)}, not {tuple(tokens.shape)}"
+            if value is not None and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"{name} is not finite"
+        version = state["version"]
+        if version is not None and not step - 1 - k <= int(version) <= step - 1:  # staleness 0..k
+            return f"sampled with the weights of step {version}"
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        return f"unreadable: {type(e).__name__} {e}"
+    return None
 
 
 def scored_from_state(state: dict, device) -> ScoredRollout:

@@ -25,14 +25,14 @@ from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, 
                                      write_config)
 from grpo_cli.run.checks import check_train, env_active
 from grpo_cli.run.console import Console, MetricsLog
-from grpo_cli.rollout.data import USER_PROMPT, PromptOrder, answer_column, check_answers, load_data
+from grpo_cli.rollout.data import PromptOrder, answer_column, check_answers, load_data
+from grpo_cli.rollout.prompts import USER_PROMPT
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.rollout.environments import environment, reward_with
-from grpo_cli.rollout.episodes import context_note
-from grpo_cli.errors import GrpoError, SourceLost
+from grpo_cli.rollout.env_notes import env_notes
+from grpo_cli.errors import GrpoError, SourceLost, first_line
 from grpo_cli.rollout.generators import check_available, make_generator
 from grpo_cli.rollout.held_out import HeldOut
-from grpo_cli.rollout.tool_formats import ignores_tools
 from grpo_cli.rollout.generation import encode_prompts
 from grpo_cli.models.lora import merged_copy
 from grpo_cli.models.memory import planned
@@ -195,7 +195,11 @@ class Run:
         if not state:
             return
         for name, part in self.parts().items():
-            part.load_state_dict(state[name])
+            try:
+                part.load_state_dict(state[name])
+            except (KeyError, ValueError, TypeError, RuntimeError) as e:  # the file's content, not this code
+                raise GrpoError(f"The checkpoint {self.resumed_from}'s {name} state does not load ({first_line(e)}); "
+                                "resume from another checkpoint with resume=PATH, or start a new run.") from None
         if state.get("world_size", 1) != self.dist.world_size:
             self.console.print(f"resuming a {state.get('world_size', 1)}-process run on {self.dist.world_size}: the "
                                "prompts and sampled completions of each step are the same (they depend on the seed "
@@ -301,6 +305,8 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     except BaseException:
         run.source.close()
         raise
+    for log in (metrics, samples_log):  # only now: a checkpoint that fails to load leaves the logs whole
+        log.truncate(resumed_at)
     run.held_out = HeldOut(cfg, data["test"], run.source, settings.judge, dist, console, metrics)
     if t.eval_before_after and not state.get("held_out_before") and not run.held_out.deferred:
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
@@ -310,33 +316,19 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
 
 
 def warn_env(cfg, env, model, tokenizer, prompts: list[str], console: Console) -> None:
-    """Before training with an environment: episodes that would run past the model's positions, an environment
-    whose calls must run one at a time, and a chat template that ignores tools=."""
-    if env is None:
-        return
-    note = context_note(cfg.env, model, tokenizer, prompts, cfg.data.chat_template)
-    if note:
+    """Before training with an environment: what env_notes.py finds worth a warning."""
+    for note in env_notes(cfg, env, model, tokenizer, prompts):
         console.warn(note)
-    if env.shared_draws and cfg.env.concurrency > 1:
-        console.warn(f"{', '.join(env.shared_draws)} holds the shared random generator (bound before grpo gave each "
-                     "episode its own), so concurrent calls would not repeat: the environment is called one episode "
-                     "at a time; call random.random() and the like through their module, or draw from self.rng.")
-    if env.kind == "tools" and ignores_tools(tokenizer):
-        console.warn("the model's chat template ignores tools=, so the model never sees the tools' descriptions (it "
-                     "can still call tools it was trained to call, as the built-in tool model does); see grpo tools.")
 
 
 def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) -> tuple[MetricsLog, MetricsLog]:
     """metrics.jsonl (with the trackers) and completions.jsonl, written by rank 0 alone; rows a resumed
-    run's checkpoint does not cover are redone, not duplicated."""
+    run's checkpoint does not cover are cut once it has loaded (start_run), then redone, not duplicated."""
     resumed_at, writes = state.get("step", 0), dist.is_main
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes,
                          trackers=open_trackers(trackers, run_dir, asdict(cfg), cfg.trainer.tracker_project,
                                                 resumed_at if state else None) if writes else None)
-    samples_log = MetricsLog(run_dir / "completions.jsonl", enabled=writes)
-    for log in (metrics, samples_log):
-        log.truncate(resumed_at)
-    return metrics, samples_log
+    return metrics, MetricsLog(run_dir / "completions.jsonl", enabled=writes)
 
 
 def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:

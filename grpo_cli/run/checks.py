@@ -59,6 +59,8 @@ class Problems(list):
             raise GrpoError("; ".join(self) + ".")
 
 
+MAX_TIMEOUT_S = 86400.0  # a deadline past a day is a typo (and past threading.TIMEOUT_MAX, a crash mid-run)
+
 def check_generator(p: Problems, g, model) -> None:
     """generator.name, then the back-end's own rules (generators.Backend.check)."""
     p.choice("generator.name", g.name, tuple(GENERATORS))
@@ -73,11 +75,14 @@ def check_worker(p: Problems, cfg) -> None:
     t, g, a = cfg.trainer, cfg.generator, cfg.algo
     p.at_least("trainer.max_staleness", t.max_staleness, 0)
     p.at_least("generator.threads", g.threads, 0)
-    p.finite("generator.timeout_s", g.timeout_s, 0, low_open=True)
+    p.finite("generator.timeout_s", g.timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
     p.need(t.max_staleness == 0 or a.behaviour == "current",
            f"trainer.max_staleness={t.max_staleness} lags the sampling weights behind the policy, and algo.behaviour="
            f"{a.behaviour} already samples from a policy of its own; set trainer.max_staleness=0 (generator.worker=true "
            "still samples it in a worker process) or algo.behaviour=current")
+    p.need(not g.device or bool(g.worker) or t.max_staleness > 0,
+           f"generator.device={g.device} places the generation worker, but there is none (generator.worker=false and "
+           "trainer.max_staleness=0); set generator.worker=true, or drop generator.device")
 
 
 def user_file(path: str, base: str | None) -> str:
@@ -95,7 +100,7 @@ def check_env(p: Problems, env, data) -> None:
     """The env group: limits, the tool format, and that named files exist (before torch loads)."""
     p.at_least("env.max_turns", env.max_turns, 1)
     p.at_least("env.max_tokens", env.max_tokens, 1)
-    p.finite("env.timeout_s", env.timeout_s, 0, low_open=True)
+    p.finite("env.timeout_s", env.timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
     p.at_least("env.concurrency", env.concurrency, 1)
     p.at_least("env.workers", env.workers, 0)
     p.finite("env.worker_memory_gib", env.worker_memory_gib, 0)
@@ -181,9 +186,12 @@ def check_reward(p: Problems, r) -> None:
         p.need(not r.weights, "reward.weights is only read by reward=combo or a list of functions in reward.fn")
     for i, w in enumerate(r.weights):
         p.finite(f"reward.weights[{i}]", w)
+    p.need(not r.weights or any(w != 0 for w in r.weights if isinstance(w, (int, float))),
+           f"reward.weights={list(r.weights)} are all zero, so every completion would score 0 and nothing would be "
+           "learned; give at least one term a non-zero weight")
     check_reward_terms(p, r, set(r.terms) | {r.name})
     p.at_least("reward.workers", r.workers, 0)
-    p.finite("reward.timeout_s", r.timeout_s, 0, low_open=True)
+    p.finite("reward.timeout_s", r.timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
     p.finite("reward.max_failed_fraction", r.max_failed_fraction, 0, 1)
     p.finite("reward.worker_memory_gib", r.worker_memory_gib, 0)
 
@@ -227,11 +235,13 @@ def check_data(p: Problems, d) -> None:
         p.at_least("data.digits", d.digits, 1)
         p.at_least("data.num_train", d.num_train, 1)
         p.at_least("data.num_test", d.num_test, 1)
-        p.need(2 <= d.terms <= 6, f"data.terms={d.terms} must be between 2 and 6 (operands per problem)")
-        distinct = 10 ** (max(d.terms, 2) * max(d.digits, 0)) // 2
+        signs = str(d.signs)
+        p.need(1 <= len(signs) <= 5 and set(signs) <= {"+", "-"}, f"data.signs={signs!r} must be 1 to 5 of + and - "
+                                                                   "(the signs between the operands, e.g. \"+-\" for a+b-c)")
+        distinct = 10 ** ((len(signs) + 1) * max(d.digits, 0)) // 2
         p.need(d.num_train + d.num_test <= distinct, f"data.num_train + data.num_test = {d.num_train + d.num_test} must be "
                                                      f"at most {distinct}, half the distinct problems of data.digits={d.digits}"
-                                                     + (f" and data.terms={d.terms}" if d.terms != 2 else ""))
+                                                     + (f" and data.signs={signs!r}" if signs != "+" else ""))
     if d.name == "code":
         p.need(0 < d.num_test < 62, f"data.num_test={d.num_test} must be between 1 and 61, of the 62 problems of data=code")
     if d.name == "files":
