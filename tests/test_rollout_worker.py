@@ -258,6 +258,34 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     assert len(warned) == 4, "a checkpoint holding exactly what this run samples ahead needs no word"
 
 
+def test_a_trainer_killed_while_its_generation_worker_starts_takes_the_worker_along(tmp_path):
+    """The worker asks to die with the trainer before it imports torch (procs/launch.py): a trainer SIGKILLed
+    right after starting it leaves no worker behind within 3 s (it used to run on for as long as its imports
+    took, up to 18 s)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, signal, sys\nfrom grpo_cli.procs.subprocesses import Helper\n"
+            "h = Helper('grpo_cli.rollout.rollout_worker', None, name='the generation worker')\n"
+            "print(h.process.pid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(trainer.stdout.readline())
+    assert trainer.wait(10) == -signal.SIGKILL
+
+    def running() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 3
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(), "the generation worker outlived its trainer"
+
+
 def stored(version=2, **changes) -> dict:
     """A scored rollout as a checkpoint holds it (source.scored_state): one prompt, G = 2, rows of 3 and 2 tokens."""
     state = {"prompts": ["1+1="], "group_size": 2, "tokens": torch.arange(5), "lengths": torch.tensor([3, 2]),

@@ -1,11 +1,12 @@
 """The one helper-process protocol of the trainer's helpers (reward workers, the generation worker): a
-`Helper` is a fresh interpreter (`python -m MODULE FD`, not a fork of the trainer with its threads and
-devices) with a socket pair, pickled framed messages, a deadline on every answer, how it ended in
+`Helper` is a fresh interpreter (`python -m MODULE FD`, through launch.py, which ties its life to the
+trainer's before anything slow is imported; not a fork of the trainer with its threads and devices) with a socket pair, pickled framed messages, a deadline on every answer, how it ended in
 words, and its death with the trainer. `serve` is the helper's end: it sets the process up and sends
 back what its handler raised."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import socket
@@ -44,7 +45,8 @@ class Helper:
     def __init__(self, module: str, first: object, *, name: str, lost: type[HelperLost] = HelperLost,
                  timeout_key: str = ""):
         ours, theirs = socket.socketpair()
-        self.process = subprocess.Popen([sys.executable, "-m", module, str(theirs.fileno())],
+        self.process = subprocess.Popen([sys.executable, "-m", "grpo_cli.procs.launch", str(os.getpid()), module,
+                                         str(theirs.fileno())],
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()  # the helper holds the only other end: its death is this end's EOF
         self.conn, self.name, self.lost = Connection(ours.detach()), name, lost
