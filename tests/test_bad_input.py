@@ -319,6 +319,8 @@ CASES = [
     (TRAIN + " reward.timeout_s=1e30", "reward.timeout_s=1e+30 must be > 0 and <= 86400"),
     (TRAIN + " generator.timeout_s=1e30", "generator.timeout_s=1e+30 must be > 0 and <= 86400"),
     (TRAIN + " generator.device=cpu", "generator.device=cpu places the generation worker, but there is none"),
+    ("train output_dir={root}/budget " + " ".join(FAST) + " trainer.max_tokens_per_micro_batch=5",
+     "trainer.max_tokens_per_micro_batch=5 is smaller than the longest row a step can hold"),
     (TRAIN + " reward=combo reward.terms=[exact_match,format] reward.weights=[0,0]",
      "reward.weights=[0.0, 0.0] are all zero, so every completion would score 0"),
     ("train output_dir={root}/dup " + " ".join(FAST) + " data.chat_template=true model.path=builtin:tiny-tools "
