@@ -24,16 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_episodes  # noqa: E402
 
 
-def workers_alive() -> list[int]:
-    """Pids of this process's environment workers that are still running."""
-    alive = []
+def workers_alive(parent: int | None = None) -> list[int]:
+    """Pids of the environment workers of `parent` (this process) that are still running."""
+    alive, parent = [], parent or os.getpid()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"grpo_cli.rollout.env_worker" in cmd \
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"grpo_cli.rollout.env_worker" in cmd \
                 and stat.rsplit(")", 1)[1].split()[0] != "Z":
             alive.append(int(pid))
     return alive
@@ -161,3 +161,35 @@ def test_env_worker_mistakes_are_one_sentence(override, message, tmp_path, capsy
     assert grpo("train", f"output_dir={tmp_path}", "env=calculator", "data.chat_template=true", override) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path):
+    """grpo train of the tool demo with 2 environment workers, SIGKILLed once its workers are up: within 5 s
+    none of them is left (each asked to die with the trainer before it imported anything)."""
+    import signal
+    import subprocess
+    import time
+
+    trainer = subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", "experiment=tool_use", "env.workers=2",
+                                f"output_dir={tmp_path}", "trainer.steps=200", "trainer.eval_before_after=false",
+                                "trainer.threads=1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, workers = time.monotonic() + 120, []
+        while len(workers) < 2 and time.monotonic() < deadline and trainer.poll() is None:
+            time.sleep(0.2)
+            workers = workers_alive(trainer.pid)
+        assert len(workers) == 2, "the run never started its 2 environment workers"
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(10)
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 5
+    while any(map(running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(running, workers)), "an environment worker outlived its trainer"
