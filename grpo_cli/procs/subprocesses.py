@@ -1,8 +1,9 @@
-"""The one helper-process protocol of the trainer's helpers (reward workers, the generation worker): a
-`Helper` is a fresh interpreter (`python -m MODULE FD`, through launch.py, which ties its life to the
-trainer's before anything slow is imported; not a fork of the trainer with its threads and devices) with a socket pair, pickled framed messages, a deadline on every answer, how it ended in
-words, and its death with the trainer. `serve` is the helper's end: it sets the process up and sends
-back what its handler raised."""
+"""The one helper-process protocol of the trainer's helpers (reward workers, environment workers, the
+generation worker): a `Helper` is a fresh interpreter (`python -m MODULE FD` through launch.py, which ties
+its life to the trainer's before anything slow is imported; not a fork of the trainer with its threads and
+devices) with a socket pair, pickled framed messages, a deadline on every answer, how it ended in words,
+and its death with the trainer. `serve` is the helper's end: it sets the process up and sends back what its
+handler raised."""
 
 from __future__ import annotations
 

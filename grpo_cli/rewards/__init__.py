@@ -92,7 +92,10 @@ class Reward:
             import asyncio
             import inspect
 
-            values = [None if only is not None and getattr(ep.environment, "remote_class", type(ep.environment)) is not only else
+            def kind(env):  # an environment in a worker (env.workers) stands for its class
+                return getattr(env, "remote_class", type(env))
+
+            values = [None if only is not None and kind(ep.environment) is not only else
                       ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
                       for ep in batch.episodes]
             return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward

@@ -94,7 +94,7 @@ def reward_with(reward_cfg, spec: "EnvSpec | None"):
 class EnvSpec:
     """What `env.*` names, loaded: standalone tools, the environment class, and their schemas."""
 
-    workers = None  # env_worker.EnvWorkers with env.workers > 0
+    workers = None  # EnvWorkers (below) with env.workers > 0
 
     def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         from grpo_cli.rewards.python_fn import load_function
@@ -118,8 +118,8 @@ class EnvSpec:
         if twice:  # the model could call only one of them, and which one would depend on the order
             raise GrpoError(f"Two tools are named {twice[0]!r} (env.tools and env.factory's methods); rename one, "
                             "since the model calls a tool by its name.")
-        self.schemas = [tool_schema(f, "env.tools function") for f in self.tools] if schemas else []
-        self.schemas += [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()] if schemas else []
+        self.schemas = ([tool_schema(f, "env.tools function") for f in self.tools]
+                        + [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]) if schemas else []
         self.shared_draws = bound_globally([*self.tools, self.factory])  # names that would make concurrency unrepeatable
         self.reward_name = cls.__name__ if cls is not None and (self.kind == "step" or hasattr(cls, "get_reward")) else None
 
@@ -161,7 +161,7 @@ class EnvChoice:
     `environment` column names its environment, whose instance the episode gets and whose tools alone its
     prompt shows; each environment class that scores is its own reward term, scoring its episodes only."""
 
-    workers = None  # env_worker.EnvWorkers with env.workers > 0
+    workers = None  # EnvWorkers (below) with env.workers > 0
 
     def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         def one(spec):
