@@ -37,14 +37,14 @@ def score(reward, programs: list[str], tests) -> list[float]:
 
 
 def sandbox_processes() -> list[str]:
-    """Processes still running the sandbox's harness."""
+    """Processes still running the sandbox's harness for this process (not another test process's)."""
     found = []
     for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
         try:
             text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # a process that ended while being listed
             continue
-        if "sandbox_child.py" in text:
+        if "sandbox_child.py" in text and f'"parent": {os.getpid()}' in text:
             found.append(text)
     return found
 
@@ -80,14 +80,14 @@ def test_tests_may_be_apps_style_or_a_json_string():
 def test_a_hostile_program_scores_0_and_leaves_the_machine_as_it_was(name, program, tmp_path):
     escape = tmp_path / "escaped.txt"
     program = program.format(escape=str(escape))
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo-sandbox-*")))
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")))
     start = time.monotonic()
     total = score(code_reward(), [program], [{"input": "", "output": "7\n"}])
     assert total == [0.0], name
     assert time.monotonic() - start < 10, f"{name}: one test is bounded by 2 x code_cpu_s + 1 s"
     assert not escape.exists() and not glob.glob("/tmp/grpo-escaped*")
     assert sandbox_processes() == [], f"{name} left processes running"
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "grpo-sandbox-*"))) <= before, "a sandbox directory was left"
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*"))) <= before, "a sandbox directory was left"
 
 
 def test_the_program_is_the_last_fenced_block_or_what_precedes_a_closing_fence():
@@ -119,3 +119,105 @@ def test_every_built_in_code_problems_reference_program_passes_its_tests_in_the_
     assert total == [1.0] * len(rows)
     wrong, _ = reward.score([rows[0]["prompt"]], [fenced("print(0)")], [""], columns={"tests": [rows[0]["tests"]]})
     assert wrong[0] < 1.0
+
+
+# A daemon in a session of its own, started by a primitive the audit hook does not see (_posixsubprocess,
+# Python 3.11's signature): the kill of the test's process group cannot reach it; its PID namespace can.
+DAEMON = ("import _posixsubprocess, os\nr, w = os.pipe()\n_posixsubprocess.fork_exec([b'/bin/sleep', b'%d.%d' % {parts}], "
+          "[b'/bin/sleep'], True, (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None, None, "
+          "-1, None, False)\nprint(7)")
+
+
+def daemon(marker: str) -> str:
+    """DAEMON sleeping `marker` seconds ("61.4041"), the number not spelled out in the program's own text."""
+    return DAEMON.replace("{parts}", "(%s, %s)" % tuple(marker.split(".")))
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            if marker.encode() in Path(cmdline).read_bytes():
+                found.append(int(cmdline.split("/")[2]))
+        except OSError:
+            continue
+    return found
+
+
+def wait_gone(marker: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return processes_with(marker)
+
+
+def test_a_daemon_the_program_starts_in_a_session_of_its_own_dies_with_the_test():
+    """The escape works outside the sandbox (so the check below can fail); inside, the program is its PID
+    namespace's first process, and the daemon dies when the test ends."""
+    import subprocess
+    import sys
+
+    from grpo_cli.rewards.code import own_pid_namespace_works
+
+    if not own_pid_namespace_works():
+        pytest.skip("this kernel gives the sandbox no PID namespace (no user namespaces): the process group's kill "
+                    "stands in, and a session of its own escapes it")
+    marker = "61.4041"
+    subprocess.run([sys.executable, "-c", daemon(marker)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 5
+    while not processes_with(marker) and time.monotonic() < deadline:  # the daemon execs a moment later
+        time.sleep(0.05)
+    escaped = processes_with(marker)
+    for pid in escaped:
+        os.kill(pid, 9)
+    assert escaped, "the daemon primitive did not start a daemon outside the sandbox"
+    marker = "61.4042"
+    assert score(code_reward(), [daemon(marker)], [{"input": "", "output": "7\n"}]) == [1.0]
+    assert wait_gone(marker, 2) == [], "the program's daemon outlived its test"
+
+
+def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_at_the_next_start(tmp_path):
+    """A process scoring a program that sleeps is SIGKILLed mid-test: within 5 s no process of the test (nor
+    the daemon it started) is left, and the next sandbox to start removes the directory the dead one left."""
+    import signal
+    import subprocess
+    import sys
+
+    from grpo_cli.rewards.code import Sandbox
+
+    marker = "62.4043"
+    program = daemon(marker).replace("print(7)", "import time\ntime.sleep(30)")
+    trainer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom grpo_cli.rewards.code import Sandbox\n"
+                                "Sandbox(20, 256, 64, 16).passes(sys.argv[1], 'io', '', '7')", program])
+    deadline = time.monotonic() + 30
+    while not processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker), "the test never started"
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{trainer.pid}-*"))
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(10)
+    assert wait_gone(f'"parent": {trainer.pid}', 5) == [], "the test outlived its trainer"
+    assert wait_gone(marker, 5) == [], "the test's daemon outlived its trainer"
+    assert left and all(os.path.isdir(d) for d in left)  # a killed process cannot remove its own
+    Sandbox(1, 256, 64, 16)
+    assert not any(os.path.exists(d) for d in left), "a dead process's sandbox directory was not swept"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a file immutable (chattr +i)")
+def test_a_file_the_program_makes_immutable_does_not_keep_its_directory():
+    """As root (the interpreter here is under /root, so the program keeps its user), a program can set a
+    file's immutable flag; the directory is still removed."""
+    program = ("import fcntl, os, struct\nfd = os.open('stuck', os.O_CREAT | os.O_WRONLY)\n"
+               "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(7)")
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")))
+    score(code_reward(), [program], [{"input": "", "output": "7\n"}])
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*"))) <= before
+
+
+def test_after_100_tests_with_timeouts_no_process_or_directory_is_left():
+    """100 sandboxed tests (right, wrong, raising, and 4 past the wall clock): nothing of theirs left."""
+    programs = (["print(7)", "print(8)", "raise SystemExit(3)"] * 32)[:96] + ["while True:\n    pass"] * 4
+    totals = score(code_reward(), programs, [{"input": "", "output": "7\n"}])
+    assert totals == [1.0 if p == "print(7)" else 0.0 for p in programs]
+    assert wait_gone(f'"parent": {os.getpid()}', 2) == []
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")) == []

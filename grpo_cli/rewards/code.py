@@ -32,6 +32,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -100,15 +101,16 @@ class Sandbox:
                          "file_bytes": int(output_kib) * 2**10, "processes": int(processes),
                          "drop_user": os.getuid() == 0 and nobody_can_run_python()}
         self.wall_s = 2 * cpu_s + 1
+        sweep_stale()
 
     def passes(self, program: str, kind: str, given: str, want: str | None) -> bool:
-        home = tempfile.mkdtemp(prefix="grpo-sandbox-")
+        home = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
         try:
             (Path(home) / "program.py").write_text(program)
             if self.settings["drop_user"]:
                 os.chown(home, NOBODY, NOBODY)
             token = secrets.token_hex(16)
-            settings = {**self.settings, "assertion": given if kind == "assert" else None}
+            settings = {**self.settings, "assertion": given if kind == "assert" else None, "parent": os.getpid()}
             with open(os.path.join(home, "stdout"), "wb") as out, open(os.path.join(home, "stderr"), "wb") as err:
                 proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), json.dumps(settings)], cwd=home,
                                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.PIPE,
@@ -125,16 +127,81 @@ class Sandbox:
             got = Path(home, "stdout").read_text(errors="replace")
             return got.rstrip("\n").rsplit("\n", 1)[-1] == token if kind == "assert" else _same_output(got, want)
         finally:
-            shutil.rmtree(home, ignore_errors=True)
+            remove_tree(home)
+
+
+SCRATCH = "grpo-sandbox-"  # a test's directory: grpo-sandbox-<pid of the process that made it>-<random>
+FS_IOC_SETFLAGS = 0x40086602  # clears chattr's immutable and append-only flags (as root)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a test's directory whatever the program did to it: modes taken away, or files made immutable
+    or append-only (chattr, as root), which block removal until the flags are cleared."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    import fcntl
+    import struct
+
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            try:
+                if not os.path.islink(name):
+                    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                    try:
+                        fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", 0))
+                    finally:
+                        os.close(fd)
+                    os.chmod(name, 0o700)
+            except OSError:  # a flag the filesystem does not have, or a file gone meanwhile
+                pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_stale() -> None:
+    """Remove the test directories of processes that have ended (a trainer or reward worker killed mid-test
+    could not remove its own): each directory's name carries the pid of the process that made it."""
+    pattern = re.compile(re.escape(SCRATCH) + r"(\d+)-")
+    with os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            match = pattern.match(entry.name)
+            if match and entry.is_dir(follow_symlinks=False) and not _alive(int(match.group(1))):
+                remove_tree(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def own_pid_namespace_works() -> bool:
+    """Whether the sandbox's program gets a PID namespace of its own here (sandbox_child.own_namespaces)."""
+    import subprocess
+
+    probe = ("import os, sys; sys.path.insert(0, sys.argv[1]); import sandbox_child as c; "
+             "os._exit(0 if c.own_namespaces() else 1)")
+    return subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(CHILD.parent)]).returncode == 0
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """The test's whole process group, whatever it started, and the test itself reaped."""
+    """The test's whole process group, whatever it started, and the test itself reaped; then up to a second
+    for the rest of the group (the program, in its PID namespace, is not this process's child) to be gone."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:  # already gone, every member
         pass
     proc.wait()
+    for _ in range(100):
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.01)
 
 
 def build(cfg):

@@ -2,10 +2,15 @@
 directory (rewards/code.py): it confines its own process, then runs the model's program.
 
 In this order, each before any of the program's code runs:
+0. it dies with the trainer (PR_SET_PDEATHSIG, the first thing it does; it exits if the trainer is already
+   gone);
 1. resource limits: CPU seconds, address space, file size (stdout is a file, so a flood of output
    is a file growing past it), open files, no core dumps;
-2. a network namespace of its own, with no interface but a down loopback, where the OS allows it
-   (root, or user namespaces); the audit hook below refuses sockets either way;
+2. a network namespace and a PID namespace of its own where the OS allows them (root, or a user namespace
+   mapping only its own user): no interface but a down loopback, and the program runs as the namespace's
+   first process (this process waits for it and passes on how it ended), so when the program ends, the
+   test's time is up or the trainer dies, every process it started dies with it, a `setsid` daemon too;
+   the audit hook below refuses sockets either way;
 3. when started as root, and `nobody` can read the interpreter's standard library: the groups, group
    and user of `nobody`, so the process-count limit holds (it does not bind root) and the machine's files
    are not the program's to change (code.py decides; where the interpreter lives under a private
@@ -27,6 +32,9 @@ import resource
 import sys
 
 CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
+PR_SET_PDEATHSIG = 1
 NOBODY = 65534
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -38,15 +46,53 @@ def limit(settings: dict) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if sys.platform == "linux":  # returns -1 without CAP_SYS_ADMIN: then the audit hook alone refuses sockets
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
     if settings["drop_user"]:
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
     resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when the process that started this one ends; exit now if it already has."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, 9)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def own_namespaces() -> bool:
+    """A network and a PID namespace of its own (in a user namespace mapping only this user, when not root):
+    whether the PID namespace was made (the next child is its first process). Without one (no user
+    namespaces here), a network namespace alone where allowed, and the process group's kill stands in."""
+    if sys.platform != "linux":
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWNET | CLONE_NEWPID | (CLONE_NEWUSER if uid else 0)) != 0:
+        libc.unshare(CLONE_NEWNET)  # -1 without CAP_SYS_ADMIN: then the audit hook alone refuses sockets
+        return False
+    if uid:  # the user namespace maps this user alone, to itself: files it writes are still its own
+        for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(value)
+    return True
+
+
+def first_process() -> None:
+    """Fork the namespace's first process, which goes on to run the program; this one waits for it and
+    ends as it did. When either ends, the kernel ends every process of the namespace."""
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent(0)  # its parent is outside the namespace: getppid() is 0
+        return
+    status = os.waitpid(pid, 0)[1]
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def audit(home: str):
@@ -78,10 +124,14 @@ def audit(home: str):
 
 def main() -> None:
     settings = json.loads(sys.argv[1])
+    die_with_parent(settings["parent"])
     token = sys.stdin.readline().strip() if settings["assertion"] is not None else None
     with open("program.py") as f:  # read before the user changes
         source = f.read()
+    pid_namespace = own_namespaces()  # as whoever started it: root, or a user mapping itself
     limit(settings)
+    if pid_namespace:
+        first_process()
     sys.addaudithook(audit(os.getcwd()))
     code = compile(source, "program.py", "exec")
     check = compile(settings["assertion"], "test", "exec") if settings["assertion"] is not None else None
