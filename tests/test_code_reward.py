@@ -221,3 +221,27 @@ def test_after_100_tests_with_timeouts_no_process_or_directory_is_left():
     assert totals == [1.0 if p == "print(7)" else 0.0 for p in programs]
     assert wait_gone(f'"parent": {os.getpid()}', 2) == []
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")) == []
+
+
+def test_the_program_sees_no_other_process_and_cannot_read_another_s_environment():
+    """A secret in the environment of a process of this machine (the trainer's, say), read through
+    /proc/<pid>/environ: the same program reads it outside the sandbox (so the check can fail); inside, its
+    /proc is its namespace's own, and it lists one process, itself."""
+    import subprocess
+    import sys
+
+    from grpo_cli.rewards.code import own_pid_namespace_works
+
+    if not own_pid_namespace_works():
+        pytest.skip("this kernel gives the sandbox no PID namespace (no user namespaces), so no /proc of its own")
+    victim = subprocess.Popen(["sleep", "30"], env={"GRPO_PLANTED_SECRET": "s3cr3t-4077"})
+    try:
+        program = (f"import os\ntry:\n    leak = open('/proc/{victim.pid}/environ', 'rb').read()\nexcept OSError:\n"
+                   "    leak = b''\nprint('leak' if b's3cr3t-4077' in leak else "
+                   "len([p for p in os.listdir('/proc') if p.isdigit()]))")
+        outside = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True).stdout.strip()
+        assert outside == "leak", outside
+        assert score(code_reward(), [program], [{"input": "", "output": "1\n"}]) == [1.0]
+    finally:
+        victim.kill()
+        victim.wait()

@@ -10,7 +10,9 @@ In this order, each before any of the program's code runs:
    mapping only its own user): no interface but a down loopback, and the program runs as the namespace's
    first process (this process waits for it and passes on how it ended), so when the program ends, the
    test's time is up or the trainer dies, every process it started dies with it, a `setsid` daemon too;
-   the audit hook below refuses sockets either way;
+   the audit hook below refuses sockets either way; with them a mount namespace, made private, with a
+   /proc of its own, so no other process (the trainer's secrets in its environment, its memory, its open
+   files) is visible;
 3. when started as root, and `nobody` can read the interpreter's standard library: the groups, group
    and user of `nobody`, so the process-count limit holds (it does not bind root) and the machine's files
    are not the program's to change (code.py decides; where the interpreter lives under a private
@@ -34,6 +36,8 @@ import sys
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 PR_SET_PDEATHSIG = 1
 NOBODY = 65534
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -73,14 +77,28 @@ def own_namespaces() -> bool:
 
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWNET | CLONE_NEWPID | (CLONE_NEWUSER if uid else 0)) != 0:
+    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
+    user = bool(uid) or libc.unshare(flags) != 0  # root without CAP_SYS_ADMIN (a container) needs one too
+    if user and libc.unshare(flags | CLONE_NEWUSER) != 0:
         libc.unshare(CLONE_NEWNET)  # -1 without CAP_SYS_ADMIN: then the audit hook alone refuses sockets
         return False
-    if uid:  # the user namespace maps this user alone, to itself: files it writes are still its own
+    if user:  # the user namespace maps this user alone, to itself: files it writes are still its own
         for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(value)
     return True
+
+
+def own_proc() -> None:
+    """A /proc of the namespace's own, in its own mount namespace made private first (so nothing mounted
+    here reaches the machine's): the program sees its own processes only, and no other process's environ,
+    cmdline, memory, working directory or open files (the trainer's included)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0:  # else mount nothing: it could reach the machine's
+        libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)  # refused where /proc is
+        # partly covered (some containers): the machine's /proc stays, as without namespaces
 
 
 def first_process() -> None:
@@ -89,6 +107,7 @@ def first_process() -> None:
     pid = os.fork()
     if pid == 0:
         die_with_parent(0)  # its parent is outside the namespace: getppid() is 0
+        own_proc()
         return
     status = os.waitpid(pid, 0)[1]
     code = os.waitstatus_to_exitcode(status)
