@@ -68,21 +68,22 @@ def die_with_parent(parent: int) -> None:
 
 
 def own_namespaces() -> bool:
-    """A network and a PID namespace of its own (in a user namespace mapping only this user, when not root):
-    whether the PID namespace was made (the next child is its first process). Without one (no user
-    namespaces here), a network namespace alone where allowed, and the process group's kill stands in."""
+    """Network, PID and mount namespaces of its own (in a user namespace mapping only this user, when not
+    root): whether they were made (the next child is the PID namespace's first process). Without them (no
+    user namespaces here, or root without CAP_SYS_ADMIN), a network namespace alone where allowed, and the
+    process group's kill stands in."""
     if sys.platform != "linux":
         return False
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS
-    user = bool(uid) or libc.unshare(flags) != 0  # root without CAP_SYS_ADMIN (a container) needs one too
-    if user and libc.unshare(flags | CLONE_NEWUSER) != 0:
+    # Root keeps to the machine's user namespace (it may still drop to nobody, which a namespace mapping only
+    # root could not); root without CAP_SYS_ADMIN (a container) then gets no namespace, as before.
+    if libc.unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWUSER if uid else 0)) != 0:
         libc.unshare(CLONE_NEWNET)  # -1 without CAP_SYS_ADMIN: then the audit hook alone refuses sockets
         return False
-    if user:  # the user namespace maps this user alone, to itself: files it writes are still its own
+    if uid:  # the user namespace maps this user alone, to itself: files it writes are still its own
         for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(value)
