@@ -143,18 +143,22 @@ def remove_tree(path: str) -> None:
     import fcntl
     import struct
 
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            try:
-                if not os.path.islink(name):
-                    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-                    try:
-                        fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", 0))
-                    finally:
-                        os.close(fd)
-                    os.chmod(name, 0o700)
-            except OSError:  # a flag the filesystem does not have, or a file gone meanwhile
-                pass
+    def free(name: str) -> None:  # a regular file or directory only: opening a device or FIFO could act
+        try:
+            if stat.S_ISREG(os.lstat(name).st_mode) or stat.S_ISDIR(os.lstat(name).st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                try:
+                    fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", 0))
+                finally:
+                    os.close(fd)
+                os.chmod(name, 0o700)
+        except OSError:  # a flag the filesystem does not have, or a file gone meanwhile
+            pass
+
+    free(path)  # first, so a directory whose modes were taken away can be listed
+    for root, dirs, files in os.walk(path):  # top down: each directory is freed before it is listed
+        for name in dirs + files:
+            free(os.path.join(root, name))
     shutil.rmtree(path, ignore_errors=True)
 
 
