@@ -15,7 +15,7 @@ import pytest
 from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import build_reward
-from grpo_cli.rewards.code import extract_program, parse_tests
+from grpo_cli.rewards.code import extract_program, parse_tests, scratch_prefix
 
 ADD_IO = [{"input": "3 4\n", "output": "7\n"}, {"input": "10 -2\n", "output": "8\n"}, {"input": "0 0\n", "output": "0\n"}]
 ADD_ASSERTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(5, 5) == 10"]
@@ -80,14 +80,14 @@ def test_tests_may_be_apps_style_or_a_json_string():
 def test_a_hostile_program_scores_0_and_leaves_the_machine_as_it_was(name, program, tmp_path):
     escape = tmp_path / "escaped.txt"
     program = program.format(escape=str(escape))
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")))
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*")))
     start = time.monotonic()
     total = score(code_reward(), [program], [{"input": "", "output": "7\n"}])
     assert total == [0.0], name
     assert time.monotonic() - start < 10, f"{name}: one test is bounded by 2 x code_cpu_s + 1 s"
     assert not escape.exists() and not glob.glob("/tmp/grpo-escaped*")
     assert sandbox_processes() == [], f"{name} left processes running"
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*"))) <= before, "a sandbox directory was left"
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*"))) <= before, "a sandbox directory was left"
 
 
 def test_the_program_is_the_last_fenced_block_or_what_precedes_a_closing_fence():
@@ -193,7 +193,7 @@ def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_
     while not processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_with(marker), "the test never started"
-    left = glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{trainer.pid}-*"))
+    left = glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(trainer.pid) + "*"))
     trainer.send_signal(signal.SIGKILL)
     trainer.wait(10)
     assert wait_gone(f'"parent": {trainer.pid}', 5) == [], "the test outlived its trainer"
@@ -209,9 +209,9 @@ def test_a_file_the_program_makes_immutable_does_not_keep_its_directory():
     file's immutable flag; the directory is still removed."""
     program = ("import fcntl, os, struct\nfd = os.open('stuck', os.O_CREAT | os.O_WRONLY)\n"
                "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(7)")
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")))
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*")))
     score(code_reward(), [program], [{"input": "", "output": "7\n"}])
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*"))) <= before
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*"))) <= before
 
 
 def test_after_100_tests_with_timeouts_no_process_or_directory_is_left():
@@ -220,7 +220,7 @@ def test_after_100_tests_with_timeouts_no_process_or_directory_is_left():
     totals = score(code_reward(), programs, [{"input": "", "output": "7\n"}])
     assert totals == [1.0 if p == "print(7)" else 0.0 for p in programs]
     assert wait_gone(f'"parent": {os.getpid()}', 2) == []
-    assert glob.glob(os.path.join(tempfile.gettempdir(), f"grpo-sandbox-{os.getpid()}-*")) == []
+    assert glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*")) == []
 
 
 def test_the_program_sees_no_other_process_and_cannot_read_another_s_environment():

@@ -104,7 +104,7 @@ class Sandbox:
         sweep_stale()
 
     def passes(self, program: str, kind: str, given: str, want: str | None) -> bool:
-        home = tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}-")
+        home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
         try:
             (Path(home) / "program.py").write_text(program)
             if self.settings["drop_user"]:
@@ -130,7 +130,7 @@ class Sandbox:
             remove_tree(home)
 
 
-SCRATCH = "grpo-sandbox-"  # a test's directory: grpo-sandbox-<pid of the process that made it>-<random>
+SCRATCH = "grpo-sandbox-"  # a test's directory: grpo-sandbox-<its maker's PID namespace>-<its maker's pid>-<random>
 FS_IOC_SETFLAGS = 0x40086602  # clears chattr's immutable and append-only flags (as root)
 
 
@@ -162,10 +162,20 @@ def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def scratch_prefix(pid: int | str) -> str:
+    """The name a test directory of process `pid` (of this PID namespace) starts with. The namespace is part
+    of it: a /tmp shared with another container holds pids that mean other processes there."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc (not Linux)
+        namespace = 0
+    return f"{SCRATCH}{namespace}-{pid}-"
+
+
 def sweep_stale() -> None:
     """Remove the test directories of processes that have ended (a trainer or reward worker killed mid-test
-    could not remove its own): each directory's name carries the pid of the process that made it."""
-    pattern = re.compile(re.escape(SCRATCH) + r"(\d+)-")
+    could not remove its own): each directory's name carries the PID namespace and pid of its maker."""
+    pattern = re.compile(re.escape(scratch_prefix("PID")).replace("PID", r"(\d+)"))
     with os.scandir(tempfile.gettempdir()) as entries:
         for entry in entries:
             match = pattern.match(entry.name)
