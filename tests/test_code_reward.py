@@ -245,3 +245,17 @@ def test_the_program_sees_no_other_process_and_cannot_read_another_s_environment
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.mark.parametrize("name, sabotage", [
+    ("a FIFO", "os.remove('stdout')\nos.mkfifo('stdout')"),
+    ("a directory", "os.remove('stdout')\nos.mkdir('stdout')"),
+    ("nothing", "os.remove('stdout')"),
+])
+def test_stdout_replaced_by_the_program_neither_hangs_nor_breaks_the_trainer(name, sabotage):
+    """The program replaces its stdout file's name with a FIFO (whose open would block the trainer for good),
+    a directory or nothing: the test is scored from what it wrote, through the trainer's own descriptor."""
+    program = f"import os\nprint(7, flush=True)\n{sabotage}"
+    start = time.monotonic()
+    assert score(code_reward(), [program], [{"input": "", "output": "7\n"}]) == [1.0], name
+    assert time.monotonic() - start < 10

@@ -111,7 +111,9 @@ class Sandbox:
                 os.chown(home, NOBODY, NOBODY)
             token = secrets.token_hex(16)
             settings = {**self.settings, "assertion": given if kind == "assert" else None, "parent": os.getpid()}
-            with open(os.path.join(home, "stdout"), "wb") as out, open(os.path.join(home, "stderr"), "wb") as err:
+            # stdout is read back through the descriptor opened here: the program may delete the file or put a
+            # FIFO or a directory in its place, and the name would then hang or break the read
+            with open(os.path.join(home, "stdout"), "w+b") as out, open(os.path.join(home, "stderr"), "wb") as err:
                 proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), json.dumps(settings)], cwd=home,
                                         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.PIPE,
                                         stdout=out, stderr=err, start_new_session=True)
@@ -122,9 +124,10 @@ class Sandbox:
                     late = True  # a test that outlives the wall clock fails
                 finally:
                     _kill_group(proc)
-            if late or proc.returncode != 0:
-                return False
-            got = Path(home, "stdout").read_text(errors="replace")
+                if late or proc.returncode != 0:
+                    return False
+                out.seek(0)
+                got = out.read(self.settings["file_bytes"] + 1).decode(errors="replace")
             return got.rstrip("\n").rsplit("\n", 1)[-1] == token if kind == "assert" else _same_output(got, want)
         finally:
             remove_tree(home)
