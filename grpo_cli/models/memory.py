@@ -290,10 +290,11 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     kwargs["runtime"] = 0.0 if device is not None and device.type == "cuda" else resident_bytes()
     kwargs["device_type"] = device.type if device is not None else "cpu"
     budget = cfg.trainer.max_tokens_per_micro_batch
-    if budget and budget < row_length(cfg, longest):  # that row would run alone, past the budget
+    row = row_length(cfg, longest)
+    if budget and budget < row:  # that row would run alone, past the budget
         raise GrpoError(f"trainer.max_tokens_per_micro_batch={budget} is smaller than the longest row a step can hold "
-                        f"({row_length(cfg, longest)} tokens: the longest prompt and the tokens after it); raise it to "
-                        f"{row_length(cfg, longest)} or more, or lower sampler.max_new_tokens.")
+                        f"({row} tokens: the longest prompt and the tokens after it); raise it to {row} or more, or "
+                        "lower sampler.max_new_tokens.")
     if cfg.trainer.memory_gib:
         budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)
     out = plan(cfg, shape, budget=budget or None, **kwargs)
