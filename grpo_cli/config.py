@@ -58,6 +58,7 @@ class RewardConfig:
     code_memory_mib: int = 512
     code_output_kib: int = 1024
     code_processes: int = 16
+    sandbox: str = "os"
     workers: int = 0
     timeout_s: float = 30.0
     max_failed_fraction: float = 0.1

@@ -30,6 +30,15 @@ def code_reward(**settings):
                                      **settings))
 
 
+def skip_without_os_isolation() -> None:
+    from grpo_cli.rewards.code import Sandbox
+
+    try:
+        Sandbox(1, 256, 64, 16).check()
+    except GrpoError as e:
+        pytest.skip(f"the kernel refuses the sandbox's namespaces here: {e}")
+
+
 def score(reward, programs: list[str], tests) -> list[float]:
     total, _ = reward.score(["p"] * len(programs), [fenced(p) for p in programs], [""] * len(programs),
                             columns={"tests": [tests] * len(programs)})
@@ -157,11 +166,7 @@ def test_a_daemon_the_program_starts_in_a_session_of_its_own_dies_with_the_test(
     import subprocess
     import sys
 
-    from grpo_cli.rewards.code import own_pid_namespace_works
-
-    if not own_pid_namespace_works():
-        pytest.skip("this kernel gives the sandbox no PID namespace (no user namespaces): the process group's kill "
-                    "stands in, and a session of its own escapes it")
+    skip_without_os_isolation()
     marker = "61.4041"
     subprocess.run([sys.executable, "-c", daemon(marker)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 5
@@ -205,12 +210,13 @@ def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a file immutable (chattr +i)")
 def test_a_file_the_program_makes_immutable_does_not_keep_its_directory():
-    """As root (the interpreter here is under /root, so the program keeps its user), a program can set a
-    file's immutable flag; the directory is still removed."""
+    """With reward.sandbox=process as root, where the interpreter is under /root (so `nobody` cannot run
+    it and the program keeps its user), a program can set a file's immutable flag; the directory is still
+    removed. (With isolation "os" it runs as nobody, which cannot.)"""
     program = ("import fcntl, os, struct\nfd = os.open('stuck', os.O_CREAT | os.O_WRONLY)\n"
                "fcntl.ioctl(fd, 0x40086602, struct.pack('i', 0x10))\nprint(7)")
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*")))
-    score(code_reward(), [program], [{"input": "", "output": "7\n"}])
+    score(code_reward(sandbox="process"), [program], [{"input": "", "output": "7\n"}])
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*"))) <= before
 
 
@@ -230,10 +236,7 @@ def test_the_program_sees_no_other_process_and_cannot_read_another_s_environment
     import subprocess
     import sys
 
-    from grpo_cli.rewards.code import own_pid_namespace_works
-
-    if not own_pid_namespace_works():
-        pytest.skip("this kernel gives the sandbox no PID namespace (no user namespaces), so no /proc of its own")
+    skip_without_os_isolation()
     victim = subprocess.Popen(["sleep", "30"], env={"GRPO_PLANTED_SECRET": "s3cr3t-4077"})
     try:
         program = (f"import os\ntry:\n    leak = open('/proc/{victim.pid}/environ', 'rb').read()\nexcept OSError:\n"
@@ -247,15 +250,20 @@ def test_the_program_sees_no_other_process_and_cannot_read_another_s_environment
         victim.wait()
 
 
+@pytest.mark.parametrize("sandbox", ["os", "process"])
 @pytest.mark.parametrize("name, sabotage", [
-    ("a FIFO", "os.remove('stdout')\nos.mkfifo('stdout')"),
-    ("a directory", "os.remove('stdout')\nos.mkdir('stdout')"),
-    ("nothing", "os.remove('stdout')"),
+    ("a FIFO", "os.remove('../stdout')\nos.mkfifo('../stdout')"),
+    ("a directory", "os.remove('../stdout')\nos.mkdir('../stdout')"),
+    ("nothing", "os.remove('../stdout')"),
 ])
-def test_stdout_replaced_by_the_program_neither_hangs_nor_breaks_the_trainer(name, sabotage):
+def test_stdout_replaced_by_the_program_neither_hangs_nor_breaks_the_trainer(name, sabotage, sandbox):
     """The program replaces its stdout file's name with a FIFO (whose open would block the trainer for good),
-    a directory or nothing: the test is scored from what it wrote, through the trainer's own descriptor."""
-    program = f"import os\nprint(7, flush=True)\n{sabotage}"
+    a directory or nothing, where it can reach the name (sandbox=process; with "os" the file is outside its
+    view): the test is scored from what it wrote, through the trainer's own descriptor."""
+    if sandbox == "os":
+        skip_without_os_isolation()
+    body = "\n".join("    " + line for line in sabotage.splitlines())
+    program = f"import os\nprint(7, flush=True)\ntry:\n{body}\nexcept OSError:\n    pass"
     start = time.monotonic()
-    assert score(code_reward(), [program], [{"input": "", "output": "7\n"}]) == [1.0], name
+    assert score(code_reward(sandbox=sandbox), [program], [{"input": "", "output": "7\n"}]) == [1.0], name
     assert time.monotonic() - start < 10

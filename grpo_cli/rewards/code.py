@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.rewards.code_verdict import verdict
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 FENCED = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
@@ -52,7 +53,9 @@ def extract_program(completion: str) -> str:
 
 
 def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str | None]]:
-    """A row's tests as (kind, stdin or assert, expected stdout) triples: kind "io" or "assert"."""
+    """A row's tests as (kind, given, expected) triples: "io" (stdin, the stdout expected), "judged" (the
+    request for the pieces' values, the Verdict over them: rewards/code_verdict.py) or "assert" (a test of
+    another shape, run whole in the sandbox; None)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -65,7 +68,8 @@ def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str 
         if isinstance(t, dict) and "input" in t and "output" in t:
             tests.append(("io", _text(t["input"]), _text(t["output"])))
         elif isinstance(t, str) and t.strip():
-            tests.append(("assert", t, None))
+            judged = verdict(t)
+            tests.append(("judged", judged.request(), judged) if judged else ("assert", t, None))
         else:
             raise GrpoError(f"Row {row}'s {field} holds {t!r}, not a test; give a list of {{\"input\": ..., "
                             "\"output\": ...} pairs or of assert statements (reward=code).")
@@ -84,8 +88,9 @@ def _same_output(got: str, want: str) -> bool:
 
 
 def nobody_can_run_python() -> bool:
-    """Whether `nobody` could run this interpreter's standard library: every directory above it searchable
-    by others (not so under /root, where pyenv puts it)."""
+    """Whether `nobody` could run this interpreter's standard library where it lies: every directory above
+    it searchable by others (not so under /root, where pyenv puts it). Isolation "os" shows the runtime in
+    a view of its own, whose directories are searchable, so there only the library's own modes count."""
     path = Path(os.__file__).resolve().parent
     for d in [path, *path.parents]:
         if not d.stat().st_mode & stat.S_IXOTH:
@@ -94,43 +99,78 @@ def nobody_can_run_python() -> bool:
 
 
 class Sandbox:
-    """Runs one program against one test under the limits (rewards/sandbox_child.py)."""
+    """Runs one program against one test under the limits (rewards/sandbox_child.py), with isolation "os"
+    (namespaces, a read-only view, seccomp: rewards/sandbox_os.py) or "process" (without them)."""
 
-    def __init__(self, cpu_s: float, memory_mib: int, output_kib: int, processes: int):
+    def __init__(self, cpu_s: float, memory_mib: int, output_kib: int, processes: int, isolation: str = "os"):
+        root = os.getuid() == 0
         self.settings = {"cpu_s": max(1, int(cpu_s + 0.999)), "memory_bytes": int(memory_mib) * 2**20,
-                         "file_bytes": int(output_kib) * 2**10, "processes": int(processes),
-                         "drop_user": os.getuid() == 0 and nobody_can_run_python()}
+                         "file_bytes": int(output_kib) * 2**10, "processes": int(processes), "isolation": isolation,
+                         "drop_user": root and (isolation == "os" or nobody_can_run_python())}
         self.wall_s = 2 * cpu_s + 1
         sweep_stale()
 
-    def passes(self, program: str, kind: str, given: str, want: str | None) -> bool:
+    def check(self) -> None:
+        """Stop with one sentence when a program cannot run here as configured (the kernel refuses a
+        namespace or the filter, or `nobody` cannot read the Python runtime)."""
+        ok, err = self.run("print(2 + 2)", ("io", "", "4\n"))
+        if not ok:
+            why = err.strip().splitlines()[-1] if err.strip() else "the test program failed"
+            raise GrpoError(f"The code sandbox cannot run here ({why}); run where the kernel allows user namespaces "
+                            "(sysctl kernel.unprivileged_userns_clone=1, or a container with --privileged or "
+                            "seccomp=unconfined), or accept weaker isolation with reward.sandbox=process.")
+
+    def passes(self, program: str, kind: str, given: str, want) -> bool:
+        return self.run(program, (kind, given, want))[0]
+
+    def run(self, program: str, test: tuple) -> tuple[bool, str]:
+        """Whether `program` passes `test`, and what it wrote to stderr."""
+        kind, given, want = test
         home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
         try:
-            (Path(home) / "program.py").write_text(program)
+            work = os.path.join(home, "work")
+            os.mkdir(work)
+            os.mkdir(os.path.join(home, "root"))  # the view's mount point (isolation "os")
+            (Path(work) / "program.py").write_text(program)
             if self.settings["drop_user"]:
                 os.chown(home, NOBODY, NOBODY)
-            token = secrets.token_hex(16)
-            settings = {**self.settings, "assertion": given if kind == "assert" else None, "parent": os.getpid()}
-            # stdout is read back through the descriptor opened here: the program may delete the file or put a
-            # FIFO or a directory in its place, and the name would then hang or break the read
-            with open(os.path.join(home, "stdout"), "w+b") as out, open(os.path.join(home, "stderr"), "wb") as err:
-                proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), json.dumps(settings)], cwd=home,
-                                        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.PIPE,
-                                        stdout=out, stderr=err, start_new_session=True)
-                try:
-                    proc.communicate((token + "\n" if kind == "assert" else given).encode(), timeout=self.wall_s)
-                    late = False
-                except subprocess.TimeoutExpired:
-                    late = True  # a test that outlives the wall clock fails
-                finally:
-                    _kill_group(proc)
-                if late or proc.returncode != 0:
-                    return False
-                out.seek(0)
-                got = out.read(self.settings["file_bytes"] + 1).decode(errors="replace")
-            return got.rstrip("\n").rsplit("\n", 1)[-1] == token if kind == "assert" else _same_output(got, want)
+                os.chown(work, NOBODY, NOBODY)
+            header = {"kind": kind}
+            if kind == "assert":
+                header.update(source=given, token=secrets.token_hex(16))
+            elif kind == "judged":
+                header.update(json.loads(given))
+            stdin = json.dumps(header) + "\n" + (given if kind == "io" else "")
+            settings = {**self.settings, "parent": os.getpid(), "root": os.path.join(home, "root")}
+            got, err = self._launch(home, work, settings, stdin)
+            if got is None:
+                return False, err
+            if kind == "assert":
+                return got.rstrip("\n").rsplit("\n", 1)[-1] == header["token"], err
+            return (want.passes(got) if kind == "judged" else _same_output(got, want)), err
         finally:
             remove_tree(home)
+
+    def _launch(self, home: str, work: str, settings: dict, stdin: str) -> tuple[str | None, str]:
+        """The child's stdout (None when it failed or ran out of time) and stderr. Both are read back through
+        the descriptors opened here, in a directory the program does not see (isolation "os")."""
+        with open(os.path.join(home, "stdout"), "w+b") as out, open(os.path.join(home, "stderr"), "w+b") as err:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), json.dumps(settings)], cwd=work,
+                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": work},
+                                    stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True)
+            try:
+                proc.communicate(stdin.encode(), timeout=self.wall_s)
+                late = False
+            except subprocess.TimeoutExpired:
+                late = True  # a test that outlives the wall clock fails
+            finally:
+                _kill_group(proc)
+            err.seek(0)
+            message = err.read(4096).decode(errors="replace")
+            if late or proc.returncode != 0:
+                return None, message
+            out.seek(0)
+            return out.read(self.settings["file_bytes"] + 1).decode(errors="replace"), message
 
 
 SCRATCH = "grpo-sandbox-"  # a test's directory: grpo-sandbox-<its maker's PID namespace>-<its maker's pid>-<random>
@@ -196,15 +236,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def own_pid_namespace_works() -> bool:
-    """Whether the sandbox's program gets a PID namespace of its own here (sandbox_child.own_namespaces)."""
-    import subprocess
-
-    probe = ("import os, sys; sys.path.insert(0, sys.argv[1]); import sandbox_child as c; "
-             "os._exit(0 if c.own_namespaces() else 1)")
-    return subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(CHILD.parent)]).returncode == 0
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     """The test's whole process group, whatever it started, and the test itself reaped; then up to a second
     for the rest of the group (the program, in its PID namespace, is not this process's child) to be gone."""
@@ -224,7 +255,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def build(cfg):
     """The term: for each completion, the share of its row's tests passed."""
     field = cfg.tests_field
-    sandbox = Sandbox(cfg.code_cpu_s, cfg.code_memory_mib, cfg.code_output_kib, cfg.code_processes)
+    sandbox = Sandbox(cfg.code_cpu_s, cfg.code_memory_mib, cfg.code_output_kib, cfg.code_processes, cfg.sandbox)
+    sandbox.check()
     threads = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
     def reward(batch):

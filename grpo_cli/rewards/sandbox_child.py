@@ -1,46 +1,48 @@
-"""The sandbox's first code, run as `python -I -S sandbox_child.py SETTINGS` in a fresh temporary
-directory (rewards/code.py): it confines its own process, then runs the model's program.
+"""The sandbox's first code, run as `python -I -S sandbox_child.py SETTINGS` in a fresh scratch directory
+(rewards/code.py): it confines its own process, then runs the model's program.
 
 In this order, each before any of the program's code runs:
 0. it dies with the trainer (PR_SET_PDEATHSIG, the first thing it does; it exits if the trainer is already
-   gone);
-1. resource limits: CPU seconds, address space, file size (stdout is a file, so a flood of output
-   is a file growing past it), open files, no core dumps;
-2. a network namespace and a PID namespace of its own where the OS allows them (root, or a user namespace
-   mapping only its own user): no interface but a down loopback, and the program runs as the namespace's
-   first process (this process waits for it and passes on how it ended), so when the program ends, the
-   test's time is up or the trainer dies, every process it started dies with it, a `setsid` daemon too;
-   the audit hook below refuses sockets either way; with them a mount namespace, made private, with a
-   /proc of its own, so no other process (the trainer's secrets in its environment, its memory, its open
-   files) is visible;
-3. when started as root, and `nobody` can read the interpreter's standard library: the groups, group
-   and user of `nobody`, so the process-count limit holds (it does not bind root) and the machine's files
-   are not the program's to change (code.py decides; where the interpreter lives under a private
-   directory such as /root, the process keeps its user, and the hook and the kill of its whole process
-   group when it ends stand in);
+   gone), and reads the test's first line from stdin;
+1. (isolation "os", the default) user (when not root), mount, PID, network, IPC and UTS namespaces of its
+   own (rewards/sandbox_os.py). The program runs as the PID namespace's first process (this process
+   waits for it and passes on how it ended), so everything it starts, a `setsid` daemon too, ends with
+   it, with the test's deadline or with the trainer. It sees a root filesystem holding only the Python
+   runtime, read-only, its scratch directory, and a /proc showing its own processes; no network but a
+   down loopback. A refusal exits with REFUSED_EXIT and a line on stderr, which the trainer's start-up
+   check turns into one sentence. (Isolation "process", chosen explicitly: a network namespace where
+   allowed, and what follows.)
+2. resource limits: CPU seconds, address space, file size (stdout is a file, so a flood of output
+   is a file growing past it), open files, no core dumps; as root, the groups and user of `nobody` (so the
+   process-count limit binds, which it does not for root); then no capabilities left;
+3. a seccomp filter (no_new_privs first) refusing the system calls a test never needs: ptrace, reading
+   other processes' memory, mounts, namespaces, signals through pidfds, limits on other processes, keys,
+   BPF, kernel modules, device nodes (sandbox_os.REFUSED);
 4. a Python audit hook (PEP 578) refusing sockets, new processes (fork, exec, spawn, subprocess,
-   os.system), native code (ctypes), and opening for writing, removing or renaming outside the
-   directory. An audit hook cannot be removed from Python code, and the OS limits above hold
-   even against what it does not see.
-Then the program runs as `__main__`, with the test's input on stdin (stdin/stdout tests), or followed
-by one assert statement, after which the harness prints the line it was given on stdin before the
-program started (assert tests: a program that exits early never prints it). This confines, it does not
-prove honesty: a program that read that line out of the harness's frames could forge a pass.
+   os.system), native code (ctypes), and opening for writing, removing or renaming outside the directory;
+   the kernel's limits above hold against what it does not see.
+Then the program runs as `__main__`, with the test's input on stdin (stdin/stdout tests, which the
+trainer compares), or followed by the pieces of an assert test that need the program, whose values it
+prints last (rewards/code_verdict.py: the trainer judges them; the expected values never come here). An
+assert test of another shape runs whole after the program, and the harness then prints the token it
+was given: a program that dug that token out of the harness's frames could forge that pass.
 """
-
 import json
 import os
 import resource
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sandbox_os  # noqa: E402 - rewards/sandbox_os.py, beside this file (-I leaves it off the path)
+
+del sys.path[0]  # the program imports from the standard library only
+
 CLONE_NEWNET = 0x40000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 PR_SET_PDEATHSIG = 1
 NOBODY = 65534
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+MARK = b"\x00grpo-values "  # as rewards/code_verdict.MARK
+REFUSED_EXIT = 71  # the kernel refused a confinement: the trainer names it at start (reward.sandbox=process)
 
 
 def limit(settings: dict) -> None:
@@ -60,59 +62,94 @@ def limit(settings: dict) -> None:
 def die_with_parent(parent: int) -> None:
     """SIGKILL when the process that started this one ends; exit now if it already has."""
     if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, 9)
+        sandbox_os._libc.prctl(PR_SET_PDEATHSIG, 9)
     if os.getppid() != parent:
         os._exit(1)
 
 
-def own_namespaces() -> bool:
-    """Network, PID and mount namespaces of its own (in a user namespace mapping only this user, when not
-    root): whether they were made (the next child is the PID namespace's first process). Without them (no
-    user namespaces here, or root without CAP_SYS_ADMIN), a network namespace alone where allowed, and the
-    process group's kill stands in."""
-    if sys.platform != "linux":
-        return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    uid, gid = os.getuid(), os.getgid()
-    # Root keeps to the machine's user namespace (it may still drop to nobody, which a namespace mapping only
-    # root could not); root without CAP_SYS_ADMIN (a container) then gets no namespace, as before.
-    if libc.unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWUSER if uid else 0)) != 0:
-        libc.unshare(CLONE_NEWNET)  # -1 without CAP_SYS_ADMIN: then the audit hook alone refuses sockets
-        return False
-    if uid:  # the user namespace maps this user alone, to itself: files it writes are still its own
-        for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(value)
-    return True
-
-
-def own_proc() -> None:
-    """A /proc of the namespace's own, in its own mount namespace made private first (so nothing mounted
-    here reaches the machine's): the program sees its own processes only, and no other process's environ,
-    cmdline, memory, working directory or open files (the trainer's included)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0:  # else mount nothing: it could reach the machine's
-        libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)  # refused where /proc is
-        # partly covered (some containers): the machine's /proc stays, as without namespaces
+def refused(what: str, e: BaseException) -> None:
+    os.write(2, f"grpo-sandbox: {what} refused: {e}\n".encode())
+    os._exit(REFUSED_EXIT)
 
 
 def first_process() -> None:
-    """Fork the namespace's first process, which goes on to run the program; this one waits for it and
-    ends as it did. When either ends, the kernel ends every process of the namespace."""
+    """Fork the PID namespace's first process, which goes on to run the program; this one waits for it
+    and ends as it did. When either ends, the kernel ends every process of the namespace."""
     pid = os.fork()
     if pid == 0:
         die_with_parent(0)  # its parent is outside the namespace: getppid() is 0
-        own_proc()
         return
     status = os.waitpid(pid, 0)[1]
     code = os.waitstatus_to_exitcode(status)
     os._exit(code if code >= 0 else 128 - code)
+
+
+def confine(settings: dict) -> None:
+    """Everything before the program's first line: namespaces and the filesystem view (isolation "os"; a
+    network namespace where allowed otherwise), limits and user, no capabilities, the system call filter."""
+    if settings["isolation"] == "os":
+        try:
+            sandbox_os.namespaces()
+            first_process()
+            sandbox_os.view(settings["root"], os.getcwd(), [os.path.realpath(sys.base_prefix)])
+        except OSError as e:
+            refused("a namespace or the filesystem view", e)
+    else:
+        sandbox_os._libc.unshare(CLONE_NEWNET)  # -1 without the right: then the audit hook alone refuses sockets
+    limit(settings)
+    die_with_parent(0 if settings["isolation"] == "os" else settings["parent"])  # a change of user cleared it
+    try:
+        if settings["isolation"] == "os":
+            sandbox_os.drop_capabilities()
+        sandbox_os.seccomp()
+    except OSError as e:
+        refused("the system call filter", e)
+
+
+def read_header() -> dict:
+    """The test's first line on stdin, read byte by byte so the program reads what follows from the start."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            break
+        line += byte
+    return json.loads(line)
+
+
+def encode(v):
+    """A value as tagged JSON data that the trainer decodes (rewards/code_verdict.decode); only builtin
+    types, exactly: anything else raises, and the piece counts as raised."""
+    t = type(v)
+    if v is None or t in (bool, int, str):
+        return v
+    if t is float:
+        return {"f": float.__repr__(v)}
+    if t is complex:
+        return {"c": [float.__repr__(v.real), float.__repr__(v.imag)]}
+    if t is bytes:
+        return {"b": v.hex()}
+    if t is range:
+        return {"r": [v.start, v.stop, v.step]}
+    tags = {list: "l", tuple: "t", set: "s", frozenset: "F"}
+    if t in tags:
+        return {tags[t]: [encode(x) for x in v]}
+    if t is dict:
+        return {"d": [[encode(k), encode(x)] for k, x in v.items()]}
+    if hasattr(t, "__next__"):
+        return {"i": [encode(x) for x in v]}
+    raise TypeError(f"a {t.__name__} is not plain data")
+
+
+def values(pieces: list[str], namespace: dict) -> bytes:
+    """Each piece's value, encoded; a piece that raises is recorded as raised."""
+    out = []
+    for piece in pieces:
+        try:
+            out.append(json.loads(json.dumps(encode(eval(piece, namespace)))))
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: the assertion fails, as in Python
+            out.append({"raised": type(e).__name__})
+    return MARK + json.dumps(out).encode() + b"\n"
 
 
 def audit(home: str):
@@ -145,22 +182,26 @@ def audit(home: str):
 def main() -> None:
     settings = json.loads(sys.argv[1])
     die_with_parent(settings["parent"])
-    token = sys.stdin.readline().strip() if settings["assertion"] is not None else None
-    with open("program.py") as f:  # read before the user changes
+    test = read_header()
+    with open("program.py") as f:  # read before the program can change it
         source = f.read()
-    pid_namespace = own_namespaces()  # as whoever started it: root, or a user mapping itself
-    limit(settings)
-    if pid_namespace:
-        first_process()
+    confine(settings)
     sys.addaudithook(audit(os.getcwd()))
     code = compile(source, "program.py", "exec")
-    check = compile(settings["assertion"], "test", "exec") if settings["assertion"] is not None else None
+    check = compile(test["source"], "test", "exec") if test["kind"] == "assert" else None
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    pieces, imports, token = test.get("pieces"), test.get("imports", []), test.get("token")
+    del test
     exec(code, namespace)
     if check is not None:
         exec(check, namespace)
         sys.stdout.write(token + "\n")
+    if pieces is not None:
+        for line in imports:
+            exec(line, namespace)
         sys.stdout.flush()
+        os.write(1, b"\n" + values(pieces, namespace))
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
-                              REWARD_EXTRACTS, CORRECT_RULES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
+                              REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
 from grpo_cli.rollout.generators import GENERATORS
 from grpo_cli.rollout.tool_formats import TOOL_FORMATS
@@ -219,6 +219,7 @@ def check_reward_terms(p: Problems, r, terms: set[str]) -> None:
         p.at_least("reward.code_memory_mib", r.code_memory_mib, 32)
         p.at_least("reward.code_output_kib", r.code_output_kib, 1)
         p.at_least("reward.code_processes", r.code_processes, 1)
+        p.choice("reward.sandbox", r.sandbox, SANDBOXES)
 
 
 def check_data(p: Problems, d) -> None:
