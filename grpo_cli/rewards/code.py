@@ -178,9 +178,13 @@ FS_IOC_SETFLAGS = 0x40086602  # clears chattr's immutable and append-only flags 
 
 
 def remove_tree(path: str) -> None:
-    """Remove a test's directory whatever the program did to it: modes taken away, or files made immutable
-    or append-only (chattr, as root), which block removal until the flags are cleared."""
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a test's directory whatever the program did to it: modes taken away, files made immutable or
+    append-only (chattr, as root), which block removal until the flags are cleared, or directories nested
+    deeper than Python's recursion limit (rm removes those)."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--one-file-system", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if not os.path.lexists(path):
         return
     import fcntl
@@ -199,10 +203,13 @@ def remove_tree(path: str) -> None:
             pass
 
     free(path)  # first, so a directory whose modes were taken away can be listed
-    for root, dirs, files in os.walk(path):  # top down: each directory is freed before it is listed
-        for name in dirs + files:
-            free(os.path.join(root, name))
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        for root, dirs, files in os.walk(path):  # top down: each directory is freed before it is listed
+            for name in dirs + files:
+                free(os.path.join(root, name))
+    except RecursionError:  # deeper than Python's limit: what is freed by then is removed below
+        pass
+    subprocess.run(["rm", "-rf", "--one-file-system", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def scratch_prefix(pid: int | str) -> str:

@@ -91,7 +91,9 @@ def confine(settings: dict) -> None:
         try:
             sandbox_os.namespaces()
             first_process()
-            sandbox_os.view(settings["root"], os.getcwd(), [os.path.realpath(sys.base_prefix)])
+            owner = NOBODY if settings["drop_user"] else os.getuid()
+            sandbox_os.view(settings["root"], os.getcwd(), [os.path.realpath(sys.base_prefix)], owner,
+                            max(4 * settings["file_bytes"], 2**20))
         except OSError as e:
             refused("a namespace or the filesystem view", e)
     else:

@@ -4,7 +4,7 @@ Standard library and ctypes only: it runs in `python -I -S`, imported before the
 - `namespaces()`: user (when not root), mount, PID, network and IPC namespaces of the process's own.
 - `view(work, runtime)`: a root filesystem holding only what a program needs, read-only: the machine's
   /usr, /bin, /lib*, the interpreter's installation, a few files of /etc; /dev/null and its kin; a /proc
-  of its own PID namespace; and its scratch directory, the one place it can write. The machine's root is
+  of its own PID namespace; and a small tmpfs at its scratch directory's path, the one place it can write. The machine's root is
   detached (pivot_root), so no other file is reachable by any path, /proc/<pid>/root included.
 - `drop_capabilities()`: none left, so nothing above can be undone.
 - `seccomp()`: no_new_privs, then a filter refusing (EPERM) the system calls a scored program never needs.
@@ -85,9 +85,8 @@ def _locked_flags(path: str) -> int:
     return sum(ms for st, ms in pairs if have & st)
 
 
-def _bind(root: str, path: str, writable: bool = False) -> None:
-    """Show the machine's `path` at the same place under `root`: read-only unless `writable` (then without
-    set-user-ID, devices or executables)."""
+def _bind(root: str, path: str) -> None:
+    """Show the machine's `path` at the same place under `root`, read-only."""
     target = root + path
     if os.path.isdir(path):
         os.makedirs(target, mode=0o755, exist_ok=True)
@@ -95,13 +94,14 @@ def _bind(root: str, path: str, writable: bool = False) -> None:
         os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
         open(target, "a").close()
     _mount(path, target, None, MS_BIND)
-    flags = MS_NOSUID | MS_NODEV | (MS_NOEXEC if writable else MS_RDONLY)
-    _mount(None, target, None, MS_REMOUNT | MS_BIND | flags | _locked_flags(path))
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _locked_flags(path))
 
 
-def view(root: str, work: str, runtime: list[str]) -> None:
+def view(root: str, work: str, runtime: list[str], owner: int, size: int) -> None:
     """Make `root` (an empty directory) the filesystem this process and its children see: the runtime,
-    read-only, and `work`, writable, at their own paths; then leave for it, detaching the machine's root."""
+    read-only, at its own paths, and at `work` a tmpfs of `size` bytes owned by `owner`, the one place the
+    program can write (so a program cannot fill the machine's disk, and what it writes is gone with it);
+    then leave for it, detaching the machine's root."""
     os.umask(0o022)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below reaches the machine's mounts
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
@@ -124,7 +124,9 @@ def view(root: str, work: str, runtime: list[str]) -> None:
     for name in ("null", "zero", "full", "random", "urandom"):
         open(f"{root}/dev/{name}", "a").close()
         _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
-    _bind(root, work, writable=True)
+    os.makedirs(root + work, mode=0o755)
+    _mount("tmpfs", root + work, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+           f"size={size},nr_inodes=4096,mode=0700,uid={owner},gid={owner}")
     os.mkdir(f"{root}/proc")
     os.chdir(root)
     _check(_libc.syscall(NUMBERS[platform.machine()][1]["pivot_root"], b".", b"."), "pivot_root")
