@@ -53,7 +53,7 @@ def sandbox_processes() -> list[str]:
             text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # a process that ended while being listed
             continue
-        if "sandbox_child.py" in text and f'"parent": {os.getpid()}' in text:
+        if "sandbox_child.py" in text and f"parent={os.getpid()} " in text:
             found.append(text)
     return found
 
@@ -201,7 +201,7 @@ def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_
     left = glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(trainer.pid) + "*"))
     trainer.send_signal(signal.SIGKILL)
     trainer.wait(10)
-    assert wait_gone(f'"parent": {trainer.pid}', 5) == [], "the test outlived its trainer"
+    assert wait_gone(f"parent={trainer.pid}\0", 5) == [], "the test outlived its trainer"
     assert wait_gone(marker, 5) == [], "the test's daemon outlived its trainer"
     assert left and all(os.path.isdir(d) for d in left)  # a killed process cannot remove its own
     Sandbox(1, 256, 64, 16)
@@ -225,7 +225,7 @@ def test_after_100_tests_with_timeouts_no_process_or_directory_is_left():
     programs = (["print(7)", "print(8)", "raise SystemExit(3)"] * 32)[:96] + ["while True:\n    pass"] * 4
     totals = score(code_reward(), programs, [{"input": "", "output": "7\n"}])
     assert totals == [1.0 if p == "print(7)" else 0.0 for p in programs]
-    assert wait_gone(f'"parent": {os.getpid()}', 2) == []
+    assert wait_gone(f"parent={os.getpid()}\0", 2) == []
     assert glob.glob(os.path.join(tempfile.gettempdir(), scratch_prefix(os.getpid()) + "*")) == []
 
 

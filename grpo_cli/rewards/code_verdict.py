@@ -9,7 +9,8 @@ does there (reading the harness's memory, patching `exec` or the builtins, retur
 anything, exiting early after printing) can make a wrong answer pass: the values it can send are ones an
 honest program could return.
 
-The values cross as tagged JSON (`encode` in rewards/sandbox_child.py): None, bools, ints, floats (nan and
+The values cross as tagged plain data, written as Python literals and read with `ast.literal_eval`
+(`encode` in rewards/sandbox_child.py): None, bools, ints, floats (nan and
 inf too), complex numbers, strings, bytes, ranges, and lists, tuples, sets, frozensets and dicts of them.
 An iterator comes back as an iterator over its items. Any other object fails the test. Tests of another
 shape (a `check()` function, as HumanEval writes them) run whole in the sandbox, and the harness's last
@@ -57,7 +58,7 @@ class Verdict:
         if at < 0:
             return False
         try:
-            encoded = json.loads(stdout[at + len(MARK):].split("\n", 1)[0])
+            encoded = ast.literal_eval(stdout[at + len(MARK):].split("\n", 1)[0])
             values = Values({f"_v{i}": decode(v) for i, v in enumerate(encoded) if not _raised(v)})
         except Exception:  # noqa: BLE001 - a line the program cut short or forged: not a pass
             return False

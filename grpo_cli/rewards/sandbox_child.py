@@ -1,4 +1,4 @@
-"""The sandbox's first code, run as `python -I -S sandbox_child.py SETTINGS` in a fresh scratch directory
+"""The sandbox's first code, run as `python -I -S sandbox_child.py KEY=VALUE ...` in a fresh scratch directory
 (rewards/code.py): it confines its own process, then runs the model's program.
 
 In this order, each before any of the program's code runs:
@@ -27,7 +27,7 @@ prints last (rewards/code_verdict.py: the trainer judges them; the expected valu
 assert test of another shape runs whole after the program, and the harness then prints the token it
 was given: a program that dug that token out of the harness's frames could forge that pass.
 """
-import json
+import marshal
 import os
 import resource
 import sys
@@ -109,18 +109,25 @@ def confine(settings: dict) -> None:
 
 
 def read_header() -> dict:
-    """The test's first line on stdin, read byte by byte so the program reads what follows from the start."""
+    """The test's first line on stdin (the trainer's marshal, in hex), read byte by byte so the program
+    reads what follows from its start."""
     line = b""
     while not line.endswith(b"\n"):
         byte = os.read(0, 1)
         if not byte:
             break
         line += byte
-    return json.loads(line)
+    return marshal.loads(bytes.fromhex(line.decode()))
+
+
+def read_settings(argv: list[str]) -> dict:
+    """`key=value` arguments (strings, or integers where they parse) as the trainer wrote them."""
+    settings = dict(a.split("=", 1) for a in argv)
+    return {k: int(v) if v.lstrip("-").isdigit() else v for k, v in settings.items()}
 
 
 def encode(v):
-    """A value as tagged JSON data that the trainer decodes (rewards/code_verdict.decode); only builtin
+    """A value as tagged plain data that the trainer decodes (rewards/code_verdict.decode); only builtin
     types, exactly: anything else raises, and the piece counts as raised."""
     t = type(v)
     if v is None or t in (bool, int, str):
@@ -144,14 +151,15 @@ def encode(v):
 
 
 def values(pieces: list[str], namespace: dict) -> bytes:
-    """Each piece's value, encoded; a piece that raises is recorded as raised."""
+    """Each piece's value, encoded, as one line of Python literals (the trainer reads it with
+    ast.literal_eval, which evaluates nothing); a piece that raises is recorded as raised."""
     out = []
     for piece in pieces:
         try:
-            out.append(json.loads(json.dumps(encode(eval(piece, namespace)))))
+            out.append(repr(encode(eval(piece, namespace))))  # an int past Python's digit limit raises here too
         except BaseException as e:  # noqa: BLE001 - SystemExit too: the assertion fails, as in Python
-            out.append({"raised": type(e).__name__})
-    return MARK + json.dumps(out).encode() + b"\n"
+            out.append(repr({"raised": type(e).__name__}))
+    return MARK + ("[" + ", ".join(out) + "]").encode(errors="backslashreplace") + b"\n"
 
 
 def audit(home: str):
@@ -182,7 +190,7 @@ def audit(home: str):
 
 
 def main() -> None:
-    settings = json.loads(sys.argv[1])
+    settings = read_settings(sys.argv[1:])
     die_with_parent(settings["parent"])
     test = read_header()
     with open("program.py") as f:  # read before the program can change it

@@ -12,7 +12,6 @@ Standard library and ctypes only: it runs in `python -I -S`, imported before the
 
 import ctypes
 import os
-import platform
 import struct
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
@@ -129,7 +128,7 @@ def view(root: str, work: str, runtime: list[str], owner: int, size: int) -> Non
            f"size={size},nr_inodes=4096,mode=0700,uid={owner},gid={owner}")
     os.mkdir(f"{root}/proc")
     os.chdir(root)
-    _check(_libc.syscall(NUMBERS[platform.machine()][1]["pivot_root"], b".", b"."), "pivot_root")
+    _check(_libc.syscall(NUMBERS[os.uname().machine][1]["pivot_root"], b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", MNT_DETACH), "detach the machine's root")
     os.chdir("/")
     try:  # a /proc of this PID namespace; refused where the machine's /proc is partly covered (containers)
@@ -174,7 +173,7 @@ def _filter(arch: int, refused: dict, special: dict) -> bytes:
 def seccomp() -> None:
     """no_new_privs (no set-user-ID program can raise privileges again), then the filter; both hold for
     every process the program starts."""
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in NUMBERS:
         raise OSError(f"no system call table for {machine}")
     code = _filter(*NUMBERS[machine])
