@@ -85,6 +85,20 @@ ATTACKS = [
      "path=types.SimpleNamespace(realpath=lambda p: '/x/y'), sep='/', fsdecode=str, O_WRONLY=0, O_RDWR=0, O_APPEND=0, "
      "O_CREAT=0, O_TRUNC=0)\nopen('{out}/w', 'w').write('x')"),
     ("write", "a bind mount", SPAWN + "spawn('/bin/mount', '--bind', '{out}', 'm')\nimport time\ntime.sleep(0.3)\nopen('m/w', 'w').write('x')"),
+    ("native", "ctypes", "import ctypes\nctypes.CDLL(None).system(b'echo x > {out}/w')"),
+    ("native", "_ctypes directly", "import _ctypes\n_ctypes.dlopen('libc.so.6')\nopen('{out}/w', 'w').write('x')"),
+    ("native", "os.system", "import os\nos.system('echo x > {out}/w')"),
+    ("native", "os.execv", "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo x > {out}/w'])"),
+    ("native", "os.posix_spawn", "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'echo x > {out}/w'], {{}})"),
+    ("native", "subprocess", "import subprocess\nsubprocess.run('echo x > {out}/w', shell=True)"),
+    ("native", "pty", "import pty\npty.spawn(['/bin/sh', '-c', 'echo x > {out}/w'])"),
+    ("native", "a binary copied into its directory", SPAWN + "import shutil\nshutil.copyfile('/usr/bin/env', 'env')\n"
+     "spawn('/bin/sh', '-c', 'chmod 755 env && ./env /bin/sh -c \"echo x > {out}/w\"')\nimport time\ntime.sleep(0.3)"),
+    ("native", "an extension module copied into its directory", "import glob, shutil, sys, importlib.machinery as m\n"
+     "src = glob.glob(sys.base_prefix + '/lib/python3*/lib-dynload/_typing*.so')[0]\nshutil.copyfile(src, '_typing.so')\n"
+     "m.ExtensionFileLoader('_typing', './_typing.so').load_module()\nopen('{out}/w', 'w').write('x')"),
+    ("native", "multiprocessing", "import multiprocessing\np = multiprocessing.Process(target=lambda: open('{out}/w', 'w').write('x'))\n"
+     "p.start()\np.join()"),
     ("read", "a root-only file", LEAK + "leak(open('{secret}', 'rb').read())"),
     ("read", "the dataset file", LEAK + "leak(open('{dataset}', 'rb').read())"),
     ("read", "another process's environment", LEAK + "leak(open('/proc/{victim}/environ', 'rb').read())"),

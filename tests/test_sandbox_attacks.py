@@ -35,7 +35,7 @@ def ctx():
 def test_the_suite_has_at_least_100_attacks_covering_every_kind():
     groups = {group for group, _, _ in attacks.ATTACKS}
     assert len(attacks.ATTACKS) >= 100
-    assert groups == {"write", "read", "harm", "stdio", "forge", "bomb", "kill", "leftover"}
+    assert groups == {"write", "native", "read", "harm", "stdio", "forge", "bomb", "kill", "leftover"}
     assert len({name for _, name, _ in attacks.ATTACKS}) == len(attacks.ATTACKS)
     assert SLOW <= {name for _, name, _ in attacks.ATTACKS}
 
