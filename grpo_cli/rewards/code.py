@@ -10,14 +10,16 @@ one of them):
   (compared line by line, trailing whitespace aside);
 - assert statements: `["assert add(1, 2) == 3", ...]`, each run after the program.
 
-Each test is a fresh `python -I -S` process (standard library only) in a fresh temporary directory, with
-an empty environment, stdout and stderr going to files there, and the limits `reward.code_cpu_s` (CPU
-seconds; the wall clock allows twice that plus a second), `reward.code_memory_mib` (address space),
-`reward.code_output_kib` (any file, so stdout too) and `reward.code_processes`; rewards/sandbox_child.py
-applies them, then a network namespace where the OS allows, and an audit hook refusing sockets, new
-processes, native code and writes outside the directory. A test that breaks a limit fails; the process
-group is killed when the test ends, so nothing it started outlives it. Tests run in parallel threads,
-one per core.
+Each test is a fresh `python -I -S` process (standard library only) in a fresh scratch directory, with an
+empty environment and the limits `reward.code_cpu_s` (CPU seconds; the wall clock allows twice that plus
+a second), `reward.code_memory_mib` (address space), `reward.code_output_kib` (any file, so stdout too)
+and `reward.code_processes`. With `reward.sandbox=os` (the default) it runs in namespaces of its own with
+a read-only view of the runtime, no privileges and a seccomp filter (rewards/sandbox_child.py,
+sandbox_os.py); `Sandbox.check` stops the run at start, in one sentence, where the kernel refuses them.
+The trainer judges each test: stdin/stdout by comparing what the program printed, asserts by evaluating
+the parts that need the program in the sandbox and the rest here (rewards/code_verdict.py). A test that
+breaks a limit fails; the process group is killed when the test ends, so nothing it started outlives it.
+Tests run in parallel threads, one per core. docs/sandbox.md has the threat model and the attack results.
 """
 
 from __future__ import annotations
