@@ -97,7 +97,7 @@ ATTACKS = [
     ("native", "an extension module copied into its directory", "import glob, shutil, sys, importlib.machinery as m\n"
      "src = glob.glob(sys.base_prefix + '/lib/python3*/lib-dynload/_typing*.so')[0]\nshutil.copyfile(src, '_typing.so')\n"
      "m.ExtensionFileLoader('_typing', './_typing.so').load_module()\nopen('{out}/w', 'w').write('x')"),
-    ("native", "multiprocessing", "import multiprocessing\np = multiprocessing.Process(target=lambda: open('{out}/w', 'w').write('x'))\n"
+    ("native", "multiprocessing writing outside", "import multiprocessing\np = multiprocessing.Process(target=lambda: open('{out}/w', 'w').write('x'))\n"
      "p.start()\np.join()"),
     ("read", "a root-only file", LEAK + "leak(open('{secret}', 'rb').read())"),
     ("read", "the dataset file", LEAK + "leak(open('{dataset}', 'rb').read())"),
