@@ -207,6 +207,7 @@ CASES = [
     (TRAIN + " reward=code reward.code_memory_mib=8", "reward.code_memory_mib=8 must be >= 32"),
     (TRAIN + " reward=code reward.code_output_kib=0", "reward.code_output_kib=0 must be >= 1"),
     (TRAIN + " reward=code reward.tests_field=''", "reward=code needs reward.tests_field"),
+    (TRAIN + " reward=code reward.sandbox=none", "reward.sandbox='none' must be one of os, process"),
     ("train output_dir={root}/fresh_code " + " ".join(FAST) + " reward=code", "reward=code reads each row's tests from the dataset column 'tests', which this data does not have"),
     (TRAIN + " data.name=nope", "data.name='nope' must be one of arithmetic"),
     (TRAIN + " data.test_size=0", "data.test_size=0.0 must be > 0"),

@@ -3,6 +3,7 @@ process. A correct program scores 1; programs that loop, fork without end, eat m
 their directory, open a connection or print 100 MB each score 0, and leave the machine as it was: no
 file outside the sandbox, no process left running, no sandbox directory left behind."""
 
+import functools
 import glob
 import json
 import os
@@ -25,18 +26,27 @@ def fenced(program: str) -> str:
     return f"Here is my program:\n```python\n{program}\n```\nIt reads the input."
 
 
-def code_reward(**settings):
-    return build_reward(RewardConfig(name="code", code_cpu_s=1.0, code_memory_mib=256, code_output_kib=64,
-                                     **settings))
-
-
-def skip_without_os_isolation() -> None:
+@functools.cache
+def isolation() -> str:
+    """"os" where the kernel allows the sandbox's namespaces; else "process", which the tests below that
+    need "os" skip, saying why, and the others run with."""
     from grpo_cli.rewards.code import Sandbox
 
     try:
         Sandbox(1, 256, 64, 16).check()
-    except GrpoError as e:
-        pytest.skip(f"the kernel refuses the sandbox's namespaces here: {e}")
+    except GrpoError:
+        return "process"
+    return "os"
+
+
+def code_reward(**settings):
+    return build_reward(RewardConfig(name="code", code_cpu_s=1.0, code_memory_mib=256, code_output_kib=64,
+                                     **{"sandbox": isolation(), **settings}))
+
+
+def skip_without_os_isolation() -> None:
+    if isolation() != "os":
+        pytest.skip("the kernel refuses the sandbox's namespaces here (Sandbox.check says which)")
 
 
 def score(reward, programs: list[str], tests) -> list[float]:
@@ -267,3 +277,25 @@ def test_stdout_replaced_by_the_program_neither_hangs_nor_breaks_the_trainer(nam
     start = time.monotonic()
     assert score(code_reward(sandbox=sandbox), [program], [{"input": "", "output": "7\n"}]) == [1.0], name
     assert time.monotonic() - start < 10
+
+
+def test_where_the_kernel_refuses_namespaces_the_run_stops_in_one_sentence_and_process_mode_runs():
+    """A process whose system call filter refuses unshare and mount (sandbox_os's own filter, installed
+    first) stands for a kernel that refuses them: the check names the refusal and the fix; with
+    reward.sandbox=process, chosen explicitly, tests run."""
+    import subprocess
+    import sys
+
+    from grpo_cli.rewards.code import CHILD
+
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import sandbox_os; sandbox_os.seccomp()\n"
+              "from grpo_cli.errors import GrpoError\nfrom grpo_cli.rewards.code import Sandbox\n"
+              "try:\n    Sandbox(1, 256, 64, 16).check()\nexcept GrpoError as e:\n    print(e)\n"
+              "s = Sandbox(1, 256, 64, 16, 'process')\ns.check()\nprint(s.passes('print(7)', 'io', '', '7\\n'))")
+    run = subprocess.run([sys.executable, "-c", script, str(CHILD.parent)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    refusal, passed = run.stdout.strip().splitlines()
+    assert refusal.startswith("The code sandbox cannot run here (grpo-sandbox: a namespace or the filesystem view "
+                              "refused: [Errno 1] unshare: Operation not permitted)")
+    assert refusal.endswith("or accept weaker isolation with reward.sandbox=process.")
+    assert passed == "True"

@@ -209,10 +209,12 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
         shown = ", ".join(sorted(c for c in rows.column_names if not c.startswith("_")))
         raise GrpoError(f"reward=code reads each row's tests from the dataset column {cfg.tests_field!r}, which this "
                         f"data does not have (its columns: {shown}); set reward.tests_field, or use data with tests.")
-    from grpo_cli.rewards.code import parse_tests
+    from grpo_cli.rewards.code import Sandbox, parse_tests
 
     for i, tests in enumerate(rows[cfg.tests_field]):
         parse_tests(tests, i, f"{cfg.tests_field} ({split} split)")
+    if split == "train":  # the kernel's refusal of the sandbox, said before any model loads
+        Sandbox(cfg.code_cpu_s, cfg.code_memory_mib, cfg.code_output_kib, cfg.code_processes, cfg.sandbox).check()
 
 
 def resolved(cfg, environment_scores: bool):
