@@ -245,7 +245,7 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     scored = stored()
     LocalSource(None, policies, None, None, warn=warned.append).load_state_dict({3: scored})
     assert len(warned) == 1 and "step(s) 3 " in warned[0] and "dropped" in warned[0]
-    algo = SimpleNamespace(behaviour="current", behaviour_refresh=1)
+    algo = SimpleNamespace(behaviour="current", behaviour_refresh=1, dynamic_sampling=False)
     source = WorkerSource(Worker(), policies, algo, max_staleness=1, first_step=3, last_step=8, warn=warned.append)
     source.load_state_dict({3: scored, 4: scored})  # written at max_staleness=2
     assert list(source.worker.received) == [3] and source.asked == 3
@@ -301,10 +301,11 @@ def stored(version=2, **changes) -> dict:
     ({"loss_mask": torch.ones(3)}, "loss_mask has shape (3,), not (5,)"),
     ({"version": 0}, "sampled with the weights of step 0"),
     ({"tokens": None}, "unreadable: AttributeError"),
+    ({"prompts": ["2+2="]}, "it holds other prompts than this run draws for step 3"),
 ])
 def test_a_damaged_rollout_in_a_checkpoint_is_sampled_again_and_said(changes, damage):
-    """Rollouts a checkpoint holds are checked when a resume loads them (their token fields line up with their
-    rows, their log-probs are finite, their weights are at most trainer.max_staleness behind): a damaged one is
+    """Rollouts a checkpoint holds are checked when a resume loads them (they hold the prompts this run draws
+    for the step, their token fields line up with their rows, their log-probs are finite, their weights are at most trainer.max_staleness behind): a damaged one is
     never trained on; it is dropped and sampled again, with a warning that names the step and the damage."""
     from types import SimpleNamespace
 
@@ -316,8 +317,10 @@ def test_a_damaged_rollout_in_a_checkpoint_is_sampled_again_and_said(changes, da
             self.received = dict(state)
 
     warned = []
+    order = SimpleNamespace(share=lambda step: SimpleNamespace(prompts=["1+1="] if step == 3 else ["?"]))
     source = WorkerSource(Worker(), Policies.of(torch.nn.Linear(1, 1)), SimpleNamespace(behaviour="current",
-                          behaviour_refresh=1), max_staleness=1, first_step=3, last_step=8, warn=warned.append)
+                          behaviour_refresh=1, dynamic_sampling=False), max_staleness=1, first_step=3, last_step=8,
+                          warn=warned.append, prompts=order)
     source.load_state_dict({3: stored()})
     assert list(source.worker.received) == [3] and warned == []
     source.load_state_dict({3: stored(**changes)})

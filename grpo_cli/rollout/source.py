@@ -157,8 +157,11 @@ class WorkerSource:
     start and at each refresh."""
 
     def __init__(self, worker, policies: Policies, algo, *, max_staleness: int, first_step: int, last_step: int,
-                 warn: Callable = print, evaluator: LocalSource | None = None):
+                 warn: Callable = print, evaluator: LocalSource | None = None, prompts=None):
         self.worker, self.policies, self.warn = worker, policies, warn
+        # the run's PromptOrder: what each step draws, to check a checkpoint's rollouts against (not under
+        # dynamic sampling, whose refills draw more)
+        self.prompts = None if algo.dynamic_sampling else prompts
         self.evaluator = evaluator  # held-out scoring in this process, when the worker samples a behaviour
         self.updated = self.pushed = None  # the last update the source was told of, and the last pushed
         self.behaviour, self.refresh = algo.behaviour, algo.behaviour_refresh
@@ -234,7 +237,8 @@ class WorkerSource:
         expected = range(self.first_step, min(self.first_step - 1 + self.k, self.last_step) + 1)
         dropped = sorted(s for s, r in state.items() if s not in expected or "metrics" not in r)  # or unscored (older)
         for step in sorted(s for s in state if s not in dropped):
-            damage = stored_damage(state[step], step, self.k)
+            drawn = None if self.prompts is None else list(self.prompts.share(step).prompts)
+            damage = stored_damage(state[step], step, self.k, drawn)
             if damage:  # never trained on: sampled again, and said
                 self.warn(f"the checkpoint's rollout sampled ahead for step {step} is damaged ({damage}), so it is "
                           "dropped and sampled again: from there this run differs from an uninterrupted one")
@@ -281,10 +285,13 @@ def scored_state(scored: ScoredRollout) -> dict:
     return out
 
 
-def stored_damage(state: dict, step: int, k: int) -> str | None:
+def stored_damage(state: dict, step: int, k: int, prompts: list | None = None) -> str | None:
     """What is wrong with a rollout a checkpoint holds for `step` (sampled at most `k` steps ahead), or None:
-    its token fields must line up with its rows, its log-probs be finite, its weights' version in range."""
+    its prompts must be the ones this run draws for the step (`prompts`, when known), its token fields must
+    line up with its rows, its log-probs be finite, its weights' version in range."""
     try:
+        if prompts is not None and list(state["prompts"]) != prompts:
+            return f"it holds other prompts than this run draws for step {step} (were the data or trainer.seed changed?)"
         tokens, lengths = state["tokens"], state["lengths"]
         rows = len(state["prompts"]) * state["group_size"]
         if tokens.dim() != 1 or lengths.shape != (rows,) or int(lengths.sum()) != tokens.numel():

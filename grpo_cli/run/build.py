@@ -356,7 +356,8 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
                                           cfg.generator.timeout_s)
     return WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
-                        first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local)
+                        first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local,
+                        prompts=run.prompts)
 
 
 def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):
