@@ -118,11 +118,16 @@ class Sandbox:
         """Stop with one sentence when a program cannot run here as configured (the kernel refuses a
         namespace or the filter, or `nobody` cannot read the Python runtime)."""
         ok, err = self.run("print(2 + 2)", ("io", "", "4\n"))
-        if not ok:
-            why = err.strip().splitlines()[-1] if err.strip() else "the test program failed"
+        if ok:
+            return
+        why = err.strip().splitlines()[-1] if err.strip() else "a test printing 4 did not pass"
+        if "grpo-sandbox:" in err:
             raise GrpoError(f"The code sandbox cannot run here ({why}); run where the kernel allows user namespaces "
                             "(sysctl kernel.unprivileged_userns_clone=1, or a container with --privileged or "
                             "seccomp=unconfined), or accept weaker isolation with reward.sandbox=process.")
+        raise GrpoError(f"The code sandbox cannot run a test program here ({why}); make the Python installation "
+                        f"readable by others (chmod -R o+rX {os.path.realpath(sys.base_prefix)}), since tests run as "
+                        "nobody, or set reward.sandbox=process.")
 
     def passes(self, program: str, kind: str, given: str, want) -> bool:
         return self.run(program, (kind, given, want))[0]
