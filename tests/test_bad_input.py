@@ -375,16 +375,20 @@ def _a_config_mistake(arg: str = "sampler.temperature=-1") -> tuple[str, str, fl
     """(exit code, whether torch was imported, seconds) of `grpo train ARG` in a fresh process."""
     code = ("import sys, time; t = time.perf_counter()\n"
             "from grpo_cli.cli import main\n"
-            f"try:\n    main(['train', {arg!r}])\n"
+            f"try:\n    main(['train', *{arg.split()!r}])\n"
             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, round(time.perf_counter() - t, 2))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     code_, torch_loaded, seconds = out.stdout.split()
     return code_, torch_loaded, float(seconds)
 
 
-@pytest.mark.parametrize("arg", ["sampler.temperature=-1", "algo.loss=nope", "generator.name=nope", "trainer.trackers=[nope]"])
+@pytest.mark.parametrize("arg", ["sampler.temperature=-1", "algo.loss=nope", "generator.name=nope", "trainer.trackers=[nope]",
+                                 "model.path=/nonexistent/model", "resume=/nonexistent/run",
+                                 "data=files data.train_file=/nonexistent/train.jsonl", "model.path=builtin:nope",
+                                 "reward=model reward.model_path=/nonexistent/rm"])
 def test_a_config_mistake_fails_before_torch_loads(arg):
-    """Composition and value checks, the registries' names included, run before torch is imported."""
+    """Composition and value checks, the registries' names included, and paths that are not there, run before
+    torch is imported."""
     code_, torch_loaded, _ = _a_config_mistake(arg)
     assert code_ == "2" and torch_loaded == "False"
 

@@ -11,7 +11,7 @@ from grpo_cli.run.checkpoint import STEP_DIR, list_checkpoints, read_config
 from grpo_cli.run.checks import check_evaluate
 from grpo_cli.errors import GrpoError
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
-from grpo_cli.models.lora import is_adapter_dir
+from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.rewards import Judge
 from grpo_cli.rollout.scoring import Draws, greedy_scores, sampled_scores
 

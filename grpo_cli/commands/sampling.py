@@ -17,7 +17,7 @@ from grpo_cli.commands.inference import check_model_files, with_training_setting
 from grpo_cli.models.runtime import prepare_process
 from grpo_cli.rollout.generation import Sampling, group_seed
 from grpo_cli.rollout.generators import check_available, generate, make_generator
-from grpo_cli.models.lora import is_adapter_dir
+from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
 from grpo_cli.models.precision import DTYPES, Precision
 from grpo_cli.rewards import PROMPT_MESSAGES, no_score_none

@@ -11,31 +11,20 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.hub import check_hub
-from grpo_cli.models.lora import adapter_base, is_adapter_dir, load_adapter
-
-BUILTIN = {"builtin:tiny": Path(__file__).parents[1] / "assets" / "tiny",
-           "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools"}  # tiny_tools.py
-
+from grpo_cli.models.lora import adapter_base, load_adapter
+from grpo_cli.models.paths import BUILTIN, is_adapter_dir, local_problem
 
 def resolve_path(path: str, key: str = "model.path") -> str:
     """A loadable location: the built-in model's directory, an existing local directory, or a hub id.
     `key` names the option the path came from in messages."""
+    problem = local_problem(path, key)
+    if problem:
+        raise GrpoError(problem + ".")
     if path in BUILTIN:
         return str(BUILTIN[path])
-    if path.startswith("builtin:"):
-        raise GrpoError(f"Unknown built-in model {path!r}; the built-in models are {sorted(BUILTIN)}.")
     local = Path(path).expanduser()
     if local.exists():
-        if not (local / "config.json").exists() and not is_adapter_dir(local):
-            raise GrpoError(
-                f"{key}={path} has no config.json, so it is not a Hugging Face model directory; "
-                "point it at a directory written by save_pretrained (or a LoRA adapter directory)."
-            )
         return str(local.resolve())  # absolute: a LoRA adapter records its base by this path
-    # hub ids are "org/name"; "models/X" where ./models exists is a local path that is missing, not a hub id
-    if path.startswith((".", "/", "~")) or path.count("/") > 1 or (path.count("/") == 1 and local.parent.is_dir()):
-        hint = (" (`make smollm2` builds it)" if "SmolLM2-135M-Instruct" in path else "")
-        raise GrpoError(f"{key}={path} does not exist{hint}; pass a directory with a saved model, or a hub id.")
     check_hub(path, key)
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.models.paths import ADAPTER_CONFIG
 
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def peft_module():
@@ -29,10 +29,6 @@ def peft_module():
         raise GrpoError("model.lora.r > 0 needs peft, which is not installed: pip install 'grpo-cli[peft]', "
                         "or set model.lora.r=0 for full fine-tuning.") from None
     return peft
-
-
-def is_adapter_dir(path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).exists()
 
 
 def adapter_base(path) -> str:

@@ -21,6 +21,7 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
+from grpo_cli.choices import FILE_FORMATS
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.rollout.generation import group_seed
 from grpo_cli.rewards import ANSWER_READERS, PROMPT_MESSAGES  # PROMPT_MESSAGES: where rewards read chat prompts
@@ -28,7 +29,6 @@ from grpo_cli.rewards.exact_match import extract_answer
 from grpo_cli.rollout.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
 
 OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 to 5 signs)
-FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
 def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Dataset:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 from collections.abc import Mapping
 
-from grpo_cli.choices import (ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
+from grpo_cli.models.paths import local_problem
 from grpo_cli.rollout.generators import GENERATORS
 from grpo_cli.rollout.tool_formats import TOOL_FORMATS
 from grpo_cli.run.health import HEALTH_MODES
@@ -121,6 +123,8 @@ def check_env(p: Problems, env, data) -> None:
 def check_model(p: Problems, m) -> None:
     p.need(bool(str(m.path).strip()), "model.path is empty; give the model with model.path=HUB_ID_OR_DIRECTORY "
                                       "(model=instruct needs it)")
+    if str(m.path).strip():
+        p.need(not (problem := local_problem(str(m.path), "model.path")), problem or "")
     p.need(bool(DEVICE.match(str(m.device))), f"model.device={m.device!r} must be auto, cpu, cuda or cuda:N")
     lora = m.lora
     p.at_least("model.lora.r", lora.r, 0)
@@ -209,6 +213,8 @@ def check_reward_terms(p: Problems, r, terms: set[str]) -> None:
             p.append(f"reward.format_pattern {r.format_pattern!r} does not compile ({e}); fix the regex")
     if "model" in terms:
         p.need(bool(r.model_path), "reward=model needs reward.model_path, a one-label sequence classifier")
+        if r.model_path:
+            p.need(not (problem := local_problem(str(r.model_path), "reward.model_path")), problem or "")
         p.at_least("reward.model_batch_size", r.model_batch_size, 1)
         p.need(bool(DEVICE.match(str(r.model_device))), f"reward.model_device={r.model_device!r} must be auto, cpu, cuda or cuda:N")
     if "python" in terms:
@@ -247,6 +253,12 @@ def check_data(p: Problems, d) -> None:
         p.need(0 < d.num_test < 62, f"data.num_test={d.num_test} must be between 1 and 61, of the 62 problems of data=code")
     if d.name == "files":
         p.need(bool(d.train_file), "data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file)")
+        for key in ("train_file", "test_file"):  # as rollout/data.read_file says them, before torch loads
+            path = getattr(d, key, None)
+            if path and Path(path).suffix.lower() not in FILE_FORMATS:
+                p.append(f"data.{key}={path} is not a .jsonl, .json, .csv or .parquet file")
+            elif path:
+                p.need(Path(path).expanduser().is_file(), f"data.{key}={path} does not exist")
     if d.name == "hub":
         p.need(bool(d.hub_name), "data=hub needs data.hub_name, a dataset name such as openai/gsm8k")
     p.finite("data.test_size", d.test_size, 0, low_open=True)
@@ -286,6 +298,11 @@ def check_train(cfg) -> None:
     """`grpo train`'s config, every group."""
     p = Problems()
     check_model(p, cfg.model)
+    resume = str(cfg.resume).strip() if cfg.resume is not None else ""
+    if resume.lower() not in ("", "false", "none", "no", "0", "auto"):  # as run/checkpoint.resolve_resume reads it
+        p.need(Path(resume).expanduser().exists(), f"resume={resume} is neither a checkpoint nor a run directory: "
+                                                   "nothing is there; pass resume=auto, a checkpoints/step-N path, "
+                                                   "or resume=false")
     check_sampler(p, cfg.sampler)
     p.need(cfg.sampler.group_size >= 2,
            f"sampler.group_size must be at least 2 (got {cfg.sampler.group_size}): a group of one has no relative advantage")

@@ -1,0 +1,35 @@
+"""Where a model comes from, checked without torch: the built-in models, and a local directory that must
+hold a saved model (config.json, or a LoRA adapter's config). The config check runs this before torch loads,
+so a wrong path costs a second, not the ten it takes to import torch (models/loading.py loads from it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BUILTIN = {"builtin:tiny": Path(__file__).parents[1] / "assets" / "tiny",
+           "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools"}  # tiny_tools.py
+ADAPTER_CONFIG = "adapter_config.json"  # what peft writes beside a LoRA adapter
+
+
+def is_adapter_dir(path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).exists()
+
+
+def local_problem(path: str, key: str) -> str | None:
+    """What is wrong with `path` as `key` (model.path, reward.model_path, ...) that the disk alone shows, as
+    a clause; None when it is a built-in model, a model directory, or may be a hub id."""
+    if path in BUILTIN:
+        return None
+    if path.startswith("builtin:"):
+        return f"Unknown built-in model {path!r}; the built-in models are {sorted(BUILTIN)}"
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists() and not is_adapter_dir(local):
+            return (f"{key}={path} has no config.json, so it is not a Hugging Face model directory; "
+                    "point it at a directory written by save_pretrained (or a LoRA adapter directory)")
+        return None
+    # hub ids are "org/name"; "models/X" where ./models exists is a local path that is missing, not a hub id
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or (path.count("/") == 1 and local.parent.is_dir()):
+        hint = (" (`make smollm2` builds it)" if "SmolLM2-135M-Instruct" in path else "")
+        return f"{key}={path} does not exist{hint}; pass a directory with a saved model, or a hub id"
+    return None
