@@ -385,7 +385,8 @@ def _a_config_mistake(arg: str = "sampler.temperature=-1") -> tuple[str, str, fl
 @pytest.mark.parametrize("arg", ["sampler.temperature=-1", "algo.loss=nope", "generator.name=nope", "trainer.trackers=[nope]",
                                  "model.path=/nonexistent/model", "resume=/nonexistent/run",
                                  "data=files data.train_file=/nonexistent/train.jsonl", "model.path=builtin:nope",
-                                 "reward=model reward.model_path=/nonexistent/rm"])
+                                 "reward=model reward.model_path=/nonexistent/rm", "reward=python reward.fn=nomod_4731:score",
+                                 "env.factory=nomod_4731:Env data.chat_template=true"])
 def test_a_config_mistake_fails_before_torch_loads(arg):
     """Composition and value checks, the registries' names included, and paths that are not there, run before
     torch is imported."""

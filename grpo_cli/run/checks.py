@@ -93,6 +93,22 @@ def user_file(path: str, base: str | None) -> str:
     return os.path.normpath(os.path.join(os.path.abspath(base or os.getcwd()), os.path.expanduser(path)))
 
 
+def missing_module(key: str, spec: str, base: str | None) -> str | None:
+    """The clause for a `module:name` spec whose top-level module is nowhere to be found (on the path, or in
+    `base`, where the loader also looks), as rewards/python_fn.load_function says it; None when it may load.
+    Nothing is imported: that waits until torch is loaded, as before."""
+    import importlib.util
+
+    module = spec.partition(":")[0] if ":" in spec else spec.rpartition(".")[0]
+    top, base = module.split(".")[0], os.path.abspath(base or os.getcwd())
+    if not top or is_file_spec(spec) or importlib.util.find_spec(top) is not None or \
+            os.path.exists(os.path.join(base, top + ".py")) or os.path.isdir(os.path.join(base, top)):
+        return None
+    attr = spec.partition(":")[2] if ":" in spec else spec.rpartition(".")[2]
+    return (f"{key}={spec!r} cannot be imported (ModuleNotFoundError: No module named {top!r}); put its module on "
+            f"PYTHONPATH or in {base}, or name the file ({key}=path/to/{module.rpartition('.')[2]}.py:{attr})")
+
+
 def env_active(env) -> bool:
     """Whether the env group makes samples multi-turn episodes (tools or an environment named)."""
     return bool(env.tools) or bool(env.factory)
@@ -116,6 +132,8 @@ def check_env(p: Problems, env, data) -> None:
             where = user_file(spec.partition(":")[0], env.fn_dir)
             p.need(os.path.isfile(where), f"{key}={spec}: there is no file {where}; give the path to your file (relative "
                                           "to the directory grpo runs in)")
+        elif ":" in spec or "." in spec:
+            p.need(not (problem := missing_module(key, spec, env.fn_dir)), problem or "")
     p.need(not env.tools or data.chat_template, "env.tools needs the chat template to show tools and render their "
                                                 "results; set data.chat_template=true")
 
@@ -177,6 +195,8 @@ def check_reward(p: Problems, r) -> None:
                f"reward.fn={list(fns)} must list functions such as [my_rewards.py:fmt,mypkg.rewards:acc]")
     specs = term_specs(r)
     files = {spec.partition(":")[0] for _, kind, spec in specs if kind == "python" and spec and is_file_spec(spec)}
+    for spec in sorted({spec for _, kind, spec in specs if kind == "python" and spec and not is_file_spec(spec)}):
+        p.need(not (problem := missing_module("reward.fn", spec, r.fn_dir)), problem or "")
     for file in sorted(files):  # a reward file that is not there: refused before torch is imported
         where = user_file(file, r.fn_dir)
         p.need(os.path.isfile(where), f"reward.fn names {file}, but there is no file {where}; give the path to your "
