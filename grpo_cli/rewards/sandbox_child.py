@@ -96,14 +96,19 @@ def confine(settings: dict) -> None:
                             max(4 * settings["file_bytes"], 2**20))
         except OSError as e:
             refused("a namespace or the filesystem view", e)
-    else:
+    elif sys.platform == "linux":
         sandbox_os._libc.unshare(CLONE_NEWNET)  # -1 without the right: then the audit hook alone refuses sockets
     limit(settings)
     die_with_parent(0 if settings["isolation"] == "os" else settings["parent"])  # a change of user cleared it
     try:
         if settings["isolation"] == "os":
             sandbox_os.drop_capabilities()
-        sandbox_os.seccomp()
+            sandbox_os.seccomp()
+        elif sys.platform == "linux":
+            try:
+                sandbox_os.seccomp()
+            except OSError:  # no table for this machine: isolation "process" goes without, as chosen
+                pass
     except OSError as e:
         refused("the system call filter", e)
 

@@ -13,6 +13,7 @@ Standard library and ctypes only: it runs in `python -I -S`, imported before the
 import ctypes
 import os
 import struct
+import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
 CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUTS = 0x20000000, 0x40000000, 0x04000000
@@ -61,6 +62,8 @@ def namespaces() -> None:
     """Mount, PID, network, IPC and UTS namespaces of its own, in a user namespace mapping only this user
     to itself when not root (root keeps the machine's, so that it can become `nobody`); OSError where the
     kernel refuses. The next child this process forks is the PID namespace's first process."""
+    if sys.platform != "linux":
+        raise OSError(f"namespaces are Linux's, and this is {sys.platform}")
     uid, gid = os.getuid(), os.getgid()
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWUSER if uid else 0)
     _check(_libc.unshare(flags), "unshare")
