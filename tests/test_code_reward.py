@@ -7,11 +7,15 @@ import functools
 import glob
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from sandbox_attacks import processes_with  # noqa: E402 - the processes whose command line holds a marker
 
 from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
@@ -150,17 +154,6 @@ DAEMON = ("import _posixsubprocess, os\nr, w = os.pipe()\n_posixsubprocess.fork_
 def daemon(marker: str) -> str:
     """DAEMON sleeping `marker` seconds ("61.4041"), the number not spelled out in the program's own text."""
     return DAEMON.replace("{parts}", "(%s, %s)" % tuple(marker.split(".")))
-
-
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            if marker.encode() in Path(cmdline).read_bytes():
-                found.append(int(cmdline.split("/")[2]))
-        except OSError:
-            continue
-    return found
 
 
 def wait_gone(marker: str, seconds: float) -> list[int]:

@@ -58,8 +58,8 @@ def extract_program(completion: str) -> str:
 
 def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str | None]]:
     """A row's tests as (kind, given, expected) triples: "io" (stdin, the stdout expected), "judged" (the
-    request for the pieces' values, the Verdict over them: rewards/code_verdict.py) or "assert" (a test of
-    another shape, run whole in the sandbox; None)."""
+    assert test, its Verdict: rewards/code_verdict.py) or "assert" (a test of another shape, run whole in
+    the sandbox; None)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -73,7 +73,7 @@ def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str 
             tests.append(("io", _text(t["input"]), _text(t["output"])))
         elif isinstance(t, str) and t.strip():
             judged = verdict(t)
-            tests.append(("judged", judged.request(), judged) if judged else ("assert", t, None))
+            tests.append(("judged", t, judged) if judged else ("assert", t, None))
         else:
             raise GrpoError(f"Row {row}'s {field} holds {t!r}, not a test; give a list of {{\"input\": ..., "
                             "\"output\": ...} pairs or of assert statements (reward=code).")
@@ -147,8 +147,8 @@ class Sandbox:
             header = {"kind": kind}
             if kind == "assert":
                 header.update(source=given, token=secrets.token_hex(16))
-            elif kind == "judged":
-                header.update(json.loads(given))
+            elif kind == "judged":  # the pieces go to the sandbox; the assertions stay here
+                header.update(imports=want.imports, pieces=want.pieces)
             stdin = marshal.dumps(header).hex() + "\n" + (given if kind == "io" else "")
             settings = {**self.settings, "parent": os.getpid(), "root": os.path.join(home, "root")}
             got, err = self._launch(home, work, settings, stdin)

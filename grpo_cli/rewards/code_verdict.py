@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import json
 from dataclasses import dataclass
 
 MARK = "\x00grpo-values "  # starts the harness's line of values on stdout
@@ -42,15 +41,12 @@ TRUSTED = frozenset(name for name in dir(builtins) if name.islower() and not nam
 
 @dataclass
 class Verdict:
-    """A test judged in the trainer: `sandbox` is what the harness evaluates after the program (its imports
-    and pieces); `asserts` the assertions over the pieces' values, named _v0, _v1, ..."""
+    """A test judged in the trainer: the harness evaluates `imports` and `pieces` after the program;
+    `asserts` are the assertions over the pieces' values, named _v0, _v1, ..."""
 
     imports: list[str]
     pieces: list[str]
     asserts: list[str]
-
-    def request(self) -> str:
-        return json.dumps({"imports": self.imports, "pieces": self.pieces})
 
     def passes(self, stdout: str) -> bool:
         """Whether every assertion holds over the values the harness printed last."""
