@@ -112,8 +112,9 @@ def view(root: str, work: str, runtime: list[str], owner: int, size: int) -> Non
             os.symlink(os.readlink(top), root + top)
         elif os.path.isdir(top):
             _bind(root, top)
-    for path in runtime:  # the interpreter's installation, where it is not under /usr
-        if path != "/usr" and not path.startswith("/usr/"):
+    for path in runtime:  # the interpreter's installation, unless /usr's bind shows it (same filesystem)
+        under_usr = path == "/usr" or path.startswith("/usr/")
+        if not under_usr or os.stat(path).st_dev != os.stat("/usr").st_dev:
             _bind(root, path)
     os.mkdir(f"{root}/etc", 0o755)
     for name in ("ld.so.cache", "localtime"):  # what the dynamic loader and the time module read
