@@ -115,8 +115,9 @@ def flag_sentence(flag: str, value: str | None) -> str:
     return f"{flag.split('=', 1)[0]} is not an option: grpo takes key=value overrides; {fix}."
 
 
-def check_command_line(command: str, args: list[str], schema) -> None:
-    """Compose `command`'s config with these command-line args and check it; a GrpoError if anything is wrong."""
+def check_command_line(command: str, args: list[str], schema, disk: bool = True) -> None:
+    """Compose `command`'s config with these command-line args and check it; a GrpoError if anything is wrong.
+    `disk`: the paths `train` names as well (that they are there)."""
     if any(a in HYDRA_ONLY or a.startswith("--info") for a in args):
         return
     overrides, skip = [], False
@@ -133,7 +134,7 @@ def check_command_line(command: str, args: list[str], schema) -> None:
             overrides.append(a)
     multirun = "-m" in args or "--multirun" in args
     for combination in (expand(overrides) if multirun else [overrides]):
-        check_one(command, combination, schema)
+        check_one(command, combination, schema, disk)
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -180,11 +181,13 @@ def compose_config(command: str, overrides: list[str], schema=None):
         raise GrpoError(f"{e.full_key} is required here and has no value: set {e.full_key}=... on the command line.") from None
 
 
-def check_one(command: str, overrides: list[str], schema) -> None:
+def check_one(command: str, overrides: list[str], schema, disk: bool = True) -> None:
     from grpo_cli.run import checks
 
     plain = compose_config(command, overrides, schema)
     {"train": checks.check_train, "evaluate": checks.check_evaluate, "sample": checks.check_sample}[command](plain)
+    if command == "train" and disk:
+        checks.check_train_paths(plain)
 
 
 def _nested(f):

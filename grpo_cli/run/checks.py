@@ -141,8 +141,6 @@ def check_env(p: Problems, env, data) -> None:
 def check_model(p: Problems, m) -> None:
     p.need(bool(str(m.path).strip()), "model.path is empty; give the model with model.path=HUB_ID_OR_DIRECTORY "
                                       "(model=instruct needs it)")
-    if str(m.path).strip():
-        p.need(not (problem := local_problem(str(m.path), "model.path")), problem or "")
     p.need(bool(DEVICE.match(str(m.device))), f"model.device={m.device!r} must be auto, cpu, cuda or cuda:N")
     lora = m.lora
     p.at_least("model.lora.r", lora.r, 0)
@@ -233,8 +231,6 @@ def check_reward_terms(p: Problems, r, terms: set[str]) -> None:
             p.append(f"reward.format_pattern {r.format_pattern!r} does not compile ({e}); fix the regex")
     if "model" in terms:
         p.need(bool(r.model_path), "reward=model needs reward.model_path, a one-label sequence classifier")
-        if r.model_path:
-            p.need(not (problem := local_problem(str(r.model_path), "reward.model_path")), problem or "")
         p.at_least("reward.model_batch_size", r.model_batch_size, 1)
         p.need(bool(DEVICE.match(str(r.model_device))), f"reward.model_device={r.model_device!r} must be auto, cpu, cuda or cuda:N")
     if "python" in terms:
@@ -273,12 +269,10 @@ def check_data(p: Problems, d) -> None:
         p.need(0 < d.num_test < 62, f"data.num_test={d.num_test} must be between 1 and 61, of the 62 problems of data=code")
     if d.name == "files":
         p.need(bool(d.train_file), "data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file)")
-        for key in ("train_file", "test_file"):  # as rollout/data.read_file says them, before torch loads
+        for key in ("train_file", "test_file"):  # as rollout/data.read_file says it, before torch loads
             path = getattr(d, key, None)
             if path and Path(path).suffix.lower() not in FILE_FORMATS:
                 p.append(f"data.{key}={path} is not a .jsonl, .json, .csv or .parquet file")
-            elif path:
-                p.need(Path(path).expanduser().is_file(), f"data.{key}={path} does not exist")
     if d.name == "hub":
         p.need(bool(d.hub_name), "data=hub needs data.hub_name, a dataset name such as openai/gsm8k")
     p.finite("data.test_size", d.test_size, 0, low_open=True)
@@ -318,11 +312,6 @@ def check_train(cfg) -> None:
     """`grpo train`'s config, every group."""
     p = Problems()
     check_model(p, cfg.model)
-    resume = str(cfg.resume).strip() if cfg.resume is not None else ""
-    if resume.lower() not in ("", "false", "none", "no", "0", "auto"):  # as run/checkpoint.resolve_resume reads it
-        p.need(Path(resume).expanduser().exists(), f"resume={resume} is neither a checkpoint nor a run directory: "
-                                                   "nothing is there; pass resume=auto, a checkpoints/step-N path, "
-                                                   "or resume=false")
     check_sampler(p, cfg.sampler)
     p.need(cfg.sampler.group_size >= 2,
            f"sampler.group_size must be at least 2 (got {cfg.sampler.group_size}): a group of one has no relative advantage")
@@ -363,6 +352,27 @@ def check_train(cfg) -> None:
     p.need(t.precision in PRECISIONS,
            f"trainer.precision={t.precision!r} must be one of {', '.join(PRECISIONS)} (fp16 training is not offered: "
            "bf16-mixed keeps float32 master weights without a loss scaler; auto picks it where bf16 is fast)")
+    p.raise_if_any()
+
+
+def check_train_paths(cfg) -> None:
+    """What the disk shows of `grpo train`'s paths, before torch loads: a model directory that is not there
+    or holds no model, a data file or resume path that is not there (the loaders say the same later)."""
+    p = Problems()
+    if str(cfg.model.path).strip():
+        p.need(not (problem := local_problem(str(cfg.model.path), "model.path")), problem or "")
+    if cfg.reward.model_path and "model" in {kind for _, kind, _ in term_specs(cfg.reward)}:
+        p.need(not (problem := local_problem(str(cfg.reward.model_path), "reward.model_path")), problem or "")
+    if cfg.data.name == "files":
+        for key in ("train_file", "test_file"):
+            path = getattr(cfg.data, key, None)
+            if path and Path(path).suffix.lower() in FILE_FORMATS:
+                p.need(Path(path).expanduser().is_file(), f"data.{key}={path} does not exist")
+    resume = str(cfg.resume).strip() if cfg.resume is not None else ""
+    if resume.lower() not in ("", "false", "none", "no", "0", "auto"):  # as run/checkpoint.resolve_resume reads it
+        p.need(Path(resume).expanduser().exists(), f"resume={resume} is neither a checkpoint nor a run directory: "
+                                                   "nothing is there; pass resume=auto, a checkpoints/step-N path, "
+                                                   "or resume=false")
     p.raise_if_any()
 
 
