@@ -182,12 +182,12 @@ def compose_config(command: str, overrides: list[str], schema=None):
 
 
 def check_one(command: str, overrides: list[str], schema, disk: bool = True) -> None:
-    from grpo_cli.run import checks
+    from grpo_cli.run import checks, path_checks
 
     plain = compose_config(command, overrides, schema)
     {"train": checks.check_train, "evaluate": checks.check_evaluate, "sample": checks.check_sample}[command](plain)
     if command == "train" and disk:
-        checks.check_train_paths(plain)
+        path_checks.check_train_paths(plain)
 
 
 def _nested(f):

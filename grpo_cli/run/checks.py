@@ -17,7 +17,6 @@ from grpo_cli.choices import (FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, B
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
-from grpo_cli.models.paths import local_problem
 from grpo_cli.rollout.generators import GENERATORS
 from grpo_cli.rollout.tool_formats import TOOL_FORMATS
 from grpo_cli.run.health import HEALTH_MODES
@@ -93,22 +92,6 @@ def user_file(path: str, base: str | None) -> str:
     return os.path.normpath(os.path.join(os.path.abspath(base or os.getcwd()), os.path.expanduser(path)))
 
 
-def missing_module(key: str, spec: str, base: str | None) -> str | None:
-    """The clause for a `module:name` spec whose top-level module is nowhere to be found (on the path, or in
-    `base`, where the loader also looks), as rewards/python_fn.load_function says it; None when it may load.
-    Nothing is imported: that waits until torch is loaded, as before."""
-    import importlib.util
-
-    module = spec.partition(":")[0] if ":" in spec else spec.rpartition(".")[0]
-    top, base = module.split(".")[0], os.path.abspath(base or os.getcwd())
-    if not top or is_file_spec(spec) or importlib.util.find_spec(top) is not None or \
-            os.path.exists(os.path.join(base, top + ".py")) or os.path.isdir(os.path.join(base, top)):
-        return None
-    attr = spec.partition(":")[2] if ":" in spec else spec.rpartition(".")[2]
-    return (f"{key}={spec!r} cannot be imported (ModuleNotFoundError: No module named {top!r}); put its module on "
-            f"PYTHONPATH or in {base}, or name the file ({key}=path/to/{module.rpartition('.')[2]}.py:{attr})")
-
-
 def env_active(env) -> bool:
     """Whether the env group makes samples multi-turn episodes (tools or an environment named)."""
     return bool(env.tools) or bool(env.factory)
@@ -132,8 +115,6 @@ def check_env(p: Problems, env, data) -> None:
             where = user_file(spec.partition(":")[0], env.fn_dir)
             p.need(os.path.isfile(where), f"{key}={spec}: there is no file {where}; give the path to your file (relative "
                                           "to the directory grpo runs in)")
-        elif ":" in spec or "." in spec:
-            p.need(not (problem := missing_module(key, spec, env.fn_dir)), problem or "")
     p.need(not env.tools or data.chat_template, "env.tools needs the chat template to show tools and render their "
                                                 "results; set data.chat_template=true")
 
@@ -193,8 +174,6 @@ def check_reward(p: Problems, r) -> None:
                f"reward.fn={list(fns)} must list functions such as [my_rewards.py:fmt,mypkg.rewards:acc]")
     specs = term_specs(r)
     files = {spec.partition(":")[0] for _, kind, spec in specs if kind == "python" and spec and is_file_spec(spec)}
-    for spec in sorted({spec for _, kind, spec in specs if kind == "python" and spec and not is_file_spec(spec)}):
-        p.need(not (problem := missing_module("reward.fn", spec, r.fn_dir)), problem or "")
     for file in sorted(files):  # a reward file that is not there: refused before torch is imported
         where = user_file(file, r.fn_dir)
         p.need(os.path.isfile(where), f"reward.fn names {file}, but there is no file {where}; give the path to your "
@@ -352,27 +331,6 @@ def check_train(cfg) -> None:
     p.need(t.precision in PRECISIONS,
            f"trainer.precision={t.precision!r} must be one of {', '.join(PRECISIONS)} (fp16 training is not offered: "
            "bf16-mixed keeps float32 master weights without a loss scaler; auto picks it where bf16 is fast)")
-    p.raise_if_any()
-
-
-def check_train_paths(cfg) -> None:
-    """What the disk shows of `grpo train`'s paths, before torch loads: a model directory that is not there
-    or holds no model, a data file or resume path that is not there (the loaders say the same later)."""
-    p = Problems()
-    if str(cfg.model.path).strip():
-        p.need(not (problem := local_problem(str(cfg.model.path), "model.path")), problem or "")
-    if cfg.reward.model_path and "model" in {kind for _, kind, _ in term_specs(cfg.reward)}:
-        p.need(not (problem := local_problem(str(cfg.reward.model_path), "reward.model_path")), problem or "")
-    if cfg.data.name == "files":
-        for key in ("train_file", "test_file"):
-            path = getattr(cfg.data, key, None)
-            if path and Path(path).suffix.lower() in FILE_FORMATS:
-                p.need(Path(path).expanduser().is_file(), f"data.{key}={path} does not exist")
-    resume = str(cfg.resume).strip() if cfg.resume is not None else ""
-    if resume.lower() not in ("", "false", "none", "no", "0", "auto"):  # as run/checkpoint.resolve_resume reads it
-        p.need(Path(resume).expanduser().exists(), f"resume={resume} is neither a checkpoint nor a run directory: "
-                                                   "nothing is there; pass resume=auto, a checkpoints/step-N path, "
-                                                   "or resume=false")
     p.raise_if_any()
 
 
