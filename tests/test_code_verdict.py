@@ -24,6 +24,7 @@ from grpo_cli.rewards.code_verdict import MARK, decode, verdict
     ("assert f(1) == 2 or g(2) == 3, 'message'", ["f(1)", "g(2)"], ["_v0 == 2 or _v1 == 3"]),
     ("assert [x for x in f(3)] == [1]", ["[x for x in f(3)]"], ["_v0 == [1]"]),
     ("assert f(None) is None\nassert not g()", ["f(None)", "g()"], ["_v0 is None", "not _v1"]),
+    ("assert [*f(2), 0] == [1, 2, 0]", ["f(2)"], ["[*_v0, 0] == [1, 2, 0]"]),
 ])
 def test_the_parts_that_need_the_program_go_to_the_sandbox_and_the_expected_values_stay(test, pieces, asserts):
     v = verdict(test)

@@ -28,7 +28,8 @@ MARK = "\x00grpo-values "  # starts the harness's line of values on stdout
 # capped): comparisons, logic, displays, the operators below (not *, ** or <<, which a value could make
 # huge) and the calls below. Anything else that touches the program's values is evaluated in the sandbox,
 # as part of the piece: the expected values are on the other side of a comparison and never go there.
-OPEN = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.IfExp, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.keyword)
+OPEN = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.IfExp, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.keyword,
+        ast.Starred)
 OPERATORS = (ast.Add, ast.Sub, ast.Div, ast.FloorDiv, ast.Mod, ast.BitAnd, ast.BitOr, ast.BitXor)
 CALLS = frozenset({"abs", "all", "any", "bool", "dict", "float", "frozenset", "int", "isinstance", "len", "list",
                    "max", "min", "reversed", "set", "sorted", "str", "tuple", "type", "math.isclose", "math.isnan",
