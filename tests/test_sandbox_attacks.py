@@ -5,6 +5,7 @@ every one is contained with isolation "os". The weaker reward.sandbox=process le
 shows the checks can fail; so does the control that runs a harmful program with no sandbox at all."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,8 @@ def test_as_an_unprivileged_user_the_program_cannot_read_a_root_only_file(tmp_pa
     file is out of reach there as for root's trainer (test_every_attack_is_contained)."""
     if os.geteuid() != 0:
         pytest.skip("making a user needs root")
+    if not shutil.which("setpriv") or not shutil.which("useradd"):
+        pytest.skip("setpriv and useradd (util-linux, passwd) are needed to run the sandbox as another user")
     python = "/usr/bin/python3"
     if not os.path.exists(python) or subprocess.run([python, "-c", "import sys; assert sys.version_info >= (3, 10)"]).returncode:
         pytest.skip("no system Python 3.10+ that another user can run")
