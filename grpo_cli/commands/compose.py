@@ -117,7 +117,7 @@ def flag_sentence(flag: str, value: str | None) -> str:
 
 def check_command_line(command: str, args: list[str], schema, disk: bool = True) -> None:
     """Compose `command`'s config with these command-line args and check it; a GrpoError if anything is wrong.
-    `disk`: the paths `train` names as well (that they are there)."""
+    `disk`: the paths `train` names as well (that they are there), for a single run."""
     if any(a in HYDRA_ONLY or a.startswith("--info") for a in args):
         return
     overrides, skip = [], False
@@ -134,7 +134,9 @@ def check_command_line(command: str, args: list[str], schema, disk: bool = True)
             overrides.append(a)
     multirun = "-m" in args or "--multirun" in args
     for combination in (expand(overrides) if multirun else [overrides]):
-        check_one(command, combination, schema, disk)
+        # a sweep's jobs are checked on disk as each starts: a job's path may be another's output, and a job
+        # whose model is missing is a row of the sweep's table, the others running
+        check_one(command, combination, schema, disk and not multirun)
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
