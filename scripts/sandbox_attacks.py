@@ -38,7 +38,8 @@ LEAK = ("import re\ndef leak(b):\n    b = b if isinstance(b, bytes) else str(b).
         "    m = re.search(rb'grpo-secret-[0-9a-f]{{16}}', b)\n    print(m.group().decode() if m else 'none')\n")
 SPAWN = ("import _posixsubprocess, os\ndef spawn(*argv, session=False):\n    r, w = os.pipe()\n"
          "    _posixsubprocess.fork_exec([a.encode() for a in argv], [argv[0].encode()], True, (w,), None, None, "
-         "-1, -1, -1, -1, -1, -1, r, w, True, session, -1, None, None, None, -1, None, False)\n")
+         "-1, -1, -1, -1, -1, -1, r, w, True, session, -1, None, None, None, -1, None, False)\n"
+         "    os.close(w)\n    os.read(r, 64)  # until the exec: a session of its own is made by then\n")
 HOOK = "import gc, types\nhooks = [f for f in gc.get_objects() if isinstance(f, types.FunctionType) and f.__name__ == 'hook']\n"
 ADD = "def add(a, b):\n    return a - b\n"  # wrong: the forgeries below try to pass anyway
 

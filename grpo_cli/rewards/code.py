@@ -102,6 +102,9 @@ def nobody_can_run_python() -> bool:
     return bool(path.stat().st_mode & stat.S_IROTH)
 
 
+_WORKS: set[tuple] = set()  # the settings Sandbox.check has seen a test pass with, in this process
+
+
 class Sandbox:
     """Runs one program against one test under the limits (rewards/sandbox_child.py), with isolation "os"
     (namespaces, a read-only view, seccomp: rewards/sandbox_os.py) or "process" (without them)."""
@@ -117,8 +120,12 @@ class Sandbox:
     def check(self) -> None:
         """Stop with one sentence when a program cannot run here as configured (the kernel refuses a
         namespace or the filter, or `nobody` cannot read the Python runtime)."""
+        key = tuple(sorted(self.settings.items()))
+        if key in _WORKS:  # the data check ran it before the model loaded; the reward's build asks again
+            return
         ok, err = self.run("print(2 + 2)", ("io", "", "4\n"))
         if ok:
+            _WORKS.add(key)
             return
         why = err.strip().splitlines()[-1] if err.strip() else "a test printing 4 did not pass"
         if "grpo-sandbox:" in err:
@@ -163,10 +170,10 @@ class Sandbox:
     def _launch(self, home: str, work: str, settings: dict, stdin: str) -> tuple[str | None, str]:
         """The child's stdout (None when it failed or ran out of time) and stderr. Both are read back through
         the descriptors opened here, in a directory the program does not see (isolation "os")."""
-        with open(os.path.join(home, "stdin"), "w+b") as given:
-            given.write(stdin.encode())
-        with open(os.path.join(home, "stdin"), "rb") as given, open(os.path.join(home, "stdout"), "w+b") as out, \
+        with open(os.path.join(home, "stdin"), "w+b") as given, open(os.path.join(home, "stdout"), "w+b") as out, \
                 open(os.path.join(home, "stderr"), "w+b") as err:
+            given.write(stdin.encode())
+            given.seek(0)
             arguments = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in settings.items()]
             proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), *arguments], cwd=work,
                                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": work},

@@ -58,14 +58,20 @@ def function_name(spec: str) -> str:
     return attr if sep else spec.rpartition(".")[2]
 
 
+def split_spec(spec: str) -> tuple[str, str]:
+    """(module or file, function) of `mypkg.rewards:score`, `mypkg.rewards.score` or `my_rewards.py:score`."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep and not is_file_spec(spec):
+        module_name, _, attr = spec.rpartition(".")
+    return module_name, attr
+
+
 def load_function(spec: str, base: str | None = None, key: str = "reward.fn"):
     """The callable `spec` names, or a GrpoError saying why it cannot be had (naming the config `key`).
     `base` (reward.fn_dir, else the current directory) is where a relative file path and a module beside
     the user's files are found."""
     base = os.path.abspath(base or os.getcwd())
-    module_name, sep, attr = spec.partition(":")
-    if not sep and not is_file_spec(spec):
-        module_name, _, attr = spec.rpartition(".")
+    module_name, attr = split_spec(spec)
     if not module_name or not attr:
         raise GrpoError(f"{key}={spec!r} names no function; write it as mypkg.rewards:score or my_rewards.py:score.")
     if is_file_spec(spec):

@@ -13,7 +13,7 @@ from pathlib import Path
 from grpo_cli.choices import FILE_FORMATS
 from grpo_cli.models.paths import local_problem
 from grpo_cli.rewards import term_specs
-from grpo_cli.rewards.python_fn import is_file_spec
+from grpo_cli.rewards.python_fn import is_file_spec, split_spec
 from grpo_cli.run.checks import Problems
 
 
@@ -51,11 +51,10 @@ def missing_module(key: str, spec: str, base: str | None) -> str | None:
     Nothing is imported: that waits until torch is loaded, as before."""
     import importlib.util
 
-    module = spec.partition(":")[0] if ":" in spec else spec.rpartition(".")[0]
+    module, attr = split_spec(spec)
     top, base = module.split(".")[0], os.path.abspath(base or os.getcwd())
     if not top or is_file_spec(spec) or importlib.util.find_spec(top) is not None or \
             os.path.exists(os.path.join(base, top + ".py")) or os.path.isdir(os.path.join(base, top)):
         return None
-    attr = spec.partition(":")[2] if ":" in spec else spec.rpartition(".")[2]
     return (f"{key}={spec!r} cannot be imported (ModuleNotFoundError: No module named {top!r}); put its module on "
             f"PYTHONPATH or in {base}, or name the file ({key}=path/to/{module.rpartition('.')[2]}.py:{attr})")
