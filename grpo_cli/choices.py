@@ -16,6 +16,7 @@ DATA_SOURCES = ("arithmetic", "long_addition", "code", "files", "hub", "none")
 ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
 REWARD_EXTRACTS = ("last_number", "hash", "boxed", "regex", "full")
 CORRECT_RULES = ("reward", "answer")  # what accuracy counts as right (rewards.Judge)
+ENV_SANDBOXES = ("none", "os")  # env.sandbox: environment workers as they are, or confined by the kernel
 SANDBOXES = ("os", "process")  # reward.sandbox: the kernel's isolation, or (chosen explicitly) a process's own
 # transformers' schedules that need nothing beyond warm-up and length (get_scheduler)
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial",

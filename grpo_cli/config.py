@@ -170,6 +170,7 @@ class EnvConfig:
     concurrency: int = 16
     workers: int = 0  # environment worker processes (env_worker.py); 0 = in the training process, on threads
     worker_memory_gib: float = 4.0
+    sandbox: str = "none"  # "os": the workers confined by the kernel (env_sandbox.py)
     tool_format: str = "auto"
 
 

@@ -41,10 +41,11 @@ def replaying(turns: int):
     return Replaying
 
 
-def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency: int, workers: int = 0
-            ) -> tuple[float, list]:
+def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency: int, workers: int = 0,
+            sandbox: str = "none") -> tuple[float, list]:
     """(seconds of one step's episodes, their transcripts as (messages, ids)) at this concurrency, the
-    environments in this process (workers=0) or in that many environment workers."""
+    environments in this process (workers=0) or in that many environment workers (confined with
+    sandbox="os")."""
     import os
 
     if str(INPUTS) not in sys.path:
@@ -65,7 +66,7 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
         settings = TrainConfig().generator
         settings.name = "replaying"
         env = EnvConfig(factory="sleepy_env:Sleepy", fn_dir=str(INPUTS), max_turns=turns + 1, max_tokens=2048,
-                        concurrency=concurrency, workers=workers)
+                        concurrency=concurrency, workers=workers, sandbox=sandbox)
         spec = environment(env)
         gen = make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu", env=spec)
         groups = max(1, episodes // 4)
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more per call, at random")
     parser.add_argument("--concurrency", default="1,64", help="comma-separated env.concurrency values; the first is the baseline")
     parser.add_argument("--workers", type=int, default=0, help="env.workers: environment processes (0 = this one)")
+    parser.add_argument("--sandbox", default="none", choices=("none", "os"),
+                        help="env.sandbox of the workers (os: confined by the kernel; with --workers)")
     args = parser.parse_args(argv)
     import torch
 
@@ -102,8 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     base_s, base_t = measure(args.episodes, args.turns, args.delay, args.jitter, levels[0])
     print(f"env.concurrency={levels[0]:<4} {base_s:7.2f} s/step  1.00x")
     for level in levels[1:]:
-        seconds, transcripts = measure(args.episodes, args.turns, args.delay, args.jitter, level, args.workers)
-        print(f"env.concurrency={level:<4} workers={args.workers} {seconds:7.2f} s/step  {seconds / base_s:.3f}x  "
+        seconds, transcripts = measure(args.episodes, args.turns, args.delay, args.jitter, level, args.workers,
+                                       args.sandbox)
+        print(f"env.concurrency={level:<4} workers={args.workers} sandbox={args.sandbox} {seconds:7.2f} s/step  {seconds / base_s:.3f}x  "
               f"transcripts {'equal' if transcripts == base_t else 'DIFFER'}")
 
 

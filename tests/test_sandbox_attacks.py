@@ -77,6 +77,16 @@ def test_the_harm_check_sees_an_unsandboxed_attack(ctx, name):
     assert outcome is not None and outcome[0] == "harmed", outcome
 
 
+def unprivileged_user() -> str:
+    """A user of no privilege, made if missing (the caller is root and has checked for useradd)."""
+    user = "grpo-sandbox-test"
+    if subprocess.run(["id", user], capture_output=True).returncode:
+        made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user], capture_output=True)
+        if made.returncode:
+            pytest.skip(f"useradd failed: {made.stderr.decode().strip()}")
+    return user
+
+
 def test_as_an_unprivileged_user_the_program_cannot_read_a_root_only_file(tmp_path):
     """The sandbox started by a user of no privilege (made here), with the system's Python: a root-only
     file is out of reach there as for root's trainer (test_every_attack_is_contained)."""
@@ -87,11 +97,7 @@ def test_as_an_unprivileged_user_the_program_cannot_read_a_root_only_file(tmp_pa
     python = "/usr/bin/python3"
     if not os.path.exists(python) or subprocess.run([python, "-c", "import sys; assert sys.version_info >= (3, 10)"]).returncode:
         pytest.skip("no system Python 3.10+ that another user can run")
-    user = "grpo-sandbox-test"
-    if subprocess.run(["id", user], capture_output=True).returncode:
-        made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user], capture_output=True)
-        if made.returncode:
-            pytest.skip(f"useradd failed: {made.stderr.decode().strip()}")
+    user = unprivileged_user()
     secret = tmp_path / "root-only"
     secret.write_text("grpo-secret-0123456789abcdef")
     secret.chmod(0o600)

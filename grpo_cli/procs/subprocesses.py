@@ -3,10 +3,17 @@ generation worker): a `Helper` is a fresh interpreter (`python -m MODULE FD` thr
 its life to the trainer's before anything slow is imported; not a fork of the trainer with its threads and
 devices) with a socket pair, pickled framed messages, a deadline on every answer, how it ended in words,
 and its death with the trainer. `serve` is the helper's end: it sets the process up and sends back what its
-handler raised."""
+handler raised.
+
+A helper that runs code the trainer does not trust (a confined environment worker, env.sandbox=os) is
+started `plain`: what it sends is read as plain data only (`plain_loads`: no class or function is
+looked up, so a forged message cannot run code in the trainer), at most PLAIN_MAX_BYTES a message, and
+its output goes nowhere (it cannot write lines into the trainer's log); it sends `to_plain(value)`."""
 
 from __future__ import annotations
 
+import io
+import numbers
 import os
 import pickle
 import signal
@@ -34,6 +41,40 @@ def how_it_ended(process: subprocess.Popen) -> str:
     return f"exited with code {code}"
 
 
+PLAIN_MAX_BYTES = 256 * 2**20
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) == ("builtins", "complex"):  # the one plain type pickle names by its class
+            return complex
+        raise pickle.UnpicklingError(f"it holds {module}.{name}, which is not plain data")
+
+
+def plain_loads(data: bytes):
+    """A pickle of plain data (None, bool, int, float, complex, str, bytes, and lists, tuples, dicts, sets
+    of them); anything that names a class or a function raises UnpicklingError before it is called."""
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+def to_plain(value, depth: int = 0):
+    """`value` as plain data: builtin scalars as they are, other numbers (NumPy's) as int or float, other
+    strings as str, containers element by element, anything else as its str() (what the model would read
+    of it); past 64 levels of nesting, str()."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, complex, str, bytes):
+        return value
+    if depth < 64 and kind in (list, tuple, set, frozenset):
+        return kind(to_plain(v, depth + 1) for v in value)
+    if depth < 64 and kind is dict:
+        return {to_plain(k, depth + 1): to_plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
 class HelperLost(GrpoError):
     """A helper process is gone or did not answer in time; the sentence says which and why."""
 
@@ -44,13 +85,14 @@ class Helper:
     exception they are raised as."""
 
     def __init__(self, module: str, first: object, *, name: str, lost: type[HelperLost] = HelperLost,
-                 timeout_key: str = ""):
+                 timeout_key: str = "", plain: bool = False):
         ours, theirs = socket.socketpair()
+        quiet = subprocess.DEVNULL if plain else None
         self.process = subprocess.Popen([sys.executable, "-m", "grpo_cli.procs.launch", str(os.getpid()), module,
                                          str(theirs.fileno())],
-                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet)
         theirs.close()  # the helper holds the only other end: its death is this end's EOF
-        self.conn, self.name, self.lost = Connection(ours.detach()), name, lost
+        self.conn, self.name, self.lost, self.plain = Connection(ours.detach()), name, lost, plain
         self.timeout_key = f" ({timeout_key})" if timeout_key else ""  # the setting a slow helper's sentence names
         self.send((list(sys.path), first))  # the trainer's path: the user's modules are found there too
 
@@ -68,7 +110,7 @@ class Helper:
             self.process.kill()
             raise self.lost(f"{self.name} did not answer within {timeout:g} s while {doing}{self.timeout_key}")
         try:
-            message = pickle.loads(self.conn.recv_bytes())
+            message = self._read()
         except (EOFError, OSError):
             raise self.lost(f"{self.name} {how_it_ended(self.process)} while {doing}") from None
         kind = message[0] if isinstance(message, tuple) and message else None
@@ -77,6 +119,22 @@ class Helper:
         if kind == "bug":
             raise RuntimeError(f"{self.name} failed:\n{message[1]}")
         return message
+
+    def _read(self):
+        if not self.plain:
+            return pickle.loads(self.conn.recv_bytes())
+        try:
+            data = self.conn.recv_bytes(PLAIN_MAX_BYTES)
+        except OSError as e:
+            if "length" not in str(e):  # multiprocessing's "bad message length": a message past the cap
+                raise
+            self.process.kill()
+            raise self.lost(f"{self.name} sent a message over {PLAIN_MAX_BYTES // 2**20} MiB and was stopped") from None
+        try:
+            return plain_loads(data)
+        except Exception as e:  # noqa: BLE001 - a malformed or forged message, whatever pickle raises
+            self.process.kill()
+            raise self.lost(f"{self.name} sent a message that is not plain data ({e}) and was stopped") from None
 
     def alive(self) -> bool:
         return self.process.poll() is None

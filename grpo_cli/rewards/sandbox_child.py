@@ -38,8 +38,7 @@ import sandbox_os  # noqa: E402 - rewards/sandbox_os.py, beside this file (-I le
 del sys.path[0]  # the program imports from the standard library only
 
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
-NOBODY = 65534
+NOBODY = sandbox_os.NOBODY
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 MARK = b"\x00grpo-values "  # as rewards/code_verdict.MARK
 REFUSED_EXIT = 71  # the kernel refused a confinement: the trainer names it at start (reward.sandbox=process)
@@ -53,35 +52,13 @@ def limit(settings: dict) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if settings["drop_user"]:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
+        sandbox_os.become_nobody()
     resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
-
-
-def die_with_parent(parent: int) -> None:
-    """SIGKILL when the process that started this one ends; exit now if it already has."""
-    if sys.platform == "linux":
-        sandbox_os._libc.prctl(PR_SET_PDEATHSIG, 9)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def refused(what: str, e: BaseException) -> None:
     os.write(2, f"grpo-sandbox: {what} refused: {e}\n".encode())
     os._exit(REFUSED_EXIT)
-
-
-def first_process() -> None:
-    """Fork the PID namespace's first process, which goes on to run the program; this one waits for it
-    and ends as it did. When either ends, the kernel ends every process of the namespace."""
-    pid = os.fork()
-    if pid == 0:
-        die_with_parent(0)  # its parent is outside the namespace: getppid() is 0
-        return
-    status = os.waitpid(pid, 0)[1]
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(code if code >= 0 else 128 - code)
 
 
 def confine(settings: dict) -> None:
@@ -90,7 +67,7 @@ def confine(settings: dict) -> None:
     if settings["isolation"] == "os":
         try:
             sandbox_os.namespaces()
-            first_process()
+            sandbox_os.first_process()
             owner = NOBODY if settings["drop_user"] else os.getuid()
             sandbox_os.view(settings["root"], os.getcwd(), [os.path.realpath(sys.base_prefix)], owner,
                             max(4 * settings["file_bytes"], 2**20))
@@ -99,7 +76,7 @@ def confine(settings: dict) -> None:
     elif sys.platform == "linux":
         sandbox_os._libc.unshare(CLONE_NEWNET)  # -1 without the right: then the audit hook alone refuses sockets
     limit(settings)
-    die_with_parent(0 if settings["isolation"] == "os" else settings["parent"])  # a change of user cleared it
+    sandbox_os.die_with_parent(0 if settings["isolation"] == "os" else settings["parent"])  # a change of user cleared it
     try:
         if settings["isolation"] == "os":
             sandbox_os.drop_capabilities()
@@ -196,7 +173,7 @@ def audit(home: str):
 
 def main() -> None:
     settings = read_settings(sys.argv[1:])
-    die_with_parent(settings["parent"])
+    sandbox_os.die_with_parent(settings["parent"])
     test = read_header()
     with open("program.py") as f:  # read before the program can change it
         source = f.read()

@@ -8,6 +8,11 @@ Standard library and ctypes only: it runs in `python -I -S`, imported before the
   detached (pivot_root), so no other file is reachable by any path, /proc/<pid>/root included.
 - `drop_capabilities()`: none left, so nothing above can be undone.
 - `seccomp()`: no_new_privs, then a filter refusing (EPERM) the system calls a scored program never needs.
+- `first_process()`, `die_with_parent()`, `become_nobody()`: the PID namespace's first process, its tie to
+  the process that started it, and the switch to `nobody` (as root).
+
+Used by the code sandbox (rewards/sandbox_child.py) and the confined environment workers
+(rollout/env_sandbox.py).
 """
 
 import ctypes
@@ -21,6 +26,8 @@ CLONE_NEW_ANY = 0x7E020080  # every CLONE_NEW* flag, CLONE_NEWTIME and CLONE_NEW
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
 MS_REC, MS_PRIVATE, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 0x4000, 0x40000, 0x400, 0x800, 0x200000
 MNT_DETACH = 2
+NOBODY = 65534
+PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 EPERM, ENOSYS = 1, 38
 
@@ -58,19 +65,57 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def namespaces() -> None:
-    """Mount, PID, network, IPC and UTS namespaces of its own, in a user namespace mapping only this user
-    to itself when not root (root keeps the machine's, so that it can become `nobody`); OSError where the
-    kernel refuses. The next child this process forks is the PID namespace's first process."""
+NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+
+
+def namespaces(flags: int = NAMESPACES, user: bool = True) -> None:
+    """Mount, PID, network, IPC and UTS namespaces of its own (`flags`), in a user namespace mapping only this
+    user to itself when not root and `user` (root keeps the machine's, so that it can become `nobody`);
+    OSError where the kernel refuses. After a new PID namespace, the next child this process forks is its
+    first process."""
     if sys.platform != "linux":
         raise OSError(f"namespaces are Linux's, and this is {sys.platform}")
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWUSER if uid else 0)
-    _check(_libc.unshare(flags), "unshare")
-    if uid:  # files it writes are still its own user's
+    user = user and uid != 0
+    _check(_libc.unshare(flags | (CLONE_NEWUSER if user else 0)), "unshare")
+    if user:  # files it writes are still its own user's
         for name, value in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(value)
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when the process that started this one ends; exit now if it already has (`parent` is the
+    pid expected, 0 in a PID namespace's first process)."""
+    if sys.platform == "linux":
+        _libc.prctl(PR_SET_PDEATHSIG, 9)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def first_process(close: tuple[int, ...] = (), then=None) -> None:
+    """Fork the PID namespace's first process, which returns and goes on; this one closes `close` (its
+    copies of descriptors the first process keeps), waits for it, calls `then()` and ends as it did. When
+    either ends, the kernel ends every process of the namespace."""
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent(0)  # its parent is outside the namespace: getppid() is 0
+        return
+    for fd in close:
+        os.close(fd)
+    status = os.waitpid(pid, 0)[1]
+    if then is not None:
+        then()
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def become_nobody() -> None:
+    """Root's groups and user become `nobody`'s (a process-count limit then binds, which it does not for
+    root). Clears the death signal: call die_with_parent again after."""
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
 
 
 def _mount(source, target, fstype, flags, data=None) -> None:

@@ -13,6 +13,10 @@ concurrently, up to `env.concurrency` at a time.
 A worker that dies (a crash, a call stuck past its deadline in code that never returns to Python) ends
 the calls it held with an error the model reads, like any failing tool; the episodes whose environments
 it held read that their environment is gone; the next step starts a fresh worker.
+
+With `env.sandbox=os` a worker confines itself (env_sandbox.py) before it imports the environment, and
+sends its values as plain data (procs/subprocesses.to_plain), which the trainer reads as nothing else.
+Nothing slow or threaded is imported before that: the kernel's namespaces need a single thread.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import pickle
 from contextlib import nullcontext
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.procs.subprocesses import Channel, serve
-from grpo_cli.rollout.env_random import seeded
-from grpo_cli.rollout.environments import Timeout, call_with_timeout, environment
+from grpo_cli.procs.subprocesses import Channel, serve, to_plain
 
 
 # ---- the worker's end -------------------------------------------------------------------------------
 def _answer(fn, args, kwargs, timeout: float, seed: int | None, memory_gib: float) -> tuple[str, object]:
+    from grpo_cli.rollout.env_random import seeded
+    from grpo_cli.rollout.environments import Timeout, call_with_timeout
+
     try:
         with seeded(seed) if seed is not None else nullcontext():
             value = call_with_timeout(fn, args, kwargs, timeout, seed)
@@ -48,6 +53,13 @@ def _serve(channel: Channel, settings) -> None:
     from omegaconf import OmegaConf
 
     cfg, memory_gib = settings
+    confined = cfg.get("sandbox") == "os"
+    if confined:
+        from grpo_cli.rollout.env_sandbox import confine
+
+        confine(cfg.get("fn_dir"), channel.conn.fileno())
+    from grpo_cli.rollout.environments import environment
+
     spec = environment(OmegaConf.create(cfg), schemas=False)  # a GrpoError goes back as ("error", sentence)
     if spec is None:
         raise GrpoError("env.workers is set, but env.tools and env.factory are empty: there is no environment to run.")
@@ -65,7 +77,8 @@ def _serve(channel: Channel, settings) -> None:
             instance = instances.get(handle)
             tools = spec.tools_of(instance)
             fn = tools.get(name) or getattr(instance, name)
-            channel.send(_answer(fn, args, kwargs, timeout, seed, memory_gib))
+            kind, value = _answer(fn, args, kwargs, timeout, seed, memory_gib)
+            channel.send((kind, to_plain(value) if confined else value))
 
 
 if __name__ == "__main__":

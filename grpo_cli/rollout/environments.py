@@ -255,6 +255,11 @@ class EnvWorkers:
 
         settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(vars(cfg))
         self.settings = ({**settings, "workers": 0}, memory_gib)
+        self.confined = settings.get("sandbox") == "os"  # env_sandbox.py: read as plain data, output unshown
+        if self.confined:
+            from grpo_cli.rewards.code import sweep_stale
+
+            sweep_stale()  # the scratch directories of workers killed with an earlier run
         self.timeout_s = float(cfg.timeout_s)
         self.helpers: list[Helper | None] = [None] * count
         self.locks = [threading.Lock() for _ in range(count)]
@@ -267,7 +272,7 @@ class EnvWorkers:
         if helper is None or not helper.alive():
             self.lives[slot] += 1
             helper = Helper("grpo_cli.rollout.env_worker", self.settings, name=f"environment worker {slot}",
-                            lost=EnvWorkerLost, timeout_key="env.timeout_s")
+                            lost=EnvWorkerLost, timeout_key="env.timeout_s", plain=self.confined)
             helper.receive(120, "starting (importing the environment)")
             self.helpers[slot] = helper
         return helper
@@ -324,6 +329,10 @@ class EnvWorkers:
             if helper is not None:
                 helper.close(grace_s=2.0)
         self.helpers = [None] * len(self.helpers)
+        if self.confined:
+            from grpo_cli.rewards.code import sweep_stale
+
+            sweep_stale()  # a worker killed (a deadline, a forged message) could not remove its scratch directory
 
 
 def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float, seed: int | None = None):

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from collections.abc import Mapping
 
-from grpo_cli.choices import (FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (ENV_SANDBOXES, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
@@ -105,6 +105,10 @@ def check_env(p: Problems, env, data) -> None:
     p.at_least("env.concurrency", env.concurrency, 1)
     p.at_least("env.workers", env.workers, 0)
     p.finite("env.worker_memory_gib", env.worker_memory_gib, 0)
+    p.choice("env.sandbox", env.sandbox, ENV_SANDBOXES)
+    p.need(env.sandbox != "os" or env.workers >= 1 or not env_active(env),
+           "env.sandbox=os confines the environment's worker processes, and env.workers is 0; set env.workers "
+           "(e.g. env.workers=2), or env.sandbox=none.")
     p.choice("env.tool_format", env.tool_format, ("auto", "schema", *TOOL_FORMATS))
     factories = (env.factory.items() if isinstance(env.factory, Mapping) else [("", env.factory)]) if env.factory else []
     specs = [("env.tools", str(t)) for t in env.tools] + [(f"env.factory{'.' + str(k) if k else ''}", str(v))
