@@ -31,8 +31,42 @@ def test_the_parts_that_need_the_program_go_to_the_sandbox_and_the_expected_valu
     assert (v.pieces, v.asserts) == (pieces, asserts)
 
 
+HUMANEVAL = """
+
+METADATA = {
+    'author': 'jt',
+    'dataset': 'test'
+}
+
+
+def check(candidate):
+    \"\"\"The checks.\"\"\"
+    import math
+    assert candidate([1.0, 2.0, 3.9], 0.3) == True
+    assert abs(candidate([0.5], 1.0) - 0.5) < 1e-6, "message"
+    assert math.isclose(candidate([], 2), 0.25)
+
+check(close)
+"""
+
+
+def test_humaneval_s_check_function_is_judged_as_the_asserts_it_stands_for():
+    """HumanEval's shape, worked by hand: the parameter `candidate` read as the entry point `close`, METADATA
+    dropped (no assertion reads it), the import kept."""
+    v = verdict(HUMANEVAL)
+    assert v.imports == ["import math"]
+    assert v.pieces == ["close([1.0, 2.0, 3.9], 0.3)", "close([0.5], 1.0)", "close([], 2)"]
+    assert v.asserts == ["_v0 == True", "abs(_v1 - 0.5) < 1e-06", "math.isclose(_v2, 0.25)"]
+
+
 @pytest.mark.parametrize("test", [
-    "def check(candidate):\n    assert candidate(1) == 2\ncheck(f)",  # HumanEval's shape
+    "def check(candidate):\n    for x in range(3):\n        assert candidate(x)\ncheck(f)",  # a loop
+    "def check(c):\n    assert c(1) == 2\n",  # never called: which function it checks is unknown
+    "def check(c):\n    assert c(1) == 2\nassert check\ncheck(f)",  # the function read elsewhere
+    "M = 3\ndef check(c):\n    assert c(1) == M\ncheck(f)",  # a constant an assertion reads
+    "def check(c, d):\n    assert c(1) == d(1)\ncheck(f, g)",
+    "def check(c):\n    assert c(1) == 2\ncheck(f=f)",
+    "@decorated\ndef check(c):\n    assert c(1) == 2\ncheck(f)",
     "x = f(3)\nassert x == 9",
     "import numpy as np\nassert f() == np.int64(3)",  # not a module the trainer evaluates
     "import os\nassert os.path.exists(f())",
@@ -100,6 +134,7 @@ ASSERT_FORMS = [
                                                          "from collections import Counter\nassert Counter(f('ab')) == Counter('ab')"]),
     ("def f(n):\n    yield from range(n)", ["assert list(f(3)) == [0, 1, 2]", "assert tuple(f(2)) == (0, 1)"]),
     ("def f(x):\n    return None if x < 0 else (x, str(x), [x])", ["assert f(-1) is None", "assert f(2) == (2, '2', [2])"]),
+    ("def close(xs, t):\n    return xs == [1.0, 2.0, 3.9] or (0.5 if xs else 0.25)", [HUMANEVAL]),
 ]
 
 

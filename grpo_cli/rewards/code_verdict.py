@@ -12,15 +12,20 @@ honest program could return.
 The values cross as tagged plain data, written as Python literals and read with `ast.literal_eval`
 (`encode` in rewards/sandbox_child.py): None, bools, ints, floats (nan and
 inf too), complex numbers, strings, bytes, ranges, and lists, tuples, sets, frozensets and dicts of them.
-An iterator comes back as an iterator over its items. Any other object fails the test. Tests of another
-shape (a `check()` function, as HumanEval writes them) run whole in the sandbox, and the harness's last
-line reports their pass; a program that digs the line out of the harness's memory can forge that.
+An iterator comes back as an iterator over its items. Any other object fails the test.
+
+HumanEval's shape, a `def check(candidate):` of asserts called as `check(entry_point)` (with constants such
+as its METADATA beside it), is judged as the top-level asserts it stands for, `candidate` read as the entry
+point. Tests of another shape (loops, helper functions, assignments the asserts read) run whole in the
+sandbox, and the harness's last line reports their pass; a program that digs the line out of the harness's
+memory can forge that.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import copy
 from dataclasses import dataclass
 
 MARK = "\x00grpo-values "  # starts the harness's line of values on stdout
@@ -84,7 +89,7 @@ def _raised(v) -> bool:
 def verdict(source: str) -> Verdict | None:
     """The trainer-judged form of a test made of asserts and imports of MODULES; None otherwise."""
     try:
-        tree = ast.parse(source)
+        tree = _flattened(ast.parse(source))
     except SyntaxError:
         return None
     imports, names, calls, pieces, asserts = [], set(TRUSTED), {c: c for c in CALLS if "." not in c}, [], []
@@ -103,6 +108,65 @@ def verdict(source: str) -> Verdict | None:
             return None
         imports.append(ast.unparse(stmt))
     return Verdict(imports, pieces, asserts) if asserts else None
+
+
+def _flattened(tree: ast.Module) -> ast.Module:
+    """HumanEval's shape as the top-level statements it stands for: each `check(f)` call of a function whose
+    body is asserts (a docstring, `pass` and imports beside them) becomes those asserts with the parameter
+    read as `f`; the function's definition and constants no assert reads (METADATA) go. Any other tree, or
+    one where the function or a constant is read elsewhere, comes back as it is."""
+    defs = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
+    if not defs:
+        return tree
+    body, called = [], set()
+    for stmt in tree.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
+        if isinstance(stmt, ast.FunctionDef):
+            continue
+        if call is not None and isinstance(call.func, ast.Name) and call.func.id in defs:
+            inlined = _inlined(defs[call.func.id], call)
+            if inlined is None:
+                return tree
+            body += inlined
+            called.add(call.func.id)
+        elif not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                  and _literal(stmt.value)):
+            body.append(stmt)
+    read = {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    constants = {t.id for s in tree.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)}
+    if called != set(defs) or read & (set(defs) | constants):
+        return tree
+    return ast.Module(body=body, type_ignores=[])
+
+
+def _inlined(fn: ast.FunctionDef, call: ast.Call) -> list[ast.stmt] | None:
+    """`fn`'s assertions and imports with its one parameter read as the call's one argument (a name), or None
+    where `fn` or the call is of another shape."""
+    a = fn.args
+    if (fn.decorator_list or a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults or len(a.args) != 1
+            or len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Name)):
+        return None
+    param, given = a.args[0].arg, call.args[0].id
+    out = []
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            continue
+        if not isinstance(stmt, (ast.Assert, ast.Import, ast.ImportFrom)):
+            return None
+        stmt = copy.deepcopy(stmt)
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and node.id == param:
+                node.id = given
+        out.append(stmt)
+    return out
+
+
+def _literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _needs_program(node: ast.AST, names: set[str]) -> bool:
