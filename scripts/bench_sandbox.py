@@ -4,6 +4,7 @@ reward runs them). Variants run in turn, in processes of their own, repeats inte
 
     python scripts/bench_sandbox.py                            # isolation os and process
     python scripts/bench_sandbox.py --also OLD_CHECKOUT        # and another checkout's sandbox (its default)
+    python scripts/bench_sandbox.py --env                      # environment workers: env.sandbox none and os
 """
 
 from __future__ import annotations
@@ -53,20 +54,45 @@ def measure(calls: int, completions: int, isolation: str | None) -> dict:
     return {"call_ms": 1000 * statistics.median(times), "step_s": time.perf_counter() - start}
 
 
+def measure_env(calls: int, sandbox: str) -> dict:
+    """In this process: an environment worker's start (the first episode's environment made) and the median
+    round trip of a tool call (the demo's add), env.sandbox `sandbox`."""
+    from grpo_cli.config import EnvConfig
+    from grpo_cli.rollout.environments import environment
+
+    spec = environment(EnvConfig(tools=["grpo_cli.demo.tools:add"], workers=1, sandbox=sandbox))
+    start = time.perf_counter()
+    add = spec.tools_of(spec.new({}, 1))["add"]
+    started = time.perf_counter() - start
+    times = []
+    for i in range(calls):
+        start = time.perf_counter()
+        assert add.remote_call((), {"a": i, "b": 1}, 10.0, i) == i + 1
+        times.append(time.perf_counter() - start)
+    spec.workers.close()
+    return {"start_s": started, "call_ms": 1000 * statistics.median(times)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--completions", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--also", help="another checkout of grpo-cli, measured with its own default sandbox")
+    ap.add_argument("--env", action="store_true", help="measure environment workers (env.sandbox none, os) instead")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # PATH ISOLATION: measure in this process
     args = ap.parse_args()
     if args.one:
         path, isolation = args.one
         sys.path.insert(0, path)
-        print(json.dumps(measure(args.calls, args.completions, None if isolation == "default" else isolation)))
+        if isolation.startswith("env-"):
+            print(json.dumps(measure_env(args.calls, isolation.removeprefix("env-"))))
+        else:
+            print(json.dumps(measure(args.calls, args.completions, None if isolation == "default" else isolation)))
         return
     variants = [("os", str(ROOT), "os"), ("process", str(ROOT), "process")]
+    if args.env:
+        variants = [(f"env.sandbox={s}", str(ROOT), f"env-{s}") for s in ("none", "os")]
     if args.also:
         variants.append((f"{args.also} (its default)", args.also, "default"))
     results = {name: [] for name, _, _ in variants}
@@ -81,6 +107,12 @@ def main() -> None:
 
     print(f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores, uid {os.getuid()}; "
           f"medians of {args.repeats} interleaved repeats")
+    if args.env:
+        print("| environment worker | s to start | ms a tool call (round trip) |\n| --- | ---: | ---: |")
+        for name, runs in results.items():
+            print(f"| {name} | {statistics.median(r['start_s'] for r in runs):.2f} | "
+                  f"{statistics.median(r['call_ms'] for r in runs):.2f} |")
+        return
     print(f"| sandbox | ms a test (one at a time) | s to score {args.completions} completions x {len(TESTS)} tests |")
     print("| --- | ---: | ---: |")
     for name, runs in results.items():
