@@ -7,6 +7,7 @@ import functools
 import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from sandbox_attacks import processes_with  # noqa: E402 - the processes whose command line holds a marker
+from sandbox_attacks import SPAWN, processes_with  # noqa: E402 - the processes whose command line holds a marker
 
 from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
@@ -251,6 +252,72 @@ def test_the_program_sees_no_other_process_and_cannot_read_another_s_environment
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_as_root_each_test_runs_as_a_user_of_its_own_whose_process_limit_is_its_own():
+    """The limit of 8 processes binds (a test starting 10 fails), and counts one test's processes alone: two
+    tests at once each start 4 children beside 6 processes of `nobody` running outside, which under one shared
+    user (`nobody`, as before) would be 6 + 2 x 5 = 16 processes of one user. Each runs as an id of its own,
+    neither root's nor nobody's."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from grpo_cli.rewards.code import Sandbox
+    from grpo_cli.rewards.sandbox_os import NOBODY, OWN_IDS
+
+    skip_without_os_isolation()
+    if os.getuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root (as another user a test keeps that user's id) and setpriv (util-linux)")
+    sandbox = Sandbox(5, 256, 64, 8)
+    program = SPAWN + ("import sys, time\nfor _ in range(int(sys.stdin.read())):\n    spawn('/bin/sleep', '1')\n"
+                       f"time.sleep(0.5)\nprint('ok', os.getuid() >= {OWN_IDS} and os.getuid() == os.getgid())")
+    outsiders = [subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "20"])
+                 for _ in range(6)]
+    try:
+        time.sleep(0.2)
+        with ThreadPoolExecutor(2) as pool:
+            runs = list(pool.map(lambda _: sandbox.run(program, ("io", "4", "ok True\n")), range(2)))
+        too_many = sandbox.run(program, ("io", "10", "ok True\n"))
+    finally:
+        for p in outsiders:
+            p.kill()
+            p.wait()
+    assert runs == [(True, ""), (True, "")], runs
+    assert not too_many[0] and "Resource temporarily unavailable" in too_many[1], too_many
+
+
+def test_as_an_unprivileged_user_the_process_limit_counts_the_test_s_processes_alone():
+    """Run by a user of no privilege who has 12 processes running already, a test under a limit of 8 still
+    starts 4 children (Linux 5.14+ counts the limit per user namespace), and one starting 10 fails."""
+    import subprocess
+
+    skip_without_os_isolation()
+    if os.getuid() != 0 or not shutil.which("setpriv") or not shutil.which("useradd"):
+        pytest.skip("needs root to make the user, and setpriv and useradd")
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system Python that another user can run")
+    if tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2]) < (5, 14):
+        pytest.skip("kernels before 5.14 count the process limit per user, not per user namespace")
+    from helpers import REPO
+    from test_sandbox_attacks import unprivileged_user
+
+    user = unprivileged_user()
+    as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
+    script = ("import sys; sys.path[:0] = sys.argv[1:3]\nfrom grpo_cli.rewards.code import Sandbox\n"
+              "from sandbox_attacks import SPAWN\ns = Sandbox(5, 256, 64, 8)\ns.check()\n"
+              "p = SPAWN + \"import sys, time\\nfor _ in range(int(sys.stdin.read())):\\n    spawn('/bin/sleep', '1')\\n"
+              "time.sleep(0.5)\\nprint('ok')\"\nprint(s.run(p, ('io', '4', 'ok\\n')), s.run(p, ('io', '10', 'ok\\n'))[0])")
+    others = [subprocess.Popen([*as_user, "sleep", "20"]) for _ in range(12)]
+    try:
+        run = subprocess.run([*as_user, "/usr/bin/python3", "-c", script, str(REPO), str(REPO / "scripts")],
+                             capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+    if "cannot run here" in run.stderr:
+        pytest.skip(f"the kernel refuses user namespaces to unprivileged users here: {run.stderr.strip()[-200:]}")
+    assert run.stdout.strip() == "(True, '') False", run.stdout + run.stderr
 
 
 @pytest.mark.parametrize("sandbox", ["os", "process"])

@@ -134,7 +134,7 @@ class Sandbox:
                             "seccomp=unconfined), or accept weaker isolation with reward.sandbox=process.")
         raise GrpoError(f"The code sandbox cannot run a test program here ({why}); make the Python installation "
                         f"readable by others (chmod -R o+rX {os.path.realpath(sys.base_prefix)}), since tests run as "
-                        "nobody, or set reward.sandbox=process.")
+                        "a user of no privilege, or set reward.sandbox=process.")
 
     def passes(self, program: str, kind: str, given: str, want) -> bool:
         return self.run(program, (kind, given, want))[0]

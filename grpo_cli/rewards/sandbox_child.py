@@ -13,8 +13,9 @@ In this order, each before any of the program's code runs:
    check turns into one sentence. (Isolation "process", chosen explicitly: a network namespace where
    allowed, and what follows.)
 2. resource limits: CPU seconds, address space, file size (stdout is a file, so a flood of output
-   is a file growing past it), open files, no core dumps; as root, the groups and user of `nobody` (so the
-   process-count limit binds, which it does not for root); then no capabilities left;
+   is a file growing past it), open files, no core dumps; as root, a user and group id of the test's own
+   (isolation "os": sandbox_os.own_uid, so the process-count limit counts this test's processes alone) or
+   `nobody` (isolation "process"), since the limit does not bind root; then no capabilities left;
 3. a seccomp filter (no_new_privs first) refusing the system calls a test never needs: ptrace, reading
    other processes' memory, mounts, namespaces, signals through pidfds, limits on other processes, keys,
    BPF, kernel modules, device nodes (sandbox_os.REFUSED);
@@ -52,7 +53,7 @@ def limit(settings: dict) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if settings["drop_user"]:
-        sandbox_os.become_nobody()
+        sandbox_os.become(settings.get("uid", NOBODY))
     resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
 
 
@@ -65,10 +66,12 @@ def confine(settings: dict) -> None:
     """Everything before the program's first line: namespaces and the filesystem view (isolation "os"; a
     network namespace where allowed otherwise), limits and user, no capabilities, the system call filter."""
     if settings["isolation"] == "os":
+        if settings["drop_user"]:
+            settings["uid"] = sandbox_os.own_uid()  # before the namespace: this pid is unique on the machine's side
         try:
             sandbox_os.namespaces()
             sandbox_os.first_process()
-            owner = NOBODY if settings["drop_user"] else os.getuid()
+            owner = settings["uid"] if settings["drop_user"] else os.getuid()
             sandbox_os.view(settings["root"], os.getcwd(), [os.path.realpath(sys.base_prefix)], owner,
                             max(4 * settings["file_bytes"], 2**20))
         except OSError as e:

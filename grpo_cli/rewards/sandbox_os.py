@@ -8,8 +8,8 @@ Standard library and ctypes only: it runs in `python -I -S`, imported before the
   detached (pivot_root), so no other file is reachable by any path, /proc/<pid>/root included.
 - `drop_capabilities()`: none left, so nothing above can be undone.
 - `seccomp()`: no_new_privs, then a filter refusing (EPERM) the system calls a scored program never needs.
-- `first_process()`, `die_with_parent()`, `become_nobody()`: the PID namespace's first process, its tie to
-  the process that started it, and the switch to `nobody` (as root).
+- `first_process()`, `die_with_parent()`, `own_uid()`, `become()`: the PID namespace's first process, its tie
+  to the process that started it, and (as root) the switch to a user id of its own.
 
 Used by the code sandbox (rewards/sandbox_child.py) and the confined environment workers
 (rollout/env_sandbox.py).
@@ -27,6 +27,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x1, 0x2, 0x4, 
 MS_REC, MS_PRIVATE, MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 0x4000, 0x40000, 0x400, 0x800, 0x200000
 MNT_DETACH = 2
 NOBODY = 65534
+OWN_IDS = 0x70000000  # as root, a confined process runs as this plus its pid (pids stay below 2**22)
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 EPERM, ENOSYS = 1, 38
@@ -110,12 +111,29 @@ def first_process(close: tuple[int, ...] = (), then=None) -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
-def become_nobody() -> None:
-    """Root's groups and user become `nobody`'s (a process-count limit then binds, which it does not for
+def own_uid() -> int:
+    """A user (and group) id of this process's own, for root to become: OWN_IDS + its pid, which no other
+    running process of this PID namespace shares, so a process-count limit counts this process's children
+    alone, and no file or process of the machine belongs to it. `nobody` where that id is not mapped in this
+    user namespace (a rootless container maps a range)."""
+    uid = OWN_IDS + os.getpid()
+    try:
+        maps = []
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/self/{name}") as f:
+                maps.append([tuple(map(int, line.split())) for line in f if line.strip()])
+    except OSError:
+        return NOBODY
+    mapped = all(any(first <= uid < first + count for first, _, count in ranges) for ranges in maps)
+    return uid if mapped else NOBODY
+
+
+def become(uid: int) -> None:
+    """Root's groups and user become `uid`'s (a process-count limit then binds, which it does not for
     root). Clears the death signal: call die_with_parent again after."""
     os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+    os.setgid(uid)
+    os.setuid(uid)
 
 
 def _mount(source, target, fstype, flags, data=None) -> None:

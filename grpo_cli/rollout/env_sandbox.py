@@ -7,7 +7,7 @@ commands, its queries). The same confinement as the code reward's (rewards/sandb
 - a root filesystem holding, read-only, the Python runtime and what the environment imports (every
   directory on the trainer's Python path, env.fn_dir), and a private tmpfs of SCRATCH_MIB as its working
   directory, HOME and TMPDIR, the one place it can write; nothing else of the machine is reachable;
-- as root, the user `nobody`, with a process-count limit; no capabilities; no_new_privs; the system call
+- as root, a user id of its own (sandbox_os.own_uid) with a process-count limit; no capabilities; no_new_privs; the system call
   filter (no ptrace, no signals or limits to processes outside, no mounts, no sockets but Unix ones);
 - the trainer reads its messages as plain data only, and its output goes nowhere (procs/subprocesses.py).
 
@@ -55,7 +55,7 @@ def confine(fn_dir: str | None, keep_fd: int) -> None:
     home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))  # swept at the next start if left behind
     root, work = os.path.join(home, "root"), os.path.join(home, "work")
     os.mkdir(root)
-    as_root = os.getuid() == 0
+    uid = sandbox_os.own_uid() if os.getuid() == 0 else None  # as root: a user of its own, with a process limit
     try:
         sandbox_os.namespaces(sandbox_os.CLONE_NEWPID)  # this process keeps the machine's mounts, to clean up
     except OSError as e:
@@ -65,9 +65,9 @@ def confine(fn_dir: str | None, keep_fd: int) -> None:
     sandbox_os.first_process(close=(keep_fd,), then=lambda: (os.rmdir(root), os.rmdir(home)))
     try:
         sandbox_os.namespaces(sandbox_os.NAMESPACES & ~sandbox_os.CLONE_NEWPID, user=False)
-        sandbox_os.view(root, work, runtime, sandbox_os.NOBODY if as_root else os.getuid(), SCRATCH_MIB * 2**20)
-        if as_root:
-            sandbox_os.become_nobody()
+        sandbox_os.view(root, work, runtime, os.getuid() if uid is None else uid, SCRATCH_MIB * 2**20)
+        if uid is not None:
+            sandbox_os.become(uid)
             resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
         sandbox_os.die_with_parent(0)  # a change of user cleared it
         sandbox_os.drop_capabilities()
