@@ -347,6 +347,8 @@ def check_optimizer(p: Problems, o) -> None:
     p.finite("optimizer.weight_decay", o.weight_decay, 0)
     p.finite("optimizer.eps", o.eps, 0, low_open=True)
     p.choice("optimizer.scheduler", o.scheduler, SCHEDULERS)
+    p.need(o.scheduler != "polynomial" or not o.lr <= 1e-7, f"optimizer.scheduler=polynomial decays the rate to 1e-07, "
+           f"and optimizer.lr={o.lr:g} is not above it; raise optimizer.lr or choose another scheduler")
     p.at_least("optimizer.warmup_steps", o.warmup_steps, 0)
     p.finite("optimizer.max_grad_norm", o.max_grad_norm, 0)
 
