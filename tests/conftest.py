@@ -52,7 +52,19 @@ def pytest_configure(config):
     import os
     import tempfile
 
-    os.environ.setdefault("GRPO_CLI_CACHE", tempfile.mkdtemp(prefix="grpo-cli-cache-"))
+    if "GRPO_CLI_CACHE" not in os.environ:  # a pytest-xdist worker inherits its controller's
+        os.environ["GRPO_CLI_CACHE"] = config._grpo_cache = tempfile.mkdtemp(prefix="grpo-cli-cache-")
+
+
+def pytest_unconfigure(config):
+    """The session's cache goes with it (one was left in /tmp by every run before)."""
+    import os
+    import shutil
+
+    made = getattr(config, "_grpo_cache", None)
+    if made:
+        shutil.rmtree(made)
+        os.environ.pop("GRPO_CLI_CACHE", None)
 
 
 def pytest_addoption(parser):
