@@ -127,6 +127,7 @@ CASES = [
     (TRAIN + " optimizer.eps=0", "optimizer.eps=0.0 must be > 0"),
     (TRAIN + " optimizer.scheduler=reduce_lr_on_plateau", "optimizer.scheduler='reduce_lr_on_plateau' must be one of"),
     (TRAIN + " optimizer.warmup_steps=-1", "optimizer.warmup_steps=-1 must be >= 0"),
+    (TRAIN + " optimizer.scheduler=polynomial optimizer.lr=1e-8", "optimizer.scheduler=polynomial decays the rate to 1e-07, and optimizer.lr=1e-08 is not above it"),
     (TRAIN + " optimizer.max_grad_norm=nan", "optimizer.max_grad_norm=nan must be a finite number"),
     (TRAIN + " optimizer.name=sgd", "optimizer.name='sgd' must be one of adamw"),
     (TRAIN + " algo.eps=-1", "algo.eps=-1.0 must be >= 0"),
