@@ -114,3 +114,26 @@ def test_as_an_unprivileged_user_the_program_cannot_read_a_root_only_file(tmp_pa
         pytest.skip(f"the kernel refuses user namespaces to unprivileged users here: {run.stderr.strip()[-200:]}")
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False", "True"]  # not read; not even there
+
+
+@pytest.mark.parametrize("machine, header", [("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+                                             ("aarch64", "/usr/include/asm-generic/unistd.h")])
+def test_the_filter_s_system_call_numbers_are_the_kernel_headers(machine, header):
+    """The seccomp table's numbers against the machine's kernel headers (linux-libc-dev), arm64's too, which
+    no test here can run: every call the header names has the number the table holds; one it lacks (newer
+    than the header, or absent on that architecture) is listed, not guessed."""
+    import re
+
+    from grpo_cli.rewards.sandbox_os import NUMBERS
+
+    if not os.path.exists(header):
+        pytest.skip(f"{header} is not installed (the linux-libc-dev package holds it)")
+    text = Path(header).read_text()
+    defined = {m.group(1): int(m.group(2)) for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", text)}
+    _, refused, special = NUMBERS[machine]
+    table = {**refused, **special}
+    wrong = {name: (n, defined[name]) for name, n in table.items() if name in defined and n != defined[name]}
+    assert wrong == {}
+    absent_there = {name for name, n in table.items() if n is None}
+    assert absent_there.isdisjoint(defined)  # a call the table says the architecture lacks is not in its header
+    assert len([name for name in table if name in defined]) >= 0.9 * len(table)  # the header is not some other file
