@@ -155,6 +155,7 @@ class GeneratorConfig:
     threads: int = 0
     timeout_s: float = 600.0
     decode: str = "auto"
+    weights: str = "full"  # "bf16": training rollouts sampled with the weights in bf16 (generation.HFGenerator)
 
 
 @dataclass

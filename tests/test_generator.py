@@ -163,3 +163,60 @@ def test_a_registered_back_end_checks_its_own_settings_and_names_what_it_needs()
     with pytest.raises(GrpoError, match=r"generator.gpu_memory_utilization=1.5 must be .*generator=vllm cannot serve "
                                         r"a 4-bit QLoRA base"):
         check_train(cfg)
+
+
+def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_scoring_as_trained(tiny_dir):
+    """generator.weights=bf16: the rollouts the update trains on (log-probs asked) come from bf16 autocast and carry
+    the sampler's log-probs, within 0.05 nats a token of the fp32 model's log-probs of the same tokens (computed
+    here independently, by a plain forward); held-out scoring (no log-probs asked) reads the model as trained, so
+    its greedy completions equal generator.weights=full's."""
+    from grpo_cli.config import GeneratorConfig
+    from grpo_cli.models.loading import load_model, load_tokenizer
+    from grpo_cli.rollout.generation import HFGenerator, Sampling
+
+    model, tok = load_model(str(tiny_dir), device="cpu"), load_tokenizer(str(tiny_dir))
+    prompts = ["12+7=", "30+45=", "8+9="]
+    bf16 = HFGenerator(tok, GeneratorConfig(weights="bf16"), device="cpu")
+    full = HFGenerator(tok, GeneratorConfig(), device="cpu")
+    assert bf16.returns_logprobs and not full.returns_logprobs
+    def gaps(generator) -> torch.Tensor:  # |sampler log-prob - the fp32 model's|, each sampled token
+        roll = generator.generate(model, prompts, 4, Sampling(6, temperature=1.0), [1, 2, 3], with_logprobs=True)
+        out = []
+        for start, length in zip(roll.offsets.tolist(), roll.lengths.tolist()):
+            row, end = roll.tokens[start:start + length], start + length
+            with torch.no_grad():
+                logp = torch.log_softmax(model(row[None]).logits[0].float(), -1)[:-1].gather(-1, row[1:, None])[:, 0]
+            on = roll.loss_mask[start + 1:end].bool()
+            out.append((logp[on] - roll.sampler_logp[start + 1:end][on]).abs())
+        return torch.cat(out)
+
+    in_bf16, in_fp32 = gaps(bf16), gaps(full)
+    assert len(in_bf16) >= 12 and in_fp32.max() < 1e-4  # the check itself: fp32 sampling matches to rounding
+    assert 1e-4 < in_bf16.mean() < 0.05, in_bf16.mean()  # bf16 differs from fp32, a little
+    greedy = Sampling(6, greedy=True)
+    assert bf16.generate(model, prompts, 1, greedy).completions == full.generate(model, prompts, 1, greedy).completions
+
+
+def test_bf16_sampling_where_bf16_is_slow_is_one_sentence(monkeypatch, tiny_dir):
+    from grpo_cli.config import GeneratorConfig
+    from grpo_cli.errors import GrpoError
+    from grpo_cli.models.loading import load_tokenizer
+    from grpo_cli.rollout import generation
+
+    monkeypatch.setattr(generation, "decode_ratio", lambda device: 38.5)  # an AVX2 CPU emulating bf16
+    with pytest.raises(GrpoError, match=r"generator.weights=bf16 would sample slower than fp32 on this cpu "
+                                        r"\(a decode-shaped bf16 product took 38.5x fp32's time\); set generator.weights=full"):
+        generation.HFGenerator(load_tokenizer(str(tiny_dir)), GeneratorConfig(weights="bf16"), device="cpu")
+
+
+def test_a_run_with_bf16_sampling_weights_logs_the_gap_and_corrects_it(tmp_path, capsys):
+    """Three steps of the default task with generator.weights=bf16 and the truncated importance correction: every
+    training row carries the measured gap (small, not zero) and the share of capped tokens."""
+    from helpers import grpo, metric_rows
+
+    assert grpo("train", f"output_dir={tmp_path}", "trainer.steps=3", "trainer.prompts_per_step=8",
+                "trainer.eval_before_after=false", "generator.weights=bf16", "algo.sampler_correction=tis") == 0
+    rows = metric_rows(tmp_path, training=True)
+    assert len(rows) == 3
+    assert all(0 < r["sampler/logp_diff"] < 0.05 for r in rows), [r["sampler/logp_diff"] for r in rows]
+    assert all("sampler/capped_frac" in r for r in rows), sorted(rows[0])

@@ -104,6 +104,23 @@ def matmul_ratio(device: torch.device, size: int = 128, repeats: int = 3) -> flo
     return timed(torch.bfloat16) / max(timed(torch.float32), 1e-9)
 
 
+def decode_ratio(device: torch.device, rows: int = 8, repeats: int = 5) -> float:
+    """Time of a decode-shaped product in bf16 over float32 on `device`: a few rows against a 1024 x 8192
+    weight (32 MB in float32, so reading it dominates, as in decoding), best of `repeats` each."""
+    def best(dtype) -> float:
+        x, w = torch.randn(rows, 1024, device=device).to(dtype), torch.randn(8192, 1024, device=device).to(dtype)
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        return min(times[1:])
+
+    return best(torch.bfloat16) / max(best(torch.float32), 1e-9)
+
+
 def bf16_is_fast(device: torch.device) -> tuple[bool, str]:
     """(whether bf16 compute is at least about as fast as float32 on `device`, the reason in words)."""
     if device.type == "cuda":

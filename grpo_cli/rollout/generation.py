@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from grpo_cli.models.memory import noise_steps_ahead
-from grpo_cli.models.precision import Precision
+from grpo_cli.errors import GrpoError
+from grpo_cli.models.precision import Precision, decode_ratio
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
 from grpo_cli.rollout.turn_cache import TurnCache, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
@@ -308,6 +309,17 @@ class PromptIds:
         return seeds
 
 
+def bf16_sampling(device: torch.device) -> Precision:
+    """generator.weights=bf16: the training rollouts sampled under bf16 autocast, whose cache casts each weight
+    once per generation (half the bytes each decoded token reads); one sentence where a decode-shaped
+    product in bf16 is slower here than in fp32 (a CPU without native bf16 emulates it)."""
+    ratio = decode_ratio(device)
+    if ratio > 1.0:
+        raise GrpoError(f"generator.weights=bf16 would sample slower than fp32 on this {device.type} (a decode-shaped "
+                        f"bf16 product took {ratio:.1f}x fp32's time); set generator.weights=full.")
+    return Precision("bf16-mixed", device.type)
+
+
 class HFGenerator(PromptIds):
     """Generation with the model's own forward (see the module docstring). The model is passed per
     call (the policy, or a behaviour policy), so there are no weights to push after an update."""
@@ -316,11 +328,15 @@ class HFGenerator(PromptIds):
     needs_weights = False  # generation reads the model passed in; nothing to push after an update
 
     def __init__(self, tokenizer, settings=None, *, chat_template: bool = False, precision: Precision | None = None,
-                 **_placement):
+                 device=None, **_placement):
         super().__init__(tokenizer, chat_template)
         self.precision = precision or Precision("fp32")
         self.steps = getattr(settings, "decode", "auto") if settings is not None else "auto"
         self.turns: TurnCache | None = None  # a session's kept rows (session())
+        self.sampling_precision = self.precision
+        if getattr(settings, "weights", "full") == "bf16" and not self.precision.mixed:
+            self.sampling_precision = bf16_sampling(torch.device(device or "cpu"))
+            self.returns_logprobs = True  # the sampler's own log-probs: the update measures and corrects the gap
 
     def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
                  *, with_logprobs: bool = False) -> Rollout:
@@ -357,8 +373,9 @@ class HFGenerator(PromptIds):
         run's autocast, the model's mode restored after."""
         was_training = model.training
         model.eval()
+        precision = self.sampling_precision if with_logprobs else self.precision  # held-out scoring: as trained
         try:
-            with self.precision.autocast():
+            with precision.autocast():
                 return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
                               seeds=seeds, with_logprobs=with_logprobs, steps=self.steps, turns=turns)
         finally:

@@ -65,6 +65,8 @@ def _check_vllm(p, g, model) -> None:
                                                            "(or null for the model's own)")
     p.need(not model.lora.quantize, "generator=vllm cannot serve a 4-bit QLoRA base (model.lora.quantize); "
                                     "use generator=hf or a LoRA run without quantize")
+    p.need(g.weights == "full", f"generator.weights={g.weights} is generator=hf's; vLLM samples in the model's own "
+                                "dtype: drop generator.weights")
 
 
 VLLM_INSTALL = ("generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from collections.abc import Mapping
 
-from grpo_cli.choices import (ENV_SANDBOXES, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (ENV_SANDBOXES, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
@@ -66,6 +66,7 @@ def check_generator(p: Problems, g, model) -> None:
     """generator.name, then the back-end's own rules (generators.Backend.check)."""
     p.choice("generator.name", g.name, tuple(GENERATORS))
     p.choice("generator.decode", g.decode, ("auto", "static", "eager"))
+    p.choice("generator.weights", g.weights, GENERATOR_WEIGHTS)
     check = GENERATORS[g.name].check if g.name in GENERATORS else None
     if check is not None:
         check(p, g, model)
@@ -313,6 +314,8 @@ def check_train(cfg) -> None:
     check_algo(p, cfg)
     check_generator(p, cfg.generator, cfg.model)
     t = cfg.trainer
+    p.need(cfg.generator.weights != "bf16" or t.precision in ("auto", "fp32"),
+           f"generator.weights=bf16 samples in bf16, which trainer.precision={t.precision} already does; drop one")
     if cfg.objective is not None:
         p.choice("objective", cfg.objective, OBJECTIVES)
         p.need(not cfg.objective.endswith("accuracy_after") or t.eval_before_after,

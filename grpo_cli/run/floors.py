@@ -113,8 +113,9 @@ class StepFloors:
     def of(cls, cfg, policy: torch.nn.Module, precision) -> "StepFloors":
         device = next(policy.parameters()).device
         dtype = precision.frozen_dtype  # what generation reads: bf16 under bf16-mixed (autocast's copies)
+        sampled = torch.bfloat16 if getattr(cfg.generator, "weights", "full") == "bf16" else dtype  # generator.weights
         params = sum(p.numel() for p in policy.parameters())
-        return cls(params, params * torch.finfo(dtype).bits / 8, *cached_peaks(device, dtype),
+        return cls(params, params * torch.finfo(sampled).bits / 8, *cached_peaks(device, dtype),
                    int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1), cfg.algo.num_iterations)
 
     def efficiency(self, row: dict) -> dict[str, float]:
