@@ -7,8 +7,10 @@ handler raised.
 
 A helper that runs code the trainer does not trust (a confined environment worker, env.sandbox=os) is
 started `plain`: what it sends is read as plain data only (`plain_loads`: no class or function is
-looked up, so a forged message cannot run code in the trainer), at most PLAIN_MAX_BYTES a message, and
-its output goes nowhere (it cannot write lines into the trainer's log); it sends `to_plain(value)`."""
+looked up, so a forged message cannot run code in the trainer), at most PLAIN_MAX_BYTES a message, of the
+protocol's shape; once started, an error it reports is its own loss (raised as `lost`, the helper killed),
+never a sentence that stops the run; and its output goes nowhere (it cannot write lines into the trainer's
+log). It sends `to_plain(value)`."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ def how_it_ended(process: subprocess.Popen) -> str:
 
 
 PLAIN_MAX_BYTES = 256 * 2**20
+PLAIN_TEXT_CHARS = 2000  # of an error a plain helper reports, shown
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -93,6 +96,7 @@ class Helper:
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet)
         theirs.close()  # the helper holds the only other end: its death is this end's EOF
         self.conn, self.name, self.lost, self.plain = Connection(ours.detach()), name, lost, plain
+        self.answered = False  # whether it has answered once (started): a plain helper's errors after are its loss
         self.timeout_key = f" ({timeout_key})" if timeout_key else ""  # the setting a slow helper's sentence names
         self.send((list(sys.path), first))  # the trainer's path: the user's modules are found there too
 
@@ -114,10 +118,14 @@ class Helper:
         except (EOFError, OSError):
             raise self.lost(f"{self.name} {how_it_ended(self.process)} while {doing}") from None
         kind = message[0] if isinstance(message, tuple) and message else None
+        if kind in ("error", "bug") and self.plain and self.answered:  # not the run's to stop: it may be hostile
+            self.process.kill()
+            raise self.lost(f"{self.name} stopped: {message[1]}")
         if kind == "error":
             raise GrpoError(message[1])
         if kind == "bug":
             raise RuntimeError(f"{self.name} failed:\n{message[1]}")
+        self.answered = True
         return message
 
     def _read(self):
@@ -131,10 +139,17 @@ class Helper:
             self.process.kill()
             raise self.lost(f"{self.name} sent a message over {PLAIN_MAX_BYTES // 2**20} MiB and was stopped") from None
         try:
-            return plain_loads(data)
+            message = plain_loads(data)
         except Exception as e:  # noqa: BLE001 - a malformed or forged message, whatever pickle raises
             self.process.kill()
             raise self.lost(f"{self.name} sent a message that is not plain data ({e}) and was stopped") from None
+        if not (isinstance(message, tuple) and len(message) == 2 and isinstance(message[0], str)) or (
+                message[0] in ("error", "bug") and not isinstance(message[1], str)):
+            self.process.kill()
+            raise self.lost(f"{self.name} sent a message of no known shape and was stopped")
+        if message[0] in ("error", "bug") and len(message[1]) > PLAIN_TEXT_CHARS:  # it may be hostile: cut short
+            return message[0], message[1][:PLAIN_TEXT_CHARS] + " [...]"
+        return message
 
     def alive(self) -> bool:
         return self.process.poll() is None
