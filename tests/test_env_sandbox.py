@@ -46,6 +46,8 @@ def probe(what: str) -> str:
         return open(os.path.join(os.environ["GRPO_TEST_DIR"], "secret.txt")).read()
     if what == "secret_outside":
         return open(os.environ["GRPO_TEST_SECRET"]).read()
+    if what == "trainer_cwd":
+        return open(os.path.join(os.environ["GRPO_TEST_CWD"], "notes.txt")).read()
     if what == "trainer_environ":
         return open(f"/proc/{TRAINER}/environ").read()
     if what == "machine_etc":
@@ -109,6 +111,11 @@ def tools(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_TEST_DIR", str(where))
     monkeypatch.setenv("GRPO_TEST_SECRET", str(elsewhere / "secret.txt"))
     monkeypatch.setenv("GRPO_TEST_HIDDEN", "trainer-environ-secret")
+    cwd = tmp_path / "project"  # the directory grpo runs in: not the tools' own, so not shown
+    cwd.mkdir()
+    (cwd / "notes.txt").write_text("project-secret")
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("GRPO_TEST_CWD", str(cwd))
     return where
 
 
@@ -147,6 +154,7 @@ def test_a_confined_tool_reaches_nothing_of_the_machine_or_the_trainer(tools, ca
 
             assert "Permission denied" in attempt("secret_beside")
         for what, error in (("secret_outside", "No such file"), ("trainer_environ", "No such file"),
+                            ("trainer_cwd", "No such file"),
                             ("machine_etc", "No such file"), ("kill_trainer", "No such process"),
                             ("write_outside", "Read-only file system"), ("write_tmp", "Read-only file system"),
                             ("network", "Operation not permitted")):
@@ -352,3 +360,17 @@ def test_a_forged_error_or_malformed_message_stops_the_worker_not_the_run(tools)
         assert lie.remote_call((), {"kind": "none"}, 10.0, 1) == "honest"
     finally:
         spec.workers.close()
+
+
+def test_a_tool_whose_directory_is_your_home_is_refused_and_a_module_s_directory_is_shown(tools, monkeypatch):
+    """The worker is shown the directory of each module it imports, never your whole home (where a tool file
+    lying in it would have put ~/.ssh in view of an unprivileged user's worker)."""
+    from grpo_cli.rollout.env_sandbox import readable
+
+    assert str(tools) in readable({"tools": ["attack_tool.py:probe"], "fn_dir": str(tools)})
+    assert os.getcwd() not in readable({"tools": ["grpo_cli.demo.tools:add"], "fn_dir": None})
+    monkeypatch.setenv("HOME", str(tools))
+    with pytest.raises(GrpoError, match=r"env.sandbox=os would show the environment worker all of .*tools \(the directory "
+                                        r"of a module env.tools or env.factory names.*move the environment's files into "
+                                        r"a directory of their own"):
+        readable({"tools": ["attack_tool.py:probe"], "fn_dir": str(tools)})

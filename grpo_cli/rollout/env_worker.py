@@ -57,7 +57,7 @@ def _serve(channel: Channel, settings) -> None:
     if confined:
         from grpo_cli.rollout.env_sandbox import confine
 
-        confine(cfg.get("fn_dir"), channel.conn.fileno())
+        confine(cfg, channel.conn.fileno())
     from grpo_cli.rollout.environments import environment
 
     spec = environment(OmegaConf.create(cfg), schemas=False)  # a GrpoError goes back as ("error", sentence)
