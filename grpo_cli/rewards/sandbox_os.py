@@ -71,7 +71,7 @@ NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NE
 
 def namespaces(flags: int = NAMESPACES, user: bool = True) -> None:
     """Mount, PID, network, IPC and UTS namespaces of its own (`flags`), in a user namespace mapping only this
-    user to itself when not root and `user` (root keeps the machine's, so that it can become `nobody`);
+    user to itself when not root and `user` (root keeps the machine's, so that it can become another user);
     OSError where the kernel refuses. After a new PID namespace, the next child this process forks is its
     first process."""
     if sys.platform != "linux":
@@ -105,10 +105,12 @@ def first_process(close: tuple[int, ...] = (), then=None) -> None:
     for fd in close:
         os.close(fd)
     status = os.waitpid(pid, 0)[1]
-    if then is not None:
-        then()
     code = os.waitstatus_to_exitcode(status)
-    os._exit(code if code >= 0 else 128 - code)
+    try:
+        if then is not None:
+            then()
+    finally:  # this process never goes on to run what the first process runs, whatever `then` raised
+        os._exit(code if code >= 0 else 128 - code)
 
 
 def own_uid() -> int:
