@@ -51,6 +51,10 @@ def table(rows: list[dict]) -> list[str]:
         out.append(f"{phase:<12}{seconds / len(timed):>10.3f}{floor / len(timed):>14.3f}{floor / seconds:>12.2f}")
     wall = sum(r["seconds"] for r in rows) / len(rows)
     out.append(f"{'step (wall)':<12}{wall:>10.3f}")
+    positions = sum(r.get("completion_len_max", 0.0) for r in rows)  # decode steps: the longest row's length
+    if positions:
+        out.append(f"generation: {1000 * spent['generation'] / positions:.1f} ms a decode step "
+                   f"({positions / len(rows):.0f} steps a step, the longest completion's length)")
     return out
 
 
