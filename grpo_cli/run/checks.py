@@ -109,7 +109,7 @@ def check_env(p: Problems, env, data) -> None:
     p.choice("env.sandbox", env.sandbox, ENV_SANDBOXES)
     p.need(env.sandbox != "os" or env.workers >= 1 or not env_active(env),
            "env.sandbox=os confines the environment's worker processes, and env.workers is 0; set env.workers "
-           "(e.g. env.workers=2), or env.sandbox=none.")
+           "(e.g. env.workers=2), or env.sandbox=none")
     p.choice("env.tool_format", env.tool_format, ("auto", "schema", *TOOL_FORMATS))
     factories = (env.factory.items() if isinstance(env.factory, Mapping) else [("", env.factory)]) if env.factory else []
     specs = [("env.tools", str(t)) for t in env.tools] + [(f"env.factory{'.' + str(k) if k else ''}", str(v))

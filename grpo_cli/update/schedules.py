@@ -13,8 +13,8 @@ from functools import partial
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def _warming(step: int, warmup: int) -> float | None:
-    return step / max(1, warmup) if step < warmup else None
+def _warming(step: int, warmup: int) -> float:
+    return step / max(1, warmup)
 
 
 def constant(step: int, *, warmup: int, total: int, lr: float) -> float:
