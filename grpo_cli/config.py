@@ -181,6 +181,7 @@ class TrainerConfig:
     prompts_per_step: int = 32
     micro_batch_size: int = 64
     packing: bool = True
+    shared_prompts: bool = True
     max_tokens_per_micro_batch: int = 0
     memory_gib: float = 0.0
     seed: int = 0

@@ -7,7 +7,9 @@
   package, as the safety net of that move;
 - `default_padded`: the default run with `trainer.packing=false` (the padded forward), recorded on 2026-11-25
   before rollouts became flat rows with one packer. On the recording machine every number of these rows,
-  and the final weights, came out bit for bit the same after that change.
+  and the final weights, came out bit for bit the same after that change;
+- `default_unshared`: the default run with `trainer.shared_prompts=false` (each prompt computed G times, as
+  when `default` was recorded, before prompts were shared): `default`'s rows.
 An equality test compares two code paths, so a change that moves both sides passes it; these fail when
 any number of the pinned runs moves.
 
@@ -31,11 +33,12 @@ WORKLOADS = {
                  "trainer.log_completions_every=0"],
     "staleness_1": [*COMMON, "trainer.steps=4", "trainer.max_staleness=1"],
     "default_padded": [*COMMON, "trainer.steps=5", "trainer.packing=false"],
+    "default_unshared": [*COMMON, "trainer.steps=5", "trainer.shared_prompts=false"],
 }
 EXACT = ("step", "reward_mean", "completion_tokens", "zero_var_frac")
 CLOSE = ("reward_std", "loss", "kl", "grad_norm", "entropy")
 EXTRA = {"default": (), "tool_use": ("env/tool_calls", "env/turns"), "staleness_1": ("ratio_mean", "staleness"),
-         "default_padded": ("padding_frac",)}
+         "default_padded": ("padding_frac",), "default_unshared": ()}
 GOLDEN = {
     "default": [
         dict(step=1, reward_mean=0.51953125, completion_tokens=760, zero_var_frac=0.0625, reward_std=0.49961838464315694,
@@ -81,6 +84,7 @@ GOLDEN = {
          "grad_norm": 0.6741356253623962, "entropy": 0.4061363736788432, "ratio_mean": 0.9997841715812683, "staleness": 1.0},
     ],
 }
+GOLDEN["default_unshared"] = GOLDEN["default"]  # each prompt computed G times: the rows recorded before sharing
 
 
 def workload_rows(name: str, out: Path) -> list[dict]:

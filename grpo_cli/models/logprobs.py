@@ -70,8 +70,8 @@ def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_
                      position_ids: Tensor, **_ignored) -> tuple[Tensor, Tensor | None]:
     T = req.completion_len
     if req.packed is not None:  # attention_mask None: transformers finds the rows from the position ids
-        hidden = self.base_model(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
-                                 use_cache=False).last_hidden_state  # [bins, capacity, H]
+        hidden = self.base_model(input_ids=input_ids, attention_mask=tree_mask_for(self, req.packed.mask),
+                                 position_ids=position_ids, use_cache=False).last_hidden_state  # [bins, capacity, H]
         states = hidden.reshape(-1, hidden.shape[-1])[req.packed.states]  # [K, H]
         return _from_head(self.get_output_embeddings(), states, req.packed.targets, req)
     targets = input_ids[:, -T:]  # [B, T]
@@ -85,6 +85,15 @@ def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_
         states = hidden[:, -T - 1 : -1].reshape(-1, hidden.shape[-1])  # [B*T, H]: the states predicting each token
         logp, entropy = _from_head(self.get_output_embeddings(), states, targets.reshape(-1), req)
     return logp.view(-1, T), entropy.view(-1, T) if entropy is not None else None
+
+
+def tree_mask_for(model, mask: Tensor | None) -> Tensor | None:
+    """A shared-prompt layout's boolean mask as the attention takes it: as is for sdpa (True = attend), added
+    to the scores (0 or the dtype's lowest) for eager attention. transformers passes a 4D mask through."""
+    if mask is None or getattr(model.config, "_attn_implementation", "sdpa") != "eager":
+        return mask
+    dtype = model.get_input_embeddings().weight.dtype
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest):
@@ -120,6 +129,8 @@ def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entro
 
 # Attention implementations that read packed rows from position ids (transformers' packed-sequence support).
 PACKABLE_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+# Those that take a 4D mask, the shared-prompt layout's tree (packer.shared_inputs).
+TREE_ATTENTION = ("sdpa", "eager")
 
 
 def lm_config(model):
@@ -133,6 +144,11 @@ def can_pack(model) -> bool:
     config = lm_config(model)
     return (config is not None and getattr(config, "_attn_implementation", None) in PACKABLE_ATTENTION
             and not any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS))
+
+
+def can_share_prompts(model) -> bool:
+    """Whether `model` can take the shared-prompt layout: packed rows and an attention that reads a 4D mask."""
+    return can_pack(model) and getattr(lm_config(model), "_attn_implementation", None) in TREE_ATTENTION
 
 
 def one_bin(model) -> bool:

@@ -15,7 +15,11 @@ Layout of a micro-batch's forward:
 - "bins": rows laid end to end in bins as long as the micro-batch's longest row (first-fit decreasing), so
   attention never costs more than one padded row and no pad token is computed (docs/math.md, "Packed
   batches");
-- "one_bin": the whole micro-batch as one sequence of rows (variable-length attention kernels).
+- "one_bin": the whole micro-batch as one sequence of rows (variable-length attention kernels);
+- "shared" (`trainer.shared_prompts`): as "bins", but the rows of a micro-batch that share a prompt (a
+  group's G samples) lie as one unit, the prompt once and then each row's completion, with a tree
+  attention mask: a completion sees the prompt and itself, so each prompt is computed once per micro-batch
+  instead of G times (docs/math.md, "Shared prompts").
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from torch import Tensor
 
 from grpo_cli.models.distributed import SINGLE, Dist
 
-LAYOUTS = ("padded", "bins", "one_bin")
+LAYOUTS = ("padded", "bins", "one_bin", "shared")
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, b
         raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}.")
     padded = padded_length if padded_length is not None else max(lengths, default=1)
 
-    def micro_batch(rows: list[int]) -> MicroBatch:
+    def micro_batch(rows: list[int]) -> MicroBatch:  # "shared" is assigned rows as "bins" (shared_inputs lays them)
         if layout == "padded":
             return MicroBatch(torch.tensor(rows, dtype=torch.long), None, padded)
         bins, capacity = fill_bins([lengths[i] for i in rows], one_bin=layout == "one_bin")
@@ -122,6 +126,7 @@ class Packed:
     cols: Tensor  # [K] its completion column
     shape: tuple[int, int]  # (b, T)
     real_tokens: int  # tokens in the bins that are not filler
+    mask: Tensor | None = None  # "shared": [bins, 1, capacity, capacity], True where a position may attend
 
 
 def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int],
@@ -166,3 +171,92 @@ def pack_padded(input_ids: Tensor, attention_mask: Tensor, completion_len: int, 
     offsets = [sum(lengths[:i]) for i in range(len(lengths))]
     mb = pack(lengths, layout="one_bin" if one_bin else "bins", batch_rows=max(len(lengths), 1))[0]
     return packed_inputs(input_ids[real], offsets, lengths, prompts, completion_len, mb)
+
+
+def share_units(rows: list[int], lengths: list[int], prompt_lengths: list[int], prompts: list[tuple],
+                pair_cost: float = 0.0) -> list[list[int]]:
+    """Rows (positions in `rows`) grouped into units that lay their prompt once. A row joins the last unit of its
+    prompt while that costs less than laying it alone: a unit's masked attention grows with its length squared
+    (`pair_cost`: a position pair's attention against a token's weights, about 1 / (6 x hidden size)), so a
+    long unit stops paying for the prompt it saves. pair_cost 0 puts all rows of a prompt in one unit."""
+    open_unit: dict[tuple, int] = {}
+    units, size = [], []
+    for i, r in enumerate(rows):
+        n, m = prompt_lengths[r], lengths[r] - prompt_lengths[r]
+        u = open_unit.get(prompts[i]) if n else None  # a row without a prompt token has nothing to share
+        if u is not None and pair_cost * (2 * size[u] * m + m * m) <= n + pair_cost * (n + m) ** 2:
+            units[u].append(i)
+            size[u] += m
+            continue
+        open_unit[prompts[i]] = len(units)
+        units.append([i])
+        size.append(n + m)
+    return units
+
+
+def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int],
+                  completion_len: int, mb: MicroBatch, fill_id: int = 0, pair_cost: float = 0.0) -> Packed:
+    """The micro-batch's rows laid with each distinct prompt once: a unit is a prompt followed by the completion
+    of its rows (share_units), units fill bins first-fit decreasing, each completion's position ids continue
+    from its prompt's, and the mask lets a token see the earlier tokens of its own unit that are its prompt or
+    its own completion. A completion's first token is predicted by the prompt's last state."""
+    host = tokens.cpu()
+    rows = mb.rows.tolist()
+    prompts = [tuple(host[offsets[r] : offsets[r] + prompt_lengths[r]].tolist()) for r in rows]
+    members = share_units(rows, lengths, prompt_lengths, prompts, pair_cost)
+    size = [prompt_lengths[rows[m[0]]] + sum(lengths[rows[i]] - prompt_lengths[rows[i]] for i in m) for m in members]
+    bins, capacity = fill_bins(size)
+    n_bins = len(bins)
+    flat = n_bins * capacity
+    dest, source, positions, branch, unit = [], [], [], [], []
+    states, targets, out_rows, cols = [], [], [], []
+    for b, in_bin in enumerate(bins):
+        at = b * capacity
+        for u in in_bin:
+            first, n = rows[members[u][0]], prompt_lengths[rows[members[u][0]]]
+            dest.append(torch.arange(at, at + n))
+            source.append(torch.arange(offsets[first], offsets[first] + n))
+            positions.append(torch.arange(n))
+            branch.append(torch.zeros(n, dtype=torch.long))
+            unit.append(torch.full((n,), u))
+            last_prompt, at = at + n - 1, at + n
+            for i in members[u]:
+                r = rows[i]
+                m = lengths[r] - n
+                dest.append(torch.arange(at, at + m))
+                source.append(torch.arange(offsets[r] + n, offsets[r] + n + m))
+                positions.append(torch.arange(n, n + m))
+                branch.append(torch.full((m,), i + 1))
+                unit.append(torch.full((m,), u))
+                k = torch.arange(m)
+                scored = k >= (0 if n else 1)  # a row's very first token has no state before it
+                before = torch.where(k == 0, torch.full_like(k, last_prompt), at + k - 1)
+                states.append(before[scored])
+                targets.append(torch.arange(offsets[r] + n, offsets[r] + n + m)[scored])
+                out_rows.append(torch.full((int(scored.sum()),), i))
+                cols.append(k[scored])
+                at += m
+    dest, source = torch.cat(dest), torch.cat(source)
+    ids = torch.full((flat,), fill_id, dtype=tokens.dtype, device=tokens.device)
+    ids[dest.to(tokens.device)] = tokens[source.to(tokens.device)]
+    pos = torch.zeros(flat, dtype=torch.long)
+    pos[dest] = torch.cat(positions)
+    tree_branch = torch.zeros(flat, dtype=torch.long)
+    tree_branch[dest] = torch.cat(branch)
+    tree_unit = -1 - torch.arange(flat)  # filler: each position a unit of its own, seeing itself only
+    tree_unit[dest] = torch.cat(unit)
+    device = tokens.device
+    return Packed(input_ids=ids.view(n_bins, capacity), position_ids=pos.view(n_bins, capacity).to(device),
+                  states=torch.cat(states).to(device), targets=tokens[torch.cat(targets).to(device)],
+                  rows=torch.cat(out_rows).to(device), cols=torch.cat(cols).to(device), shape=(len(rows), completion_len),
+                  real_tokens=int(dest.numel()), mask=tree_mask(tree_unit.view(n_bins, capacity),
+                                                                tree_branch.view(n_bins, capacity)).to(device))
+
+
+def tree_mask(unit: Tensor, branch: Tensor) -> Tensor:
+    """[bins, 1, L, L] from each position's unit and branch ([bins, L]; branch 0 = the unit's prompt): position i
+    sees j <= i of its own unit where j is prompt or on i's own branch."""
+    same_unit = unit[:, :, None] == unit[:, None, :]
+    causal = torch.ones(unit.shape[1], unit.shape[1], dtype=torch.bool).tril()
+    visible = (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
+    return (same_unit & causal & visible)[:, None]

@@ -14,7 +14,8 @@ for FLOP/s; probed once per machine, device, dtype and thread count, and cached 
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
 - generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
   completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token;
-- scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for;
+- scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for (the
+  tokens the forward computes: `forward_tokens`, each prompt once, under trainer.shared_prompts);
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
 - the environment, the push and the wait have none here: the first is the environment's own code, the
   second a copy whose floor depends on the transport, the third the other process's work.
@@ -149,9 +150,10 @@ def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth:
     gen = score = update = 0.0
     for r in rows:
         prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
+        forward = r.get("forward_tokens", prompt + completion)  # fewer with shared prompts (each computed once)
         gen += r.get("completion_len_max", 0.0) * weight_bytes / bandwidth + 2 * params * prompt / flops
-        score += forwards * 2 * params * (prompt + completion) / flops
-        update += passes * 6 * params * (prompt + completion) / flops
+        score += forwards * 2 * params * forward / flops
+        update += passes * 6 * params * forward / flops
     return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
             "push": None, "wait": None}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
+from functools import partial
 from dataclasses import dataclass, fields, make_dataclass
 from types import MappingProxyType
 from typing import Any, Callable, ContextManager
@@ -22,14 +23,15 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from grpo_cli.models.distributed import SINGLE, Dist
-from grpo_cli.models.logprobs import LogProbRequest, can_pack, one_bin, packed_logprobs, padded_logprobs
+from grpo_cli.models.logprobs import (LogProbRequest, can_pack, can_share_prompts, lm_config, one_bin, packed_logprobs,
+                                     padded_logprobs)
 from grpo_cli.models.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.update.metrics import StepMetrics
 from grpo_cli.algo.advantages import ADVANTAGES
 from grpo_cli.algo.objective import POLICY_LOSSES, LossInputs, policy_loss, sampler_correction_weight, token_kl
 from grpo_cli.models.precision import Precision
 from grpo_cli.rewards import Judge, no_score_none
-from grpo_cli.models.packer import pack, packed_inputs
+from grpo_cli.models.packer import pack, packed_inputs, shared_inputs
 from grpo_cli.update.batch import Rollout, Sampling
 
 
@@ -96,6 +98,7 @@ class StepSettings:
     judge: Judge
     packing: bool = False  # rows packed without padding in every forward (logprobs.py), where the model can
     max_tokens: int = 0  # micro-batches by token count (real tokens per micro-batch); 0 = micro_batch_size rows
+    shared_prompts: bool = False  # with packing: each prompt computed once per micro-batch (packer.shared_inputs)
 
     @classmethod
     def of(cls, cfg, reward_fn=None) -> "StepSettings":
@@ -104,15 +107,24 @@ class StepSettings:
                    sampling=Sampling(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                                      top_k=s.top_k),
                    max_grad_norm=cfg.optimizer.max_grad_norm, judge=Judge(cfg.reward, reward_fn),
-                   packing=cfg.trainer.packing, max_tokens=cfg.trainer.max_tokens_per_micro_batch)
+                   packing=cfg.trainer.packing, max_tokens=cfg.trainer.max_tokens_per_micro_batch,
+                   shared_prompts=cfg.trainer.shared_prompts)
 
 
 def forward_layout(model, settings: StepSettings) -> str:
     """How the step lays rows out for `model`'s forward (packer.py): in bins where packing is on and the
-    model can take packed rows, one padded row each otherwise."""
+    model can take packed rows (with shared prompts where it takes a tree mask), one padded row each otherwise."""
     if not (settings.packing and can_pack(model)):
         return "padded"
+    if settings.shared_prompts and can_share_prompts(model):
+        return "shared"
     return "one_bin" if one_bin(model) else "bins"
+
+
+def pair_cost(model) -> float:
+    """A position pair's attention FLOPs against a token's weight FLOPs, about 4d against 24d^2 a layer for
+    hidden size d: what sharing a prompt trades (packer.share_units)."""
+    return 1.0 / (6 * max(int(getattr(lm_config(model), "hidden_size", 0) or 0), 1))
 
 
 class StepBatch:
@@ -120,7 +132,8 @@ class StepBatch:
     micro-batches, each one's forward inputs (packed bins, or the padded view's rows), and where each
     micro-batch's completion columns lie among the rollout's per-token values."""
 
-    def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded"):
+    def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded",
+                 pair_cost: float = 0.0):
         self.roll, self.T = roll, roll.completion_len
         lengths = roll.lengths.tolist()
         self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
@@ -129,8 +142,8 @@ class StepBatch:
         self.index, self.valid = roll.completion_index()  # [B, T]
         self.padded = roll.padded() if layout == "padded" else None
         offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
-        self.packed = [None if layout == "padded" else packed_inputs(roll.tokens, offsets, lengths, prompts, self.T, mb)
-                       for mb in self.parts]
+        lay = {"padded": lambda *a: None, "shared": partial(shared_inputs, pair_cost=pair_cost)}.get(layout, packed_inputs)
+        self.packed = [lay(roll.tokens, offsets, lengths, prompts, self.T, mb) for mb in self.parts]
 
     def grid(self, values: Tensor, rows: Tensor | None = None) -> Tensor:
         """Per-token `values` [N] on the completion columns of `rows` (default all): [b, T], 0 where none."""
@@ -165,7 +178,8 @@ def score(model, roll: Rollout, temperature: float, settings: StepSettings, prec
           dist: Dist = SINGLE) -> Tensor:
     """Each token's log-probability under `model`, without gradients: [N] (0 on prompt tokens), in
     micro-batches as the step would form them."""
-    return score_tokens(model, StepBatch(roll, settings, dist, forward_layout(model, settings)), temperature, precision)
+    return score_tokens(model, StepBatch(roll, settings, dist, forward_layout(model, settings), pair_cost(model)),
+                        temperature, precision)
 
 
 def loss_mask(roll: Rollout, mask_truncated: bool, batch: StepBatch | None = None) -> torch.Tensor:
@@ -197,7 +211,8 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     decides alike without a collective.
     """
     algo, temperature = settings.algo, settings.sampling.temperature
-    batch = batch if batch is not None else StepBatch(roll, settings, dist, forward_layout(policy, settings))
+    batch = batch if batch is not None else StepBatch(roll, settings, dist, forward_layout(policy, settings),
+                                                      pair_cost(policy))
     full_mask = loss_mask(roll, algo.mask_truncated, batch)
     request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
@@ -289,7 +304,8 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     algo, temp = settings.algo, settings.sampling.temperature
     # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
-    batch = StepBatch(roll, settings, dist, forward_layout(policy, settings))  # once: every pass runs these micro-batches
+    # once: every pass runs these micro-batches
+    batch = StepBatch(roll, settings, dist, forward_layout(policy, settings), pair_cost(policy))
     with record_function(PHASES[1]):  # only the log-probabilities this config needs: none when beta = 0 and mu = 1
         roll.old_logp = roll.behaviour_logp
         if roll.old_logp is None and algo.num_iterations > 1:
@@ -320,6 +336,8 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     metrics.mean("padding_frac", padded - roll.tokens.numel(), padded)
     metrics.sum("completion_tokens", lengths.sum())
     metrics.sum("prompt_tokens", (roll.prompt_lengths.to(weights.device).double() * weights.double()).sum())
+    if any(p is not None and p.mask is not None for p in batch.packed):  # shared prompts: each computed once
+        metrics.sum("forward_tokens", sum(p.real_tokens for p in batch.packed))
     metrics.max("row_tokens_max", max(roll.lengths.tolist(), default=0))  # what the memory plan counts (memory.py)
     metrics.max("micro_batch_positions", max((mb.positions for mb in batch.parts), default=0))
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
@@ -331,6 +349,8 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
     row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
     row["completion_tokens"], row["prompt_tokens"] = int(row["completion_tokens"]), int(row["prompt_tokens"])
+    if "forward_tokens" in row:
+        row["forward_tokens"] = int(row["forward_tokens"])
     row.update(grad_norm=grad_norm, skipped=float(skipped),
                tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
     return row, roll
