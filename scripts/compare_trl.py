@@ -6,6 +6,7 @@
     python scripts/compare_trl.py --task qwen-shape --precision fp32 bf16
     python scripts/compare_trl.py --task long          # SmolLM2-135M-Instruct (make smollm2), lengths up to 1,024
     python scripts/compare_trl.py --device cuda --task qwen-shape --precision bf16   # on a GPU (peak: CUDA's allocation)
+    python scripts/compare_trl.py --task default --grpo trainer.shared_prompts=true  # grpo-cli's side with overrides
 
 Workloads:
   default     the built-in tiny model on the built-in arithmetic task, the training defaults
@@ -68,6 +69,7 @@ LONG_ASKS = ["What is the chemical symbol for gold?",
 
 
 DEVICE = "cpu"  # --device: cpu, or cuda (the peak is then CUDA's allocated memory, not the process's RSS)
+GRPO_OVERRIDES: list[str] = []  # --grpo: overrides for grpo-cli's runs
 
 
 def usage() -> dict:
@@ -223,7 +225,8 @@ def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bo
             "threads": torch.get_num_threads(), **usage()}
 
 
-def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: bool = False, budget: int = 0) -> dict:
+def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: bool = False, budget: int = 0,
+             overrides: tuple[str, ...] = ()) -> dict:
     import torch
 
     from grpo_cli.cli import main
@@ -252,7 +255,7 @@ def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: b
                  "trainer.log_completions_every=0",
                  f"trainer.precision={'bf16-mixed' if precision == 'bf16' else 'fp32'}"]
     try:
-        main(["train", *common, *extra])
+        main(["train", *common, *extra, *overrides])
     except SystemExit as e:
         if e.code not in (0, None):
             raise
@@ -281,7 +284,7 @@ def child(args) -> None:
     sys.path.insert(0, str(work.parent))
     fn = run_trl if args.child == "trl" else run_grpo
     result = fn(args.task, args.precision[0], args.steps, work, args.gradient_checkpointing == "on",
-                *([args.budget] if args.child == "grpo" else []))
+                *([args.budget, tuple(args.grpo)] if args.child == "grpo" else []))
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -327,7 +330,7 @@ def spawn(who: str, task: str, precision: str, steps: int, threads: int, root: P
     cmd = [sys.executable, __file__, "--child", who, "--task", task, "--precision", precision, "--steps", str(steps),
            "--threads", str(threads), "--work", str(work), "--result", str(result),
            "--gradient-checkpointing", checkpointing, "--budget", str(budget), "--long-new-tokens", str(LONG_NEW_TOKENS),
-           "--device", DEVICE]
+           "--device", DEVICE, "--grpo", *GRPO_OVERRIDES]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -358,7 +361,7 @@ def summarise(runs: list[dict], skip: int) -> dict:
 
 
 def main(argv=None) -> int:
-    global LONG_NEW_TOKENS, DEVICE
+    global LONG_NEW_TOKENS, DEVICE, GRPO_OVERRIDES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape", "long"])
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -376,6 +379,8 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--gradient-checkpointing", choices=["off", "on"], default="off",
                    help="on both sides (default off; TRL 1.16's own default is on)")
+    p.add_argument("--grpo", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides for grpo-cli's runs, after the matched settings (e.g. trainer.shared_prompts=true)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run (default cpu)")
@@ -383,7 +388,7 @@ def main(argv=None) -> int:
     p.add_argument("--child", choices=["trl", "grpo"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    LONG_NEW_TOKENS, DEVICE = args.long_new_tokens, args.device
+    LONG_NEW_TOKENS, DEVICE, GRPO_OVERRIDES = args.long_new_tokens, args.device, args.grpo
     if not 0 <= args.qwen_warmup < args.qwen_steps:
         p.error("--qwen-warmup must be >= 0 and below --qwen-steps")
     if args.child:
@@ -405,7 +410,8 @@ def main(argv=None) -> int:
     print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{args.threads} thread(s); matmul peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s; {where}")
     print(f"both sides: gradient checkpointing {args.gradient_checkpointing}; TRL use_bias_correction_kl=False "
-          "(grpo-cli's KL term is DeepSeekMath's, without the importance ratio)")
+          "(grpo-cli's KL term is DeepSeekMath's, without the importance ratio)"
+          + (f"; grpo-cli also {' '.join(args.grpo)}" if args.grpo else ""))
     workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []
     if "qwen-shape" in args.task:
         workloads += [("qwen-shape", pr, args.qwen_steps, args.qwen_warmup) for pr in args.precision]
@@ -420,7 +426,7 @@ def main(argv=None) -> int:
         budget = args.long_budget if task == "long" else 0
         for r in range(args.rounds):
             order = ("trl", "grpo", "budget") if r % 2 == 0 else ("budget", "grpo", "trl")
-            for who in order[:2] if not budget else order:
+            for who in [w for w in order if budget or w != "budget"]:  # every round runs TRL and grpo-cli
                 runs[who].append(spawn("grpo" if who == "budget" else who, task, precision, steps, args.threads, root,
                                        f"r{r}" + ("-budget" if who == "budget" else ""), args.gradient_checkpointing,
                                        budget if who == "budget" else 0))
