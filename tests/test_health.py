@@ -132,3 +132,13 @@ def test_the_default_run_fires_no_health_rule(tmp_path):
     rows = read_jsonl(run / "metrics.jsonl")
     assert not [k for r in rows for k in r if k.startswith("health/")]
     assert "no rule fired" in proc.stdout
+
+
+def test_memory_that_grows_with_the_steps_tokens_is_not_called_a_leak():
+    """Episodes lengthen as a model learns to call tools, and memory follows: quiet while the window's tokens pass
+    the earlier high by over 10% (here 1000 -> 1160 a step); the same growth on flat tokens fires."""
+    warm = [dict(memory_gib=1.0, prompt_tokens=100, completion_tokens=900)] * 5
+    growing = [dict(memory_gib=1.0 + 0.01 * i, prompt_tokens=100, completion_tokens=900 + 20 * i) for i in range(9)]
+    flat = [dict(memory_gib=1.0 + 0.01 * i, prompt_tokens=100, completion_tokens=900) for i in range(9)]
+    assert "memory_growth" not in fired(warm + growing)
+    assert fired(warm + flat) == ["memory_growth"]

@@ -14,7 +14,7 @@ the rows before it:
 | kl_explode | the KL to the reference is over 2 nats a token | lower optimizer.lr, raise algo.beta |
 | entropy_collapse | entropy under 0.01 nats a token while under half the completions are correct, 3 steps running | raise sampler.temperature or algo.entropy_coef |
 | entropy_explode | entropy over 3x its first value and over 2 nats a token above it, 3 steps running | lower optimizer.lr |
-| memory_growth | memory (resident on CPU, allocated on CUDA) rose at every one of the last 8 steps, by over 64 MiB, after 5 warm-up steps | a leak: a reward or callback keeping references |
+| memory_growth | memory (resident on CPU, allocated on CUDA) rose at every one of the last 8 steps, by over 64 MiB, after 5 warm-up steps, while the steps' tokens did not pass their earlier high by 10% | a leak: a reward or callback keeping references |
 | prefix_breaks | over a quarter of episodes' later turns did not extend the last turn's tokens (multiturn/prefix_break_rate), 2 steps running | a chat template or environment that rewrites earlier turns |
 
 `warn` prints one line per rule, once, naming the knob; `stop` saves a checkpoint and stops the run with
@@ -38,6 +38,7 @@ KL_NATS = 2.0  # the default tiny run peaks at 0.74
 ENTROPY_FLOOR, ENTROPY_STEPS, ENTROPY_ACCURACY = 0.01, 3, 0.5
 ENTROPY_FACTOR, ENTROPY_RISE = 3.0, 2.0
 MEMORY_WARMUP, MEMORY_STEPS, MEMORY_GROWTH_GIB = 5, 8, 64 / 1024
+MEMORY_WORK_RISE = 1.1  # memory_growth stays quiet while the steps' tokens reach new highs (over 10% above the earlier ones)
 BREAK_RATE, BREAK_STEPS = 0.25, 2
 
 
@@ -52,12 +53,19 @@ def _running(rows: list[dict], steps: int, test: Callable[[dict], bool]) -> bool
     return len(rows) >= steps and all(test(r) for r in rows[-steps:])
 
 
+def _work(row: dict) -> float:
+    """A step's tokens: what its memory grows with (episodes that lengthen as the model learns to call tools)."""
+    return max(row.get("prompt_tokens", 0) + row.get("completion_tokens", 0), row.get("forward_tokens", 0))
+
+
 def _memory_grew(rows: list[dict]) -> bool:
-    seen = [r["memory_gib"] for r in rows[MEMORY_WARMUP:] if "memory_gib" in r]
+    seen = [r for r in rows[MEMORY_WARMUP:] if "memory_gib" in r]
     if len(seen) < MEMORY_STEPS + 1:
         return False
-    last = seen[-(MEMORY_STEPS + 1):]
-    return all(b > a for a, b in zip(last, last[1:])) and last[-1] - last[0] > MEMORY_GROWTH_GIB
+    last = [r["memory_gib"] for r in seen[-(MEMORY_STEPS + 1):]]
+    before = max((_work(r) for r in rows[: len(rows) - MEMORY_STEPS]), default=0.0)
+    more_work = max(_work(r) for r in rows[-MEMORY_STEPS:]) > MEMORY_WORK_RISE * before  # a new high: not a leak
+    return all(b > a for a, b in zip(last, last[1:])) and last[-1] - last[0] > MEMORY_GROWTH_GIB and not more_work
 
 
 def rules(cfg) -> list[Rule]:
