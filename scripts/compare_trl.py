@@ -25,6 +25,10 @@ Workloads:
               micro-batches of 8 completions on both sides (TRL's per_device_train_batch_size=8 padded,
               grpo-cli's micro_batch_size=8 packed), --long-steps steps of which the first --long-warmup are
               not timed. The length distribution of both is printed.
+  long-prompt SmolLM2-135M-Instruct, 2 chat prompts of about 500 tokens (a logbook, then a question answered in a
+              word), G=8, up to 32 new tokens, micro-batches of 8 on both sides, a seeded random 0/1 reward, beta
+              0.04, --prompt-steps steps of which the first is not timed: where a group's prompt dominates its
+              rows (grpo-cli's trainer.shared_prompts computes it once per group).
 
 Both sides run with gradient checkpointing off (TRL 1.16 defaults it on; --gradient-checkpointing on sets
 it on for both) and TRL's use_bias_correction_kl=False (its default True multiplies the KL term by the
@@ -66,6 +70,8 @@ SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct"
 # question answered in a few tokens and one request that runs on, often to the cap.
 LONG_ASKS = ["What is the chemical symbol for gold?",
              "Write a detailed story about a lighthouse keeper who finds a message in a bottle."]
+# long-prompt: a logbook of about PROMPT_TOKENS tokens, then a question answered in a word or two.
+PROMPT_TOKENS, PROMPT_NEW_TOKENS, PROMPT_G, PROMPT_MICRO = 480, 32, 8, 8
 
 
 DEVICE = "cpu"  # --device: cpu, or cuda (the peak is then CUDA's allocated memory, not the process's RSS)
@@ -138,6 +144,29 @@ def long_prompts(n: int) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": LONG_ASKS[i % 2]}], "answer": ""} for i in range(n)]
 
 
+def logbook_prompts(n: int) -> list[dict]:
+    """n chat prompts: a lighthouse logbook of PROMPT_TOKENS tokens under SmolLM2's chat template (each prompt's
+    own entries), then a short question."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2)
+    colours = ["red", "white", "green", "blue", "yellow", "black", "grey"]
+    rows = []
+    for i in range(n):
+        entries, day = [], 0
+        while True:
+            text = " ".join(entries) + f"\nQuestion: what colour was the lamp on day {1 + i % 5}? Answer in one word."
+            messages = [{"role": "user", "content": text}]
+            rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            if len(tok(rendered, add_special_tokens=False)["input_ids"]) >= PROMPT_TOKENS:
+                break
+            day += 1
+            entries.append(f"Day {day}: the keeper of station {i} lit the {colours[(day * 3 + i) % 7]} lamp at "
+                           f"{(day * 7 + i) % 12 + 1} o'clock and saw {(day * 5 + i) % 9} ships.")
+        rows.append({"prompt": messages, "answer": ""})
+    return rows
+
+
 REWARD_MODULE = '''
 import random
 from grpo_cli.rewards.exact_match import exact_match_reward
@@ -176,6 +205,11 @@ def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bo
         shape = dict(num_generations=LONG_G, per_device_train_batch_size=LONG_MICRO,
                      gradient_accumulation_steps=LONG_PROMPTS * LONG_G // LONG_MICRO,
                      max_completion_length=LONG_NEW_TOKENS, learning_rate=1e-6)
+    elif task == "long-prompt":
+        model, data, reward = str(SMOLLM2), logbook_prompts(2) * steps, rewards.coin
+        shape = dict(num_generations=PROMPT_G, per_device_train_batch_size=PROMPT_MICRO,
+                     gradient_accumulation_steps=2 * PROMPT_G // PROMPT_MICRO, max_completion_length=PROMPT_NEW_TOKENS,
+                     learning_rate=1e-6)
     else:
         model, data, reward = str(qwen_dir(work.parent)), qwen_prompts(2 * steps), rewards.coin
         shape = dict(num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=1,
@@ -246,6 +280,15 @@ def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: b
                  f"sampler.max_new_tokens={LONG_NEW_TOKENS}", f"trainer.micro_batch_size={LONG_MICRO}",
                  "optimizer.lr=1e-6", "optimizer.warmup_steps=0", "trainer.log_completions_every=1",
                  f"trainer.log_completions_groups={LONG_PROMPTS}"]
+    elif task == "long-prompt":
+        prompts = work / "logbook_prompts.jsonl"
+        work.mkdir(parents=True, exist_ok=True)
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in logbook_prompts(2)))  # the pair: each step draws both
+        extra = [f"model.path={SMOLLM2}", "data=files", f"data.train_file={prompts}", f"data.test_file={prompts}",
+                 "data.chat_template=true", "reward=python", "reward.fn=compare_rewards:coin",
+                 "trainer.prompts_per_step=2", f"sampler.group_size={PROMPT_G}",
+                 f"sampler.max_new_tokens={PROMPT_NEW_TOKENS}", f"trainer.micro_batch_size={PROMPT_MICRO}",
+                 "optimizer.lr=1e-6", "optimizer.warmup_steps=0", "trainer.log_completions_every=0"]
     else:
         prompts = work.parent / "qwen_prompts.jsonl"
         prompts.write_text("".join(json.dumps(r) + "\n" for r in qwen_prompts(2 * steps)))
@@ -363,7 +406,9 @@ def summarise(runs: list[dict], skip: int) -> dict:
 def main(argv=None) -> int:
     global LONG_NEW_TOKENS, DEVICE, GRPO_OVERRIDES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape", "long"])
+    p.add_argument("--task", nargs="+", default=["default", "qwen-shape"],
+                   choices=["default", "qwen-shape", "long", "long-prompt"])
+    p.add_argument("--prompt-steps", type=int, default=3, help="long-prompt: steps per run (default 3)")
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT, help="default task: steps per run")
     p.add_argument("--qwen-steps", type=int, default=4,
@@ -420,6 +465,10 @@ def main(argv=None) -> int:
         if not (SMOLLM2 / "config.json").exists():
             sys.exit(f"The long workload needs SmolLM2-135M-Instruct in {SMOLLM2}: run `make smollm2` first.")
         workloads += [("long", pr, args.long_steps, args.long_warmup) for pr in args.precision]
+    if "long-prompt" in args.task:
+        if not (SMOLLM2 / "config.json").exists():
+            sys.exit(f"The long-prompt workload needs SmolLM2-135M-Instruct in {SMOLLM2}: run `make smollm2` first.")
+        workloads += [("long-prompt", "fp32", args.prompt_steps, 1)]
     table = []
     for task, precision, steps, skip in workloads:
         runs = {"trl": [], "grpo": [], "budget": []}
