@@ -21,7 +21,7 @@ LOCK    := requirements/lock.txt
 EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps
 PIN     := -c $(LOCK)
 
-.PHONY: gpu-wheels gpu-check setup lock docs test-lowest test-newest train test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: gpu-wheels gpu-check setup lock docs test-lowest test-newest train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -65,6 +65,12 @@ test-newest:
 
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
+
+# A tool-calling demo end to end (scripts/demo_tools.py): train it, then the held-out scores before and after and
+# one greedy episode of the base and the trained model. DEMO=tool_chain (two dependent calls) or tool_use.
+DEMO ?= tool_chain
+demo: $(STAMP)
+	$(BIN)/python scripts/demo_tools.py $(DEMO) $(ARGS)
 
 # The default suite in TEST_WORKERS processes (pytest-xdist), one torch thread each: 6-7 minutes on 2 cores.
 TEST_WORKERS ?= 2

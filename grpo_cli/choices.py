@@ -13,7 +13,7 @@ INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16")  # evaluate and sample: the weig
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Llama / Qwen names
 LORA_QUANTIZE = ("4bit",)  # QLoRA
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # data=files, by suffix
-DATA_SOURCES = ("arithmetic", "long_addition", "code", "files", "hub", "none")
+DATA_SOURCES = ("arithmetic", "long_addition", "links", "code", "files", "hub", "none")
 ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
 REWARD_EXTRACTS = ("last_number", "hash", "boxed", "regex", "full")
 CORRECT_RULES = ("reward", "answer")  # what accuracy counts as right (rewards.Judge)

@@ -98,6 +98,7 @@ class DataConfig:
     answer_field: str = "answer"
     digits: int = 3
     signs: str = "+"
+    hops: int = 2
     num_train: int = 10000
     train_file: Optional[str] = None
     test_file: Optional[str] = None
@@ -265,6 +266,7 @@ class SampleConfig:
     prompts: List[str] = field(default_factory=list)
     prompts_file: Optional[str] = None
     answer: Optional[str] = None
+    greedy: bool = False
     batch_size: int = 16
     seed: int = 0
     output: Optional[str] = None

@@ -47,7 +47,7 @@ def loss_and_grads(model, packed, B):
     loss, _ = policy_loss(LossInputs(logp, old, adv, cmask, clip_eps=0.2, beta=0.04, ref_logp=ref, kl_estimator="k3",
                                      entropy=entropy, entropy_coef=0.01))
     loss.backward()
-    return logp.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()]
+    return logp.detach(), loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
 
 def packed_logprobs_mask(packed, B):
@@ -56,9 +56,20 @@ def packed_logprobs_mask(packed, B):
     return mask
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_shared_prompts_give_the_plain_forwards_log_probs_loss_and_gradients_in_fp32(attn):
-    model = llama(attn)
+def lora(attn: str):
+    from grpo_cli.config import LoraConfig
+    from grpo_cli.models.lora import add_adapter
+
+    model = add_adapter(llama(attn), LoraConfig(r=4))
+    for p in model.parameters():  # a non-zero adapter, so its gradients are not trivially alike
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    return model
+
+
+@pytest.mark.parametrize("attn, adapter", [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_shared_prompts_give_the_plain_forwards_log_probs_loss_and_gradients_in_fp32(attn, adapter):
+    model = lora(attn) if adapter else llama(attn)
     tokens, offsets, lengths, prompts = rollout()
     (mb,) = pack(lengths, layout="bins", batch_rows=len(lengths))
     plain = packed_inputs(tokens, offsets, lengths, prompts, T, mb)

@@ -82,13 +82,15 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
                                precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
                                device=resolve_device(cfg.model.device), seed=cfg.seed, env=env,
                                system_prompt=cfg.data.system_prompt)
-    sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k)
+    sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k, greedy=cfg.greedy)
 
-    rows, G = [], s.group_size
+    rows, G = [], 1 if cfg.greedy else s.group_size
+    own = sorted({k for r in inputs for k in r} - {"prompt", "rendered"})  # the answer and a .jsonl row's other columns
     for start in range(0, len(inputs), cfg.batch_size):
         batch = inputs[start : start + cfg.batch_size]
         seeds = [group_seed(cfg.seed, "sample", start + i) for i in range(len(batch))]
-        columns = {USER_PROMPT: [user_text(r["prompt"]) for r in batch],
+        columns = {**{k: [r.get(k) for r in batch] for k in own},  # what an environment's reset(**row) reads
+                   USER_PROMPT: [user_text(r["prompt"]) for r in batch],
                    PROMPT_MESSAGES: [r["prompt"] if is_conversation(r["prompt"]) else None for r in batch]}
         roll = generate(generator, model, [r["rendered"] for r in batch], G, sampling, seeds, columns=columns)
         tokens, ids = roll.sampled_tokens().tolist(), roll.completion_ids()

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 BUILTIN = {"builtin:tiny": Path(__file__).parents[1] / "assets" / "tiny",
-           "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools"}  # tiny_tools.py
+           "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools",  # tiny_tools.py
+           "builtin:tiny-chain": Path(__file__).parents[1] / "assets" / "tiny_chain"}  # tiny_chain.py
 ADAPTER_CONFIG = "adapter_config.json"  # what peft writes beside a LoRA adapter
 
 

@@ -107,6 +107,30 @@ def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: in
     return DatasetDict(train=addition_split(drawn[num_test:], signs), test=addition_split(drawn[:num_test], signs))
 
 
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def link_problems(hops: int = 2, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> DatasetDict:
+    """`c>>=`: where the letter c leads after `hops` links (one `>` each) of its row's own table, column `links`
+    (26 letters: letter i links to links[i], never to itself), which the prompt does not show: an agent must
+    look each link up, each lookup's key being the last one's result (env=links). Answer: the letter reached.
+    Tables and start letters are drawn by a seeded generator, the first `num_test` rows held out."""
+    if not (1 <= hops <= 8 and num_train >= 1 and num_test >= 1):  # checks.check_data
+        raise ValueError(f"hops={hops}, num_train={num_train}, num_test={num_test} are out of range.")
+    rng, rows = random.Random(seed), []
+    for _ in range(num_train + num_test):
+        links = [rng.choice([b for b in LETTERS if b != a]) for a in LETTERS]
+        start = at = rng.choice(LETTERS)
+        for _ in range(hops):
+            at = links[LETTERS.index(at)]
+        rows.append((start + ">" * hops + "=", at, start, "".join(links)))
+
+    def split(part):
+        return Dataset.from_dict({name: [r[i] for r in part] for i, name in enumerate(("prompt", "answer", "start", "links"))})
+
+    return DatasetDict(train=split(rows[num_test:]), test=split(rows[:num_test]))
+
+
 def read_file(path: str, key: str) -> Dataset:
     """One local .jsonl/.json/.csv/.parquet file as a Dataset; `key` names the option it came from."""
     local = Path(path).expanduser()
@@ -294,6 +318,8 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
         data = arithmetic_problems(cfg.max_operand, cfg.num_test, cfg.seed)
     elif cfg.name == "long_addition":
         data = long_addition_problems(cfg.digits, cfg.num_train, cfg.num_test, cfg.seed, cfg.signs)
+    elif cfg.name == "links":
+        data = link_problems(cfg.hops, cfg.num_train, cfg.num_test, cfg.seed)
     elif cfg.name == "code":
         from grpo_cli.rollout.code_tasks import code_problems
 

@@ -127,8 +127,10 @@ class HeldOut:
                        correct=self.judge.label)
         if "tool_use_frac" in after:  # episodes: how often the greedy model called a tool
             self.console.print(f"held-out greedy tool use: {before['tool_use_frac']:.3f} -> {after['tool_use_frac']:.3f} "
-                               f"of episodes, {before['turns']:.2f} -> {after['turns']:.2f} turns", highlight=False)
-            summary.update(tool_use_before=before["tool_use_frac"], tool_use_after=after["tool_use_frac"])
+                               f"of episodes, {before['tool_calls']:.2f} -> {after['tool_calls']:.2f} calls and "
+                               f"{before['turns']:.2f} -> {after['turns']:.2f} turns per episode", highlight=False)
+            summary.update(tool_use_before=before["tool_use_frac"], tool_use_after=after["tool_use_frac"],
+                           tool_calls_before=before["tool_calls"], tool_calls_after=after["tool_calls"])
         return summary
 
 

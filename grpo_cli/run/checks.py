@@ -238,6 +238,10 @@ def check_data(p: Problems, d) -> None:
     if d.name == "none":
         p.at_least("data.num_train", d.num_train, 1)
         p.at_least("data.num_test", d.num_test, 1)
+    if d.name == "links":
+        p.need(1 <= d.hops <= 8, f"data.hops={d.hops} must be between 1 and 8 (links to follow per problem)")
+        p.at_least("data.num_train", d.num_train, 1)
+        p.at_least("data.num_test", d.num_test, 1)
     if d.name == "long_addition":
         p.at_least("data.digits", d.digits, 1)
         p.at_least("data.num_train", d.num_train, 1)
