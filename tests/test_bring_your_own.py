@@ -323,7 +323,7 @@ def group_options(group):
 def test_the_reward_and_data_groups_offer_every_option():
     assert group_options("reward") == ["auto", "code", "combo", "exact_match", "format", "length", "math", "model", "none",
                                        "python"]
-    assert group_options("data") == ["arithmetic", "code", "files", "gsm8k", "hub", "long_addition", "none"]
+    assert group_options("data") == ["arithmetic", "code", "files", "gsm8k", "hub", "links", "long_addition", "none"]
 
 
 @pytest.mark.parametrize("group", ["reward", "data"])

@@ -89,7 +89,7 @@ def test_help_lists_the_config_groups_and_their_options():
     out = grpo("train", "--help", check_rc=0)
     for line in ("algo: cispo, dapo, dr_grpo, grpo, gspo, sapo, seq_ratio", "model: instruct, qwen, tiny",
                  "reward: auto, code, combo, exact_match, format, length, math, model, none, python", "sampler: default",
-                 "optimizer: adamw", "data: arithmetic, code, files, gsm8k, hub, long_addition, none"):
+                 "optimizer: adamw", "data: arithmetic, code, files, gsm8k, hub, links, long_addition, none"):
         assert line in out.stdout
 
 
