@@ -46,24 +46,8 @@ def example(start: str, links: str, rng: random.Random, p_chain: float, p_one: f
 
 
 def _batch(rows, rng, tokenizer, batch_size: int, p_chain: float, p_one: float):
-    vocab = tokenizer.get_vocab()
-    ids_rows, label_rows = [], []
-    for start, links in rng.choices(rows, k=batch_size):
-        ids = [vocab[c] for c in f"{start}>>="]
-        target = [-100] * len(ids)
-        for text, trained in example(start, links, rng, p_chain, p_one):
-            piece = [tokenizer.eos_token_id] if text == "<eos>" else [vocab[c] for c in text]
-            ids += piece
-            target += piece if trained else [-100] * len(piece)
-        ids_rows.append(ids)
-        label_rows.append(target)
-    width = max(map(len, ids_rows))
-    ids = torch.full((batch_size, width), tokenizer.pad_token_id)
-    lab = torch.full((batch_size, width), -100)
-    mask = torch.zeros((batch_size, width), dtype=torch.long)
-    for i, (r, t) in enumerate(zip(ids_rows, label_rows)):
-        ids[i, : len(r)], lab[i, : len(t)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(t), 1
-    return ids, mask, lab
+    return tiny_tools.padded_episodes([(f"{start}>>=", example(start, links, rng, p_chain, p_one))
+                                       for start, links in rng.choices(rows, k=batch_size)], tokenizer)
 
 
 def build(out_dir: str | Path, steps: int = 1200, p_chain: float = 0.25, p_one: float = 0.15, seed: int = 0,

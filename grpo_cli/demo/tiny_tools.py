@@ -61,24 +61,31 @@ def example(a: int, b: int, rng: random.Random, p_tool: float, p_correct: float)
     return [(tiny.noisy_answer(a, b, rng, p_correct, p_slip=0.6), True), ("<eos>", True)]
 
 
-def _batch(pairs, rng, tokenizer, batch_size: int, p_tool: float, p_correct: float):
+def padded_episodes(episodes: list[tuple[str, list[tuple[str, bool]]]], tokenizer):
+    """Right-padded (input ids, attention mask, labels) of warm-up episodes, each a prompt (not trained on) and its
+    (text, trained on) pieces."""
     rows, labels = [], []
-    for a, b in rng.choices(pairs, k=batch_size):
-        ids = tokenizer(f"{a}+{b}=", add_special_tokens=False)["input_ids"]
+    for prompt, pieces in episodes:
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         target = [-100] * len(ids)
-        for text, trained in example(a, b, rng, p_tool, p_correct):
+        for text, trained in pieces:
             piece = tokenizer(text, add_special_tokens=False)["input_ids"]
             ids += piece
             target += piece if trained else [-100] * len(piece)
         rows.append(ids)
         labels.append(target)
     width = max(map(len, rows))
-    ids = torch.full((batch_size, width), tokenizer.pad_token_id)
-    lab = torch.full((batch_size, width), -100)
-    mask = torch.zeros((batch_size, width), dtype=torch.long)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    lab = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (r, t) in enumerate(zip(rows, labels)):
         ids[i, : len(r)], lab[i, : len(t)], mask[i, : len(r)] = torch.tensor(r), torch.tensor(t), 1
     return ids, mask, lab
+
+
+def _batch(pairs, rng, tokenizer, batch_size: int, p_tool: float, p_correct: float):
+    return padded_episodes([(f"{a}+{b}=", example(a, b, rng, p_tool, p_correct)) for a, b in rng.choices(pairs, k=batch_size)],
+                           tokenizer)
 
 
 def build(out_dir: str | Path, steps: int = 1200, p_tool: float = 0.25, p_correct: float = 0.2, seed: int = 0,
