@@ -139,3 +139,15 @@ def test_rows_share_their_prompt_while_it_saves_more_than_the_longer_units_atten
     assert share_units(rows, [15, 15, 110, 110, 110], prompt_lengths, [("a",)] * 5, pair_cost=0.01) == [[0, 1], [2], [3], [4]]
     assert share_units(rows, [15, 15, 110, 110, 110], prompt_lengths, [("a",)] * 5) == [[0, 1, 2, 3, 4]]
     assert share_units([0, 1], [3, 3], [0, 0], [(), ()]) == [[0], [1]]  # no prompt token: nothing to share
+
+
+def test_a_micro_batch_where_no_prompt_is_shared_is_laid_as_plain_bins():
+    """Two rows of one 1-token prompt and 6-token completions, attention dear (pair_cost 1): together, 1 * (2 * 7 * 6
+    + 36) = 120 > 1 + 49, so each is laid alone, as packed_inputs lays them, with no mask."""
+    tokens = torch.tensor([5, 1, 2, 3, 4, 6, 7, 5, 8, 9, 10, 11, 12, 13])
+    offsets, lengths, prompts = [0, 7], [7, 7], [1, 1]
+    (mb,) = pack(lengths, layout="bins", batch_rows=2)
+    plain = packed_inputs(tokens, offsets, lengths, prompts, 6, mb)
+    alone = shared_inputs(tokens, offsets, lengths, prompts, 6, mb, pair_cost=1.0)
+    assert alone.mask is None and torch.equal(alone.input_ids, plain.input_ids) and torch.equal(alone.states, plain.states)
+    assert shared_inputs(tokens, offsets, lengths, prompts, 6, mb).real_tokens == 13  # cheap attention: shared

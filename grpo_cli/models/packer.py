@@ -199,11 +199,14 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     """The micro-batch's rows laid with each distinct prompt once: a unit is a prompt followed by the completion
     of its rows (share_units), units fill bins first-fit decreasing, each completion's position ids continue
     from its prompt's, and the mask lets a token see the earlier tokens of its own unit that are its prompt or
-    its own completion. A completion's first token is predicted by the prompt's last state."""
+    its own completion. A completion's first token is predicted by the prompt's last state. Where no row shares
+    its prompt, the micro-batch's bins as packed_inputs lays them."""
     host = tokens.cpu()
     rows = mb.rows.tolist()
     prompts = [tuple(host[offsets[r] : offsets[r] + prompt_lengths[r]].tolist()) for r in rows]
     members = share_units(rows, lengths, prompt_lengths, prompts, pair_cost)
+    if len(members) == len(rows):  # no prompt is shared here: the plain layout, without a mask
+        return packed_inputs(tokens, offsets, lengths, prompt_lengths, completion_len, mb, fill_id)
     size = [prompt_lengths[rows[m[0]]] + sum(lengths[rows[i]] - prompt_lengths[rows[i]] for i in m) for m in members]
     bins, capacity = fill_bins(size)
     n_bins = len(bins)

@@ -152,8 +152,9 @@ class StepBatch:
 
     def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None]:
         """Micro-batch i's token log-probs (and entropy) under `model`: [b, T] each."""
-        if self.packed[i] is not None and can_pack(model):
-            return packed_logprobs(model, self.packed[i], request)
+        packed = self.packed[i]
+        if packed is not None and can_pack(model) and (packed.mask is None or can_share_prompts(model)):
+            return packed_logprobs(model, packed, request)
         if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
             self.padded = self.roll.padded()
         rows = self.parts[i].rows.to(self.padded[0].device)
