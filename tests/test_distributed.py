@@ -30,9 +30,10 @@ def one_process(out, *args):
 
 def rows(run) -> list[dict]:
     """Metrics rows without timings, and without the layout facts, which depend on how the rows are split
-    (not results): padding_frac, the share of padding in each rank's padded layout, and
-    micro_batch_positions, the largest micro-batch a rank formed."""
-    layout = ("padding_frac", "micro_batch_positions")
+    (not results): padding_frac, the share of padding in each rank's padded layout, micro_batch_positions,
+    the largest micro-batch a rank formed, and forward_tokens, the tokens its forwards computed with each
+    prompt shared (absent from a padded run)."""
+    layout = ("padding_frac", "micro_batch_positions", "forward_tokens")
     return [{k: v for k, v in r.items() if k not in layout} for r in metric_rows(run, timing=False)]
 
 
