@@ -30,6 +30,8 @@ def test_floors_by_hand():
     assert got["update"] == pytest.approx(0.48) and got["environment"] is None and got["push"] is None
     assert got["wait"] is None
     assert floors.floor_seconds(ROWS, 10**6, 4e6, 1e9, 1e10, forwards=0, passes=1)["scoring"] is None
+    # G = 4 samples share each prompt's prefill: 0.04 + 0.02 / 4 and 0.12 + 0.02 / 4
+    assert floors.floor_seconds(ROWS, 10**6, 4e6, 1e9, 1e10, 1, 2, group_size=4)["generation"] == pytest.approx(0.17)
 
 
 HAND = floors.StepFloors(params=10**6, weight_bytes=4e6, bandwidth=1e9, flops=1e10, forwards=1, passes=2)

@@ -13,7 +13,8 @@ for FLOP/s; probed once per machine, device, dtype and thread count, and cached 
 ~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). Every metrics row carries `efficiency/<phase>` = the
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
 - generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
-  completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token;
+  completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token, each
+  distinct prompt once (its G samples share it);
 - scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for (the
   tokens the forward computes: `forward_tokens`, each prompt once, under trainer.shared_prompts);
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
@@ -109,6 +110,7 @@ class StepFloors:
     flops: float
     forwards: int
     passes: int
+    group_size: int = 1
 
     @classmethod
     def of(cls, cfg, policy: torch.nn.Module, precision) -> "StepFloors":
@@ -117,14 +119,15 @@ class StepFloors:
         sampled = torch.bfloat16 if getattr(cfg.generator, "weights", "full") == "bf16" else dtype  # generator.weights
         params = sum(p.numel() for p in policy.parameters())
         return cls(params, params * torch.finfo(sampled).bits / 8, *cached_peaks(device, dtype),
-                   int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1), cfg.algo.num_iterations)
+                   int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1), cfg.algo.num_iterations,
+                   cfg.sampler.group_size)
 
     def efficiency(self, row: dict) -> dict[str, float]:
         """`efficiency/<phase>`: the phase's floor over its measured seconds in this row. A generation worker's
         rows (they carry `wait_s`) have the update's alone: their gen_s is the trainer's wait for the worker,
         not the sampling's time."""
         floor = floor_seconds([row], self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
-                              self.passes)
+                              self.passes, self.group_size)
         spent = phase_seconds([row])
         phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")
         return {f"efficiency/{p}": floor[p] / spent[p] for p in phases if floor[p] is not None and spent[p] > 0}
@@ -145,13 +148,14 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
 
 
 def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth: float, flops: float,
-                  forwards: int, passes: int) -> dict[str, float | None]:
+                  forwards: int, passes: int, group_size: int = 1) -> dict[str, float | None]:
     """Each phase's floor, summed over the rows (module docstring); None where there is none."""
     gen = score = update = 0.0
     for r in rows:
         prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
         forward = r.get("forward_tokens", prompt + completion)  # fewer with shared prompts (each computed once)
-        gen += r.get("completion_len_max", 0.0) * weight_bytes / bandwidth + 2 * params * prompt / flops
+        # generation prefills each distinct prompt once for its group (generation.prefill)
+        gen += r.get("completion_len_max", 0.0) * weight_bytes / bandwidth + 2 * params * prompt / group_size / flops
         score += forwards * 2 * params * forward / flops
         update += passes * 6 * params * forward / flops
     return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
@@ -168,7 +172,7 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     top = max(spent, key=spent.get)
     line = f"time: {shares} of {total / len(rows):.2f} s per step"
     f = floors
-    floor = floor_seconds(rows, f.params, f.weight_bytes, f.bandwidth, f.flops, f.forwards, f.passes)[top]
+    floor = floor_seconds(rows, f.params, f.weight_bytes, f.bandwidth, f.flops, f.forwards, f.passes, f.group_size)[top]
     if floor is None or floor <= 0:
         return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
     return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
