@@ -6,8 +6,8 @@ one held-out episode of the base and the trained model, greedy.
     python scripts/demo_tools.py tool_chain trainer.steps=40 output_dir=/tmp/chain   # overrides go to grpo train
 
 `make demo` runs the first (DEMO=tool_use for the second). Prints a Markdown table (held-out success and tool
-calls per episode, before and after) and the two transcripts; the run is in runs/demo/<demo> unless
-output_dir= says otherwise.
+calls per episode, before and after) and the two transcripts; the run is in runs/demo/<demo> (replacing the
+last demo's) unless output_dir= says otherwise.
 """
 
 import json
@@ -45,9 +45,12 @@ def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in DEMOS:
         sys.exit(f"usage: python scripts/demo_tools.py {{{','.join(DEMOS)}}} [grpo train overrides]")
     demo, overrides = sys.argv[1], sys.argv[2:]
-    out = next((o.split("=", 1)[1] for o in overrides if o.startswith("output_dir=")), f"runs/demo/{demo}")
+    given = next((o.split("=", 1)[1] for o in overrides if o.startswith("output_dir=")), None)
+    out = given or f"runs/demo/{demo}"
     base, held_out = DEMOS[demo]
-    grpo("train", f"experiment={demo}", f"output_dir={out}", *[o for o in overrides if not o.startswith("output_dir=")])
+    again = [] if given else ["overwrite=true"]  # the demo's own directory holds the last demo: run it afresh
+    grpo("train", f"experiment={demo}", f"output_dir={out}", *again,
+         *[o for o in overrides if not o.startswith("output_dir=")])
 
     evals = [r for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "eval"]
     before, after = evals[0], evals[-1]

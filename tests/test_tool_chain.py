@@ -124,3 +124,23 @@ def test_the_multi_call_demo_trains_and_each_episode_reads_its_own_rows_table(tm
         greedy.append([(g["completion"], g["reward"]) for g in read_jsonl(tmp_path / f"g{seed}.jsonl")])
     assert len(greedy[0]) == 3 and greedy[0] == greedy[1]
     capsys.readouterr()
+
+
+def test_the_demo_script_prints_the_scores_before_and_after_and_both_transcripts(tmp_path):
+    """make demo's script, 2 steps and 10 held-out problems: the table of held-out scores, then the base and the
+    trained model's greedy episode on the first held-out problem (d>>=, answer z)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "demo_tools.py"), "tool_chain", "trainer.steps=2",
+                           "trainer.eval_prompts=10", "trainer.threads=1", "trainer.progress=false",
+                           f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert "## experiment=tool_chain: 10 held-out problems" in out and "| tool calls per episode, greedy | 0.00 |" in out
+    assert "base model, greedy, on d>>= (answer z): reward 0.0" in out and "trained model, greedy, on d>>= (answer z)" in out
+    assert "    [assistant] f" in out  # the base model's guess: two letters after d
