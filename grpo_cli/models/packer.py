@@ -211,47 +211,43 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     bins, capacity = fill_bins(size)
     n_bins = len(bins)
     flat = n_bins * capacity
-    dest, source, positions, branch, unit = [], [], [], [], []
-    states, targets, out_rows, cols = [], [], [], []
+    # Segments, in the order they lie: each unit's prompt, then each member's completion, as
+    # (flat start, start in `tokens`, length, first position, branch, unit, the prompt's last state or -1).
+    segments = []
     for b, in_bin in enumerate(bins):
         at = b * capacity
         for u in in_bin:
-            first, n = rows[members[u][0]], prompt_lengths[rows[members[u][0]]]
-            dest.append(torch.arange(at, at + n))
-            source.append(torch.arange(offsets[first], offsets[first] + n))
-            positions.append(torch.arange(n))
-            branch.append(torch.zeros(n, dtype=torch.long))
-            unit.append(torch.full((n,), u))
-            last_prompt, at = at + n - 1, at + n
+            first = rows[members[u][0]]
+            n = prompt_lengths[first]
+            segments.append((at, offsets[first], n, 0, 0, u, -1))
+            last_prompt, at = at + n - 1 if n else -1, at + n
             for i in members[u]:
-                r = rows[i]
-                m = lengths[r] - n
-                dest.append(torch.arange(at, at + m))
-                source.append(torch.arange(offsets[r] + n, offsets[r] + n + m))
-                positions.append(torch.arange(n, n + m))
-                branch.append(torch.full((m,), i + 1))
-                unit.append(torch.full((m,), u))
-                k = torch.arange(m)
-                scored = k >= (0 if n else 1)  # a row's very first token has no state before it
-                before = torch.where(k == 0, torch.full_like(k, last_prompt), at + k - 1)
-                states.append(before[scored])
-                targets.append(torch.arange(offsets[r] + n, offsets[r] + n + m)[scored])
-                out_rows.append(torch.full((int(scored.sum()),), i))
-                cols.append(k[scored])
+                m = lengths[rows[i]] - n
+                segments.append((at, offsets[rows[i]] + n, m, n, i + 1, u, last_prompt))
                 at += m
-    dest, source = torch.cat(dest), torch.cat(source)
+    seg = torch.tensor(segments, dtype=torch.long)
+    size_of = seg[:, 2]
+    each = lambda column: torch.repeat_interleave(seg[:, column], size_of)  # noqa: E731  a segment's value per token
+    rank = torch.arange(int(size_of.sum())) - torch.repeat_interleave(size_of.cumsum(0) - size_of, size_of)
+    dest, source, branch = each(0) + rank, each(1) + rank, each(4)
     ids = torch.full((flat,), fill_id, dtype=tokens.dtype, device=tokens.device)
     ids[dest.to(tokens.device)] = tokens[source.to(tokens.device)]
     pos = torch.zeros(flat, dtype=torch.long)
-    pos[dest] = torch.cat(positions)
+    pos[dest] = each(3) + rank
     tree_branch = torch.zeros(flat, dtype=torch.long)
-    tree_branch[dest] = torch.cat(branch)
+    tree_branch[dest] = branch
     tree_unit = -1 - torch.arange(flat)  # filler: each position a unit of its own, seeing itself only
-    tree_unit[dest] = torch.cat(unit)
+    tree_unit[dest] = each(5)
+    # Scored: every completion token but a prompt-less row's first (no state precedes it); a completion's
+    # first token is predicted by its prompt's last state, every other by the state before it.
+    last_prompt = each(6)
+    scored = (branch > 0) & ((rank > 0) | (last_prompt >= 0))
+    states = torch.where(rank == 0, last_prompt, dest - 1)[scored]
+    targets, out_rows, cols = source[scored], (branch - 1)[scored], rank[scored]
     device = tokens.device
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=pos.view(n_bins, capacity).to(device),
-                  states=torch.cat(states).to(device), targets=tokens[torch.cat(targets).to(device)],
-                  rows=torch.cat(out_rows).to(device), cols=torch.cat(cols).to(device), shape=(len(rows), completion_len),
+                  states=states.to(device), targets=tokens[targets.to(device)],
+                  rows=out_rows.to(device), cols=cols.to(device), shape=(len(rows), completion_len),
                   real_tokens=int(dest.numel()), mask=tree_mask(tree_unit.view(n_bins, capacity),
                                                                 tree_branch.view(n_bins, capacity)).to(device))
 
