@@ -129,6 +129,11 @@ class Packed:
     mask: Tensor | None = None  # "shared": [bins, 1, capacity, capacity], True where a position may attend
 
 
+def ranks(sizes: Tensor) -> Tensor:
+    """Each token's place in its run, for runs of these `sizes` laid end to end: [sum(sizes)]."""
+    return torch.arange(int(sizes.sum())) - torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)
+
+
 def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int],
                   completion_len: int, mb: MicroBatch, fill_id: int = 0) -> Packed:
     """The micro-batch's rows (`tokens` [N] flat, each row at its offset) laid in its bins, position ids
@@ -147,7 +152,7 @@ def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     positions = (torch.arange(capacity).repeat(n_bins, 1) - torch.tensor(fill)[:, None]).flatten().clamp(min=0)
     row_len = torch.tensor([lengths[r] for r in rows])
     local = torch.repeat_interleave(torch.arange(len(rows)), row_len)  # each token's row in the micro-batch
-    rank = torch.arange(int(row_len.sum())) - torch.repeat_interleave(row_len.cumsum(0) - row_len, row_len)
+    rank = ranks(row_len)
     dest = torch.tensor(start)[local] + rank  # each token's flat place in the bins
     source = torch.tensor([offsets[r] for r in rows])[local] + rank  # and in `tokens`
     ids = torch.full((n_bins * capacity,), fill_id, dtype=tokens.dtype, device=device)
@@ -228,7 +233,7 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     seg = torch.tensor(segments, dtype=torch.long)
     size_of = seg[:, 2]
     each = lambda column: torch.repeat_interleave(seg[:, column], size_of)  # noqa: E731  a segment's value per token
-    rank = torch.arange(int(size_of.sum())) - torch.repeat_interleave(size_of.cumsum(0) - size_of, size_of)
+    rank = ranks(size_of)
     dest, source, branch = each(0) + rank, each(1) + rank, each(4)
     ids = torch.full((flat,), fill_id, dtype=tokens.dtype, device=tokens.device)
     ids[dest.to(tokens.device)] = tokens[source.to(tokens.device)]
