@@ -197,7 +197,7 @@ CASES = [
      "data.test_size=2 trainer.prompts_per_step=2", "split) holds '  ', not a test; give a list of"),
     ("train output_dir={root}/fresh_tests2 " + " ".join(FAST) + " reward=code data=files "
      "data.train_file={root}/mixed_tests.jsonl data.test_size=2 trainer.prompts_per_step=2",
-     "Column 'tests' of"),
+     "split) holds 5, not a test; give a list of"),  # the odd row named
     (TRAIN + " trainer.health=loud", "trainer.health='loud' must be one of warn, stop, off"),
     (TRAIN + " data=code data.num_test=62", "data.num_test=62 must be between 1 and 61"),
     (TRAIN + " reward.workers=-1", "reward.workers=-1 must be >= 0"),

@@ -196,7 +196,7 @@ def load_user_rewards(cfg) -> None:
 
 def check_reward_columns(cfg, rows, split: str = "train") -> None:
     """The dataset columns the reward reads are there and readable (reward=code: every row's tests), before
-    any model loads, and every python reward takes what a call passes. `rows`: a datasets.Dataset, the
+    any model loads, and every python reward takes what a call passes. `rows`: a prepared split (Rows), the
     `split` named in the sentence."""
     from grpo_cli.rewards.python_fn import check_signature, load_function
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 
-from datasets import Dataset, DatasetDict
+from grpo_cli.rollout.rows import Rows
 
 ASK = "Write a Python function {signature} that {task}. Reply with only the function, in a ```python block."
 WORDS = ["apple", "river", "stone", "garden", "yellow", "planet", "window", "silver", "forest", "candle"]
@@ -44,7 +44,7 @@ def _templates():
         yield "f(w)", f"returns {what}", expr, word
 
 
-def code_problems(num_test: int = 20, seed: int = 0) -> DatasetDict:
+def code_problems(num_test: int = 20, seed: int = 0) -> dict[str, Rows]:
     """Every template's problem with three tests, split by problem: `num_test` held out."""
     rng = random.Random(seed)
     rows = []
@@ -62,4 +62,5 @@ def code_problems(num_test: int = 20, seed: int = 0) -> DatasetDict:
     if not 0 < num_test < len(rows):  # checks.check_data refuses it
         raise ValueError(f"num_test={num_test} must be between 1 and {len(rows) - 1}.")
     rng.shuffle(rows)
-    return DatasetDict(train=Dataset.from_list(rows[num_test:]), test=Dataset.from_list(rows[:num_test]))
+    names = ("prompt", "answer", "tests")
+    return {"train": Rows.from_list(rows[num_test:], names), "test": Rows.from_list(rows[:num_test], names)}

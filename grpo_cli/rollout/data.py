@@ -1,5 +1,5 @@
-"""Prompt datasets through `datasets`: built-in generated tasks, local files and hub names, as a
-DatasetDict with `train` and `test` splits, and the order in which training draws prompts.
+"""Prompt data: built-in generated tasks, and local files and hub names read through `datasets`, as a dict
+of `train` and `test` splits (each a `Rows`, rows.py), and the order in which training draws prompts.
 
 After `load_data`, column `data.prompt_field` of every split holds the text the model is prompted
 with (`data.template` rendered, the chat template applied) and `data.answer_field` the reference
@@ -18,8 +18,6 @@ from types import SimpleNamespace
 from typing import Callable
 
 import torch
-from datasets import Dataset, DatasetDict, load_dataset
-from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
 from grpo_cli.choices import FILE_FORMATS
 from grpo_cli.errors import GrpoError, first_line
@@ -27,11 +25,12 @@ from grpo_cli.rollout.generation import group_seed
 from grpo_cli.rewards import ANSWER_READERS, PROMPT_MESSAGES  # PROMPT_MESSAGES: where rewards read chat prompts
 from grpo_cli.rewards.exact_match import extract_answer
 from grpo_cli.rollout.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
+from grpo_cli.rollout.rows import Rows
 
 OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 to 5 signs)
 
 
-def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Dataset:
+def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Rows:
     """Prompts `a+b=` (or `a+b-c=`, ...: `signs` between the operands) with their values; the operands are
     columns too (a, b, c, ...), for templates such as `data.template="What is {a} + {b}?"` (instruct models)."""
     def text(t):
@@ -40,11 +39,11 @@ def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Dataset:
     def value(t):
         return t[0] + sum(x if sign == "+" else -x for sign, x in zip(signs, t[1:]))
 
-    return Dataset.from_dict({"prompt": [text(t) for t in draws], "answer": [str(value(t)) for t in draws],
+    return Rows({"prompt": [text(t) for t in draws], "answer": [str(value(t)) for t in draws],
                               **{name: [t[i] for t in draws] for i, name in enumerate(OPERANDS[: len(signs) + 1])}})
 
 
-def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> DatasetDict:
+def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> dict[str, Rows]:
     """Every `a+b=` with 0 <= a, b <= max_operand, split deterministically into train and test.
 
     The test problems are never trained on, so held-out accuracy measures addition, not recall.
@@ -53,7 +52,7 @@ def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 
     if not 0 < num_test < len(pairs):  # checks.check_data refuses it
         raise ValueError(f"num_test={num_test} must be between 1 and {len(pairs) - 1}.")
     random.Random(seed).shuffle(pairs)
-    return DatasetDict(train=addition_split(pairs[num_test:]), test=addition_split(pairs[:num_test]))
+    return {"train": addition_split(pairs[num_test:]), "test": addition_split(pairs[:num_test])}
 
 
 DEFAULT_ANSWER_FIELD = "answer"  # data.answer_field's default: missing, the rows have no answers; named, it must exist
@@ -81,16 +80,16 @@ def check_answers(column_names, cfg, reward, correct: str) -> None:
                     "or use a reward that reads none (reward=python, an environment's get_reward()).")
 
 
-def empty_prompts(num_train: int, num_test: int) -> DatasetDict:
+def empty_prompts(num_train: int, num_test: int) -> dict[str, Rows]:
     """data=none: empty user messages, for an environment's reset() to write each episode's observation into."""
-    def rows(n: int) -> Dataset:
-        return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * n, NO_ANSWERS: [""] * n})
+    def rows(n: int) -> Rows:
+        return Rows({"prompt": [[{"role": "user", "content": ""}] for _ in range(n)], NO_ANSWERS: [""] * n})
 
-    return DatasetDict({"train": rows(num_train), "test": rows(num_test)})
+    return {"train": rows(num_train), "test": rows(num_test)}
 
 
 def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0,
-                           signs: str = "+") -> DatasetDict:
+                           signs: str = "+") -> dict[str, Rows]:
     """`a+b=` (`signs="+-"`: `a+b-c=`) with operands of up to `digits` digits: distinct problems drawn by a
     seeded generator, the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over
     many steps."""
@@ -104,13 +103,13 @@ def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: in
         if draw not in seen:
             seen.add(draw)
             drawn.append(draw)
-    return DatasetDict(train=addition_split(drawn[num_test:], signs), test=addition_split(drawn[:num_test], signs))
+    return {"train": addition_split(drawn[num_test:], signs), "test": addition_split(drawn[:num_test], signs)}
 
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-def link_problems(hops: int = 2, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> DatasetDict:
+def link_problems(hops: int = 2, num_train: int = 10000, num_test: int = 200, seed: int = 0) -> dict[str, Rows]:
     """`c>>=`: where the letter c leads after `hops` links (one `>` each) of its row's own table, column `links`
     (26 letters: letter i links to links[i], never to itself), which the prompt does not show: an agent must
     look each link up, each lookup's key being the last one's result (env=links). Answer: the letter reached.
@@ -126,13 +125,13 @@ def link_problems(hops: int = 2, num_train: int = 10000, num_test: int = 200, se
         rows.append((start + ">" * hops + "=", at, start, "".join(links)))
 
     def split(part):
-        return Dataset.from_dict({name: [r[i] for r in part] for i, name in enumerate(("prompt", "answer", "start", "links"))})
+        return Rows({name: [r[i] for r in part] for i, name in enumerate(("prompt", "answer", "start", "links"))})
 
-    return DatasetDict(train=split(rows[num_test:]), test=split(rows[:num_test]))
+    return {"train": split(rows[num_test:]), "test": split(rows[:num_test])}
 
 
-def read_file(path: str, key: str) -> Dataset:
-    """One local .jsonl/.json/.csv/.parquet file as a Dataset; `key` names the option it came from."""
+def read_file(path: str, key: str):
+    """One local .jsonl/.json/.csv/.parquet file as a `datasets.Dataset`; `key` names the option it came from."""
     local = Path(path).expanduser()
     fmt = FILE_FORMATS.get(local.suffix.lower())
     if fmt is None:
@@ -141,6 +140,9 @@ def read_file(path: str, key: str) -> Dataset:
         raise GrpoError(f"data.{key}={path} does not exist.")
     if local.stat().st_size == 0 or (fmt == "parquet" and _parquet_rows(local) == 0):
         raise GrpoError(f"data.{key}={path} has no rows; give it some.")
+    from datasets import load_dataset
+    from datasets.utils.tqdm import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
     quiet = not are_progress_bars_disabled()
     if quiet:  # reading a local file takes a moment; its "Generating train split" bar is noise
         disable_progress_bars()
@@ -164,15 +166,17 @@ def _parquet_rows(path: Path) -> int | None:
         return None
 
 
-def read_files(cfg) -> DatasetDict:
+def read_files(cfg) -> dict:
     train = read_file(cfg.train_file, "train_file")
     if cfg.test_file:
-        return DatasetDict(train=train, test=read_file(cfg.test_file, "test_file"))
+        return {"train": train, "test": read_file(cfg.test_file, "test_file")}
     return split_off_test(train, cfg, f"data.train_file={cfg.train_file}")
 
 
-def read_hub(cfg) -> DatasetDict:
-    """A hub dataset's train and test splits (or the train split cut in two when test_split=null)."""
+def read_hub(cfg) -> dict:
+    """A hub dataset's train and test splits, `datasets.Dataset`s (or the train split cut in two when test_split=null)."""
+    from datasets import load_dataset
+
     what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
     from grpo_cli.models.hub import go_offline, hub_unreachable
 
@@ -195,10 +199,10 @@ def read_hub(cfg) -> DatasetDict:
             raise GrpoError(f"The dataset {what} has no split {split!r}; it has {list(loaded)}: set data.train_split/data.test_split.")
     if cfg.test_split is None:
         return split_off_test(loaded[cfg.train_split], cfg, what)
-    return DatasetDict(train=loaded[cfg.train_split], test=loaded[cfg.test_split])
+    return {"train": loaded[cfg.train_split], "test": loaded[cfg.test_split]}
 
 
-def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
+def split_off_test(rows, cfg, source: str) -> dict:
     """A seeded held-out split of one dataset: `test_size` rows, or that fraction of them when < 1."""
     n, size = len(rows), cfg.test_size
     count = round(size * n) if 0 < size < 1 else int(size)
@@ -209,12 +213,13 @@ def split_off_test(rows: Dataset, cfg, source: str) -> DatasetDict:
         )
     order = list(range(n))
     random.Random(cfg.seed).shuffle(order)
-    return DatasetDict(train=rows.select(order[count:]), test=rows.select(order[:count]))
+    return {"train": rows.select(order[count:]), "test": rows.select(order[:count])}
 
 
-def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str], None],
-            tools: list[dict] | None = None) -> Dataset:
-    """The split with rendered prompts and text answers, prompts over max_prompt_length dropped."""
+def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
+            tools: list[dict] | None = None) -> Rows:
+    """The split (Rows, or a `datasets.Dataset` read from a file or the hub) as Rows, with rendered prompts and
+    text answers, prompts over max_prompt_length dropped."""
     where = f"the {split_name!r} split of data={cfg.name}"
     if len(split) == 0:
         raise GrpoError(f"{where[0].upper()}{where[1:]} is empty; give it some rows.")
@@ -266,7 +271,7 @@ def prepare(split: Dataset, split_name: str, cfg, tokenizer, log: Callable[[str]
             if not keep:
                 raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
             columns = {k: [v[i] for i in keep] for k, v in columns.items()}
-    return to_dataset(columns, where)
+    return Rows(columns)
 
 
 def check_required(columns: dict[str, list], rows: list[dict], required: list[str], where: str) -> None:
@@ -285,31 +290,8 @@ def check_required(columns: dict[str, list], rows: list[dict], required: list[st
                             "(quote numbers in JSON if they are text).")
 
 
-def to_dataset(columns: dict[str, list], where: str) -> Dataset:
-    """The columns as a Dataset, or a GrpoError naming a column whose rows Arrow cannot hold in one type
-    (say, lists of text in some rows and of numbers in others)."""
-    import pyarrow as pa
-
-    try:
-        return Dataset.from_dict(columns)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        failing = [name for name, values in columns.items() if not _one_arrow_type(values)]
-        raise GrpoError(f"Column {(failing or ['?'])[0]!r} of {where} holds values of different types ({e}); give "
-                        "every row the same type.") from None
-
-
-def _one_arrow_type(values: list) -> bool:
-    import pyarrow as pa
-
-    try:
-        pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return False
-    return True
-
-
 def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
-              tools: list[dict] | None = None) -> DatasetDict:
+              tools: list[dict] | None = None) -> dict[str, Rows]:
     """The data group's train and test splits, prompts rendered for `tokenizer`'s model (which the
     chat template and max_prompt_length need), with `tools` (JSON schemas) shown by the chat template;
     `log` reports dropped prompts (default: stderr)."""
@@ -332,7 +314,7 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
         data = read_hub(cfg)
     else:
         raise ValueError(f"unknown data source {cfg.name!r} (checks.check_data lists them).")
-    return DatasetDict({name: prepare(split, name, cfg, tokenizer, log, tools) for name, split in data.items()})
+    return {name: prepare(split, name, cfg, tokenizer, log, tools) for name, split in data.items()}
 
 
 @dataclass
