@@ -3,6 +3,12 @@ its floor, checked against numbers worked by hand."""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -51,12 +57,15 @@ def test_each_row_s_efficiency_is_its_phases_floor_over_their_seconds():
 def test_the_peaks_are_probed_once_per_machine_and_cached(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
+    monkeypatch.setattr(floors, "_PROBED", {})
     monkeypatch.setattr(floors, "machine_peaks", lambda device, dtype: calls.append(dtype) or (2e9, 3e10))
     assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10)
     assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10)
     assert floors.cached_peaks(torch.device("cpu"), torch.bfloat16) == (2e9, 3e10)
     assert calls == [torch.float32, torch.bfloat16]  # once per dtype
-    (tmp_path / "peaks.json").write_text("not json")
+    (tmp_path / "peaks.json").write_text("not json")  # a damaged (or unwritable) cache: this process remembers
+    assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10) and len(calls) == 2
+    monkeypatch.setattr(floors, "_PROBED", {})  # the next process probes again
     assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10) and len(calls) == 3
 
 
@@ -120,3 +129,38 @@ def test_the_benchmark_table_sums_floors_and_seconds_by_hand():
     assert lines[1].split() == ["generation", "1.000", "-", "-"]
     assert lines[3].split() == ["update", "1.500", "0.625", "0.42"]
     assert lines[4].split() == ["step", "(wall)", "3.000"]
+
+
+PROBE = """
+import json, torch
+from grpo_cli.models.runtime import returned_when_freed, reuse_freed_memory
+from grpo_cli.run.floors import machine_peaks
+def anon():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon")) / 1024
+applied, grown = reuse_freed_memory(), {}
+for name in ("returned", "kept"):  # returned first: the kept heap's holes would otherwise hide its cost
+    before = anon()
+    if name == "returned":
+        with returned_when_freed():
+            machine_peaks(torch.device("cpu"), torch.float32)
+    else:
+        machine_peaks(torch.device("cpu"), torch.float32)
+    grown[name] = anon() - before
+print(json.dumps({"applied": applied, **grown}))
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="the probe's buffers are returned through glibc's mallopt; this is not Linux with glibc")
+def test_the_machine_probe_leaves_no_memory_behind():
+    """The probe copies a 32 MiB buffer into another (the source, never written, reads as the kernel's zero
+    page). Under reuse_freed_memory (the kept heap) the copy would stay in the process's memory for the
+    whole run, and in its peak: measured, as the control, it does; probed as a run probes
+    (returned_when_freed), it goes back to the kernel."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown = json.loads(out.stdout.strip().splitlines()[-1])
+    assert grown["applied"]
+    assert grown["kept"] > 24, grown  # MiB: the control keeps its 32 (36 measured)
+    assert grown["returned"] < 8, grown

@@ -22,10 +22,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from contextlib import contextmanager
 
 import torch
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
+DEFAULT_MMAP_MAX = 65536  # glibc's own M_MMAP_MAX
+_mallopt = None  # glibc's mallopt, once reuse_freed_memory has applied it
 
 
 def set_threads(threads: int, local_processes: int = 1) -> int:
@@ -45,13 +48,31 @@ def reuse_freed_memory() -> bool:
     Only glibc has mallopt; elsewhere, or with GRPO_MALLOC=system, nothing changes."""
     if os.environ.get("GRPO_MALLOC", "").lower() == "system":
         return False
+    global _mallopt
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
         mallopt = libc.mallopt
     except (OSError, AttributeError, TypeError):  # not glibc: musl, macOS, Windows
         return False
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, ctypes.c_int(-1)))  # -1: never trim
+    applied = bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, ctypes.c_int(-1)))  # -1: never trim
+    _mallopt = mallopt if applied else None
+    return applied
+
+
+@contextmanager
+def returned_when_freed():
+    """Within it, large blocks are mmap'ed again, so those freed go back to the kernel instead of staying
+    in the kept heap: for one-off buffers (the machine probe's 64 MiB), which would otherwise stay in the
+    process's RSS for the whole run."""
+    if _mallopt is None:
+        yield
+        return
+    _mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
+    try:
+        yield
+    finally:
+        _mallopt(M_MMAP_MAX, 0)
 
 
 def prepare_process(threads: int, device: torch.device, local_processes: int = 1, deterministic: bool = False) -> int:

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.markup import escape
 
-from grpo_cli.run.floors import StepFloors, bottleneck_line
+from grpo_cli.run.floors import StepFloors, bottleneck_line, cached_peaks
 from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, Stateful, clean_temporaries,
                                      experiment_diff, load_state, resolve_resume, save_checkpoint, save_final,
                                      write_config)
@@ -276,6 +276,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     precision, why = training_precision(t.precision, device)
     if why:
         console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
+    cached_peaks(device, precision.frozen_dtype)  # a first run here probes the machine now, before any model loads
     tokenizer, data, plan = load_inputs(cfg, resume_from, state, precision, env, world, device, console)
     train_rows = data["train"]
     claim_run_dir(cfg, run_dir, resume_from, console, dist, command)

@@ -10,7 +10,9 @@ phases and what lies between them.
 
 Floors, from this machine's measured peaks (a memory copy for bandwidth, a matmul in the compute dtype
 for FLOP/s; probed once per machine, device, dtype and thread count, and cached in
-~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). Every metrics row carries `efficiency/<phase>` = the
+~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). A run's first probe here happens before the model loads,
+and its 32 MiB copy is handed back to the kernel after (runtime.returned_when_freed): it never raises a
+run's peak memory. Every metrics row carries `efficiency/<phase>` = the
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
 - generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
   completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token, each
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from grpo_cli.models.runtime import returned_when_freed
 
 PHASES = ("generation", "environment", "scoring", "update", "push", "wait")
 
@@ -77,6 +81,9 @@ def _machine(device: torch.device) -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
+_PROBED: dict[str, tuple[float, float]] = {}
+
+
 def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
     """machine_peaks, probed once per (machine, device, dtype, threads, torch) and kept in the cache file; a
     cache that cannot be read or written is probed again, never an error."""
@@ -88,7 +95,10 @@ def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float
         cache = {}
     if isinstance(cache.get(key), list) and len(cache[key]) == 2:
         return tuple(cache[key])
-    peaks = machine_peaks(device, dtype)
+    if key in _PROBED:  # a cache file that could not be written: probed once per process
+        return _PROBED[key]
+    with returned_when_freed():  # the probe's buffers leave the process's memory with it
+        peaks = _PROBED[key] = machine_peaks(device, dtype)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}")  # ranks of one machine may write at once
