@@ -61,8 +61,25 @@ _dist = None  # the process group under torchrun (distributed.TorchDist), else N
 
 def _run(command: str, cfg) -> object:
     global _result
-    _result = _job(command, cfg)
+    try:
+        _result = _job(command, cfg)
+    finally:
+        _drop_empty_run_dir()
     return _result
+
+
+def _drop_empty_run_dir() -> None:
+    """Hydra makes runs/<time> before the job starts. A job that wrote nothing there (a mistake found before
+    its run began, or resume=PATH continuing in the checkpoint's own directory) leaves no empty directory
+    behind; a sweep's job directories are the sweep's, and stay."""
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return
+    made = Path(HydraConfig.get().runtime.output_dir)
+    if made.is_dir() and not any(made.iterdir()):
+        try:
+            made.rmdir()
+        except OSError:  # another rank of the run wrote into it (or removed it) in between: its files stay
+            return
 
 
 def _job(command: str, cfg) -> object:

@@ -83,9 +83,16 @@ def test_resume_reproduces_uninterrupted_run_bitwise(tmp_path):
 def test_resume_auto_without_a_checkpoint_starts_fresh_and_resume_path_continues_that_run(tmp_path):
     assert train(f"output_dir={tmp_path / 'a'}", "trainer.steps=1", "resume=auto") == 0
     assert [r["step"] for r in rows(tmp_path / "a")] == [1]
-    # resume=PATH without output_dir continues in the checkpoint's own run directory
-    assert train(f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}", "trainer.steps=2") == 0
+    # resume=PATH without output_dir continues in the checkpoint's own run directory, and the directory Hydra
+    # made for the command (runs/<time>) is not left behind, empty
+    made = tmp_path / "runs" / "now"
+    assert grpo("train", *TINY, f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}", "trainer.steps=2",
+                hydra_dir=made) == 0
     assert [r["step"] for r in rows(tmp_path / "a")] == [1, 2]
+    assert not made.exists() and (tmp_path / "runs").is_dir()
+    # nor by a mistake found before the run began; a directory the run wrote into stays
+    assert grpo("train", *TINY, "model.path=/nonexistent/model", hydra_dir=made) == 2 and not made.exists()
+    assert grpo("train", *TINY, "trainer.steps=1", hydra_dir=made) == 0 and (made / "metrics.jsonl").exists()
 
 
 def test_rows_written_after_the_last_checkpoint_are_redone_not_duplicated(tmp_path):
