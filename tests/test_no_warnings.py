@@ -30,11 +30,11 @@ def test_a_default_run_prints_no_warning(trained):
     _no_warning(trained[1])
 
 
-def test_evaluate_and_sample_print_no_warning(trained):
+def test_evaluate_and_sample_print_no_warning(trained, tmp_path):
     run, _ = trained
     env = {"PYTHONWARNINGS": "default"}
     _no_warning(grpo_process("evaluate", f"checkpoint={run / 'final'}", "data.max_operand=9", "data.num_test=20",
-                             env=env, check_rc=0))
+                             f"output_dir={tmp_path}", env=env, check_rc=0))
     _no_warning(grpo_process("sample", f"checkpoint={run / 'final'}", "prompt='12+30='", env=env, check_rc=0))
 
 
