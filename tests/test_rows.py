@@ -29,10 +29,17 @@ def test_rows_read_as_a_dataset_does():
 
 def test_reading_rows_never_changes_them():
     rows = Rows(COLUMNS)
+    COLUMNS["links"][1].append(9)  # nor does the list they were built from, later
+    assert rows[1]["links"] == [3]
+    COLUMNS["links"][1].pop()
     rows["answer"].append("x")
     rows.to_dict()["prompt"][0] = "x"
     rows[[0]]["a"].clear()
+    rows[3]["links"].append(7)  # nested values too: an environment's reset() may change what it is handed
+    rows["links"][0].clear()
+    rows.select([1])["links"][0].append(0)
     assert rows.to_dict() == COLUMNS and COLUMNS["answer"] == ["3", "7", "11", "15"]
+    assert COLUMNS["links"] == [[1, 2], [3], [], [4, 5, 6]]
 
 
 def test_columns_of_different_lengths_are_refused():

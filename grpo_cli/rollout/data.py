@@ -40,7 +40,7 @@ def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Rows:
         return t[0] + sum(x if sign == "+" else -x for sign, x in zip(signs, t[1:]))
 
     return Rows({"prompt": [text(t) for t in draws], "answer": [str(value(t)) for t in draws],
-                              **{name: [t[i] for t in draws] for i, name in enumerate(OPERANDS[: len(signs) + 1])}})
+                 **{name: [t[i] for t in draws] for i, name in enumerate(OPERANDS[: len(signs) + 1])}})
 
 
 def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> dict[str, Rows]:

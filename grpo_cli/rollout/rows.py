@@ -10,21 +10,30 @@ through `datasets` are converted once, when the split is prepared.
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Iterable, Iterator
+
+ATOMS = (str, int, float, bool, type(None))  # values a reader cannot change in place
+
+
+def _fresh(values: list) -> list:
+    """A copy of `values` whose nested lists and dicts (chat messages, a row's tests) are copies too."""
+    return [v if isinstance(v, ATOMS) else copy.deepcopy(v) for v in values]
 
 
 class Rows:
     """Columns of equal length, read the way a `datasets.Dataset` is read: `rows["answer"]` a column,
     `rows[3]` one row as a dict, `rows[[3, 7]]` (or a range or slice) those rows as a dict of columns;
-    `select`, `to_dict`, `to_list`, `column_names`, `num_rows`, `len`. Reads return copies: a split is not
-    changed by what its readers do with them."""
+    `select`, `to_dict`, `to_list`, `column_names`, `num_rows`, `len`. Reads return copies, nested values
+    included (as Arrow's do): a split is not changed by what its readers, an environment's reset() among
+    them, do with what they read."""
 
     def __init__(self, columns: dict[str, list]):
         lengths = {name: len(values) for name, values in columns.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"columns of different lengths: {lengths}")
-        self._columns = {name: list(values) for name, values in columns.items()}
+        self._columns = {name: _fresh(values) for name, values in columns.items()}
         self.num_rows = next(iter(lengths.values()), 0)
 
     @classmethod
@@ -41,7 +50,7 @@ class Rows:
 
     def __getitem__(self, key):
         if isinstance(key, str):
-            return list(self._columns[key])
+            return _fresh(self._columns[key])
         if isinstance(key, slice):
             picked = range(self.num_rows)[key]
         else:
@@ -50,8 +59,8 @@ class Rows:
             except TypeError:
                 picked = list(key)
             else:
-                return {name: values[i] for name, values in self._columns.items()}
-        return {name: [values[i] for i in picked] for name, values in self._columns.items()}
+                return {name: _fresh([values[i]])[0] for name, values in self._columns.items()}
+        return {name: _fresh([values[i] for i in picked]) for name, values in self._columns.items()}
 
     def __iter__(self) -> Iterator[dict]:
         return (self[i] for i in range(self.num_rows))
@@ -60,7 +69,7 @@ class Rows:
         return Rows(self[list(indices)])
 
     def to_dict(self) -> dict[str, list]:
-        return {name: list(values) for name, values in self._columns.items()}
+        return {name: _fresh(values) for name, values in self._columns.items()}
 
     def to_list(self) -> list[dict]:
         return list(self)
