@@ -22,6 +22,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Protocol
 
@@ -413,7 +414,11 @@ def load_sharded(checkpoint: Path, model, optimizer) -> None:
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(Path(checkpoint) / "dcp"))
+    alone = not (torch.distributed.is_available() and torch.distributed.is_initialized())  # resharded to 1 process
+    with warnings.catch_warnings():
+        if alone:  # torch notes that it assumes one process even when told so (no_dist); here that is the intent
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=str(Path(checkpoint) / "dcp"), no_dist=alone)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
