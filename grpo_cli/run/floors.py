@@ -11,8 +11,8 @@ phases and what lies between them.
 Floors, from this machine's measured peaks (a memory copy for bandwidth, a matmul in the compute dtype
 for FLOP/s; probed once per machine, device, dtype and thread count, and cached in
 ~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). A run's first probe here happens before the model loads,
-and its 32 MiB copy is handed back to the kernel after (runtime.returned_when_freed): it never raises a
-run's peak memory. Every metrics row carries `efficiency/<phase>` = the
+while the process is small, and its 32 MiB copy is handed back to the kernel after
+(runtime.returned_when_freed), so it does not stay in the run's memory. Every metrics row carries `efficiency/<phase>` = the
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
 - generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
   completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token, each
@@ -86,7 +86,7 @@ _PROBED: dict[str, tuple[float, float]] = {}
 
 def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
     """machine_peaks, probed once per (machine, device, dtype, threads, torch) and kept in the cache file; a
-    cache that cannot be read or written is probed again, never an error."""
+    cache that cannot be read or written is never an error: this process remembers, the next probes again."""
     key = f"{_machine(device)}|{device.type}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
     path = Path(os.environ.get("GRPO_CLI_CACHE") or Path.home() / ".cache" / "grpo-cli") / "peaks.json"
     try:
