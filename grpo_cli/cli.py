@@ -69,17 +69,21 @@ def _run(command: str, cfg) -> object:
 
 
 def _drop_empty_run_dir() -> None:
-    """Hydra makes runs/<time> before the job starts. A job that wrote nothing there (a mistake found before
-    its run began, or resume=PATH continuing in the checkpoint's own directory) leaves no empty directory
-    behind; a sweep's job directories are the sweep's, and stay."""
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    """Hydra makes runs/<time> (runs/evaluate/<time>) before the job starts. A job that wrote nothing there (a
+    mistake found once the command started, resume=PATH continuing in the checkpoint's own directory,
+    `grpo tools`) leaves no empty directory behind. Only that directory of Hydra's making goes: not one
+    named with hydra.run.dir, not the working directory (`grpo sample` runs in place), not a sweep's."""
+    hydra_cfg = HydraConfig.get()
+    named = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in hydra_cfg.overrides.hydra)
+    if hydra_cfg.mode == RunMode.MULTIRUN or named:
         return
-    made = Path(HydraConfig.get().runtime.output_dir)
-    if made.is_dir() and not any(made.iterdir()):
-        try:
-            made.rmdir()
-        except OSError:  # another rank of the run wrote into it (or removed it) in between: its files stay
-            return
+    made = Path(hydra_cfg.runtime.output_dir)
+    if made.resolve() == Path.cwd().resolve() or not made.is_dir() or any(made.iterdir()):
+        return
+    try:
+        made.rmdir()
+    except OSError:  # another rank of the run wrote into it (or removed it) in between: its files stay
+        return
 
 
 def _job(command: str, cfg) -> object:

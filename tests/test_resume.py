@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,15 +85,29 @@ def test_resume_auto_without_a_checkpoint_starts_fresh_and_resume_path_continues
     assert train(f"output_dir={tmp_path / 'a'}", "trainer.steps=1", "resume=auto") == 0
     assert [r["step"] for r in rows(tmp_path / "a")] == [1]
     # resume=PATH without output_dir continues in the checkpoint's own run directory, and the directory Hydra
-    # made for the command (runs/<time>) is not left behind, empty
-    made = tmp_path / "runs" / "now"
-    assert grpo("train", *TINY, f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}", "trainer.steps=2",
-                hydra_dir=made) == 0
-    assert [r["step"] for r in rows(tmp_path / "a")] == [1, 2]
-    assert not made.exists() and (tmp_path / "runs").is_dir()
-    # nor by a mistake found before the run began; a directory the run wrote into stays
-    assert grpo("train", *TINY, "model.path=/nonexistent/model", hydra_dir=made) == 2 and not made.exists()
-    assert grpo("train", *TINY, "trainer.steps=1", hydra_dir=made) == 0 and (made / "metrics.jsonl").exists()
+    # made for the command (runs/<time>) is not left behind, empty; nor by a mistake found once the command
+    # started (a damaged checkpoint); a run's own directory stays
+    shutil.copytree(tmp_path / "a", tmp_path / "bad")
+    (tmp_path / "bad" / "checkpoints" / "step-1" / "model.safetensors").write_bytes(b"damaged")
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert train(f"resume={tmp_path / 'a' / 'checkpoints' / 'step-1'}", "trainer.steps=2") == 0
+        assert [r["step"] for r in rows(tmp_path / "a")] == [1, 2]
+        assert train(f"resume={tmp_path / 'bad' / 'checkpoints' / 'step-1'}") == 2
+        assert (tmp_path / "runs").is_dir() and not any((tmp_path / "runs").iterdir())
+        assert train("trainer.steps=1") == 0
+        assert [(d / "metrics.jsonl").exists() for d in (tmp_path / "runs").iterdir()] == [True]
+        # a directory named with hydra.run.dir, or the working directory `grpo sample` runs in, stays
+        assert grpo("train", *TINY, f"resume={tmp_path / 'bad' / 'checkpoints' / 'step-1'}",
+                    hydra_dir=tmp_path / "mine") == 2
+        assert (tmp_path / "mine").is_dir()
+        (tmp_path / "here").mkdir()
+        os.chdir(tmp_path / "here")
+        assert grpo("sample", "checkpoint=builtin:tiny", "prompt='1+2='", "greedy=true") == 0
+        assert (tmp_path / "here").is_dir() and not any((tmp_path / "here").iterdir())
+    finally:
+        os.chdir(old)
 
 
 def test_rows_written_after_the_last_checkpoint_are_redone_not_duplicated(tmp_path):
