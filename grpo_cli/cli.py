@@ -70,9 +70,10 @@ def _run(command: str, cfg) -> object:
 
 def _drop_empty_run_dir() -> None:
     """Hydra makes runs/<time> (runs/evaluate/<time>) before the job starts. A job that wrote nothing there (a
-    mistake found once the command started, resume=PATH continuing in the checkpoint's own directory,
-    `grpo tools`) leaves no empty directory behind. Only that directory of Hydra's making goes: not one
-    named with hydra.run.dir, not the working directory (`grpo sample` runs in place), not a sweep's."""
+    mistake found once the command started, resume=PATH continuing in the checkpoint's own directory) leaves
+    no empty directory behind. Only that directory of Hydra's naming goes: not one named with
+    hydra.run.dir or output_dir (which sets it), not the working directory (`grpo sample` and `grpo tools`
+    run in place), not a sweep's."""
     hydra_cfg = HydraConfig.get()
     named = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in hydra_cfg.overrides.hydra)
     if hydra_cfg.mode == RunMode.MULTIRUN or named:
