@@ -157,6 +157,7 @@ class GeneratorConfig:
     timeout_s: float = 600.0
     decode: str = "auto"
     weights: str = "full"  # "bf16": training rollouts sampled with the weights in bf16 (generation.HFGenerator)
+    score_reference: bool = True  # the worker scores the KL reference too (reference_in_worker)
 
 
 @dataclass
@@ -231,6 +232,16 @@ class TrainConfig:
     overwrite: bool = False
     objective: Optional[str] = None
     hub: HubConfig = field(default_factory=HubConfig)
+
+
+def reference_in_worker(cfg) -> bool:
+    """Whether the generation worker computes the KL reference's log-probs of what it samples (on its own core
+    or device, while the trainer updates), so the trainer holds no reference: a worker runs
+    (trainer.max_staleness > 0 or generator.worker), algo.beta != 0, generator.score_reference, the policy
+    samples (no behaviour policy) and the reference is never refreshed from the policy (algo.ref_refresh=0)."""
+    t, a = cfg.trainer, cfg.algo
+    return (bool(t.max_staleness or cfg.generator.worker) and a.beta != 0 and cfg.generator.score_reference
+            and a.behaviour == "current" and not a.ref_refresh)
 
 
 @dataclass

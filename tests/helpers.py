@@ -28,7 +28,8 @@ class _Timing(frozenset):
 
 
 TIMING = _Timing({"seconds", "gen_s", "score_s", "update_s", "tokens_per_s", "env/seconds", "peak_memory_gib",
-                  "memory_gib", "health/memory_growth", "push_s", "wait_s", "env_s"})
+                  "memory_gib", "health/memory_growth", "push_s", "wait_s", "env_s", "worker/gen_s",
+                  "worker/score_s"})
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

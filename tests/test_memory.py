@@ -30,6 +30,15 @@ def test_every_part_of_the_plan_worked_by_hand():
     p = plan(cfg(), SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=100.0)
     # All run: 1000 parameters x 4 bytes each for the weights and the beta = 0.04 reference; AdamW 2 x 4000.
     assert p.persistent == {"runtime": 100.0, "weights": 4000, "reference": 4000, "optimizer": 8000}
+    # With a generation worker, the worker scores the reference (generator.score_reference): not this process's.
+    in_worker = cfg()
+    in_worker.generator.worker = True
+    for worker in (cfg(max_staleness=1), in_worker):
+        kept = plan(worker, SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=100.0)
+        assert kept.persistent == {"runtime": 100.0, "weights": 4000, "optimizer": 8000}
+        worker.generator.score_reference = False
+        kept = plan(worker, SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=100.0)
+        assert kept.persistent["reference"] == 4000
     # Generation: 2 prompts x 4 = 8 rows of 12 + 20 = 32 tokens; K and V of 2 layers x 1 head x 4 dims, fp32.
     assert p.generation["KV cache"] == 8 * 32 * (2 * 2 * 1 * 4 * 4)
     # Sampling: logits, scores and log-softmax, [rows, vocab] fp32, and the noise drawn 16 tokens ahead.

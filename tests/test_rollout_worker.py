@@ -339,3 +339,64 @@ def test_a_push_groups_small_tensors_of_one_dtype_and_sends_large_ones_alone():
               ((100_000,), f32), ((100_000,), f32)]
     # 256 + 256 bytes; 4 MiB alone; 256 bytes; another dtype; 400 kB + 400 kB fit 1 MiB, the third does not
     assert buckets(layout, 1.0) == [[0, 1], [2], [3], [4], [5, 6], [7]]
+
+
+@pytest.mark.parametrize("extra", [[], ["model.lora.r=4", "optimizer.lr=3e-3"]], ids=["full", "lora"])
+def test_the_worker_scores_the_kl_reference_and_the_trainer_holds_none(extra, tmp_path, monkeypatch):
+    """With a generation worker and algo.beta != 0 (generator.score_reference, the default), each rollout comes
+    with the reference's log-probs, computed in the worker from the initial weights (under LoRA, its copy's
+    base with the adapter off): equal, token by token, to each row scored alone here from the initial model
+    (float64 log-softmax), at every step while the policy moves away; the trainer loads no reference and the
+    step scores none. With generator.score_reference=false the trainer scores it, to the same numbers."""
+    from grpo_cli.update.policies import RunPolicies
+
+    seen, real_step = [], trainer_module.grpo_step
+
+    def spy(policies, *args, **kwargs):
+        row, roll = real_step(policies, *args, **kwargs)
+        seen.append((policies.reference, row, roll))
+        return row, roll
+
+    monkeypatch.setattr(trainer_module, "grpo_step", spy)
+    held, real_init = [], RunPolicies.__init__
+    monkeypatch.setattr(RunPolicies, "__init__", lambda self, *a: real_init(self, *a) or held.append(self.reference))
+    for name, knobs in (("worker", []), ("here", ["generator.score_reference=false"])):
+        assert train(f"output_dir={tmp_path / name}", "trainer.steps=3", "trainer.max_staleness=1", "algo.beta=0.1",
+                     *extra, *knobs) == 0
+    initial = load_model("builtin:tiny")
+    worker, here = seen[:3], seen[3:]
+    assert [r is None for r, _, _ in worker] == [True] * 3 and held[0] is None
+    assert all(r is not None for r, _, _ in here) and (held[1] is not None) == (not extra)
+    for (_, row, roll), (_, row_here, roll_here) in zip(worker, here):
+        expected = completion_logp(initial, roll, 1.0)
+        got = roll.completion_grid(roll.ref_logp)
+        for i, e in enumerate(expected):
+            torch.testing.assert_close(got[i, : len(e)].double(), e, atol=1e-5, rtol=0)
+        torch.testing.assert_close(roll.ref_logp, roll_here.ref_logp, atol=1e-6, rtol=0)  # the same rollouts
+        assert row["kl"] == pytest.approx(row_here["kl"], rel=1e-4, abs=1e-7)
+    assert worker[-1][1]["kl"] > 1e-6, "the policy never moved from the reference: the KL term proves nothing"
+    rows_ = metric_rows(tmp_path / "worker", training=True)
+    assert all(r["worker/score_s"] > 0 and r["worker/gen_s"] > 0 for r in rows_)
+
+
+def test_a_checkpoint_rollout_without_the_reference_is_sampled_again_when_the_worker_scores_it():
+    """A rollout sampled ahead by a worker that did not score the reference (generator.score_reference=false,
+    or a grpo-cli from before) cannot be trained on by a trainer that holds no reference: dropped, sampled
+    again, and said."""
+    from types import SimpleNamespace
+
+    from grpo_cli.rollout.source import WorkerSource
+    from grpo_cli.update.step import Policies
+
+    class Worker:
+        def restore(self, state):
+            self.received = dict(state)
+
+    warned = []
+    algo = SimpleNamespace(behaviour="current", behaviour_refresh=1, dynamic_sampling=False)
+    source = WorkerSource(Worker(), Policies.of(torch.nn.Linear(1, 1)), algo, max_staleness=1, first_step=3,
+                          last_step=8, warn=warned.append, reference=True)
+    source.load_state_dict({3: stored(ref_logp=torch.full((5,), -0.7))})
+    assert list(source.worker.received) == [3] and warned == []
+    source.load_state_dict({3: stored()})
+    assert source.worker.received == {} and "carries no KL reference log-probs" in warned[0], warned

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.logprobs import CHUNK_LOGITS
 from grpo_cli.models.packer import largest_micro_batch
@@ -198,7 +199,7 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
                   "weights": P * (frozen_bytes if lora else param_bytes)}
     if lora:
         persistent["weights"] += shape.trainable * 4  # the adapter is float32
-    if algo.beta != 0 and not lora:
+    if algo.beta != 0 and not lora and not reference_in_worker(cfg):  # else the generation worker holds it
         persistent["reference"] = P * frozen_bytes
     if algo.behaviour in ("frozen", "lagged") and not lora:
         persistent["behaviour"] = P * frozen_bytes

@@ -12,7 +12,10 @@ Which weights it holds is the source's choice (source.WorkerSource): the policy'
 update; a frozen behaviour's, loaded there once; a lagged behaviour's, pushed at each refresh. Pushes
 go over a transport.WeightTransport. A rollout whose weights are not the policy's carries their
 log-probs (`Rollout.behaviour_logp`): a behaviour's are scored as the trainer would, in the training
-precision; a stale policy's are the built-in decoder's own in fp32, else scored the same way.
+precision; a stale policy's are the built-in decoder's own in fp32, else scored the same way. Where
+config.reference_in_worker, each rollout also carries the KL reference's log-probs (`Rollout.ref_logp`),
+scored here as the trainer would (its micro-batches, its precision) from a frozen copy of the initial
+weights (under LoRA, this copy's base with the adapter off), while the trainer updates.
 
 A worker that dies or does not answer within `generator.timeout_s` is a `WorkerDied` (source.SourceLost).
 The worker dies with the trainer (PR_SET_PDEATHSIG) and leaves SIGINT and SIGTERM to it.
@@ -23,11 +26,13 @@ from __future__ import annotations
 import pickle
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError, SourceLost
 from grpo_cli.rollout.generators import GENERATORS
 from grpo_cli.procs.subprocesses import Channel, Helper, how_it_ended, serve
@@ -54,6 +59,7 @@ class WorkerSpec:
     seed: int
     device: str
     threads: int
+    reference: bool = False  # score the KL reference here (config.reference_in_worker)
 
     @classmethod
     def of(cls, cfg, settings, device, threads: int) -> "WorkerSpec":
@@ -63,7 +69,7 @@ class WorkerSpec:
         return cls(model=replace(model, device=str(device)), precision=cfg.trainer.precision, generator=cfg.generator,
                    chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt, reward=cfg.reward,
                    env=cfg.env, settings=replace(settings, judge=None), behaviour=behaviour, seed=cfg.trainer.seed,
-                   device=str(device), threads=threads)
+                   device=str(device), threads=threads, reference=reference_in_worker(cfg))
 
 
 class RolloutWorker:
@@ -205,6 +211,22 @@ def _sampler(spec: WorkerSpec):
     return model, trainable, precision, device
 
 
+def _reference(spec: WorkerSpec, model, precision):
+    """A context yielding the KL reference (update.policies.RunPolicies, as the trainer would hold it): the
+    model's base with its adapter off under LoRA, else a frozen copy of the initial weights; None when the
+    trainer scores it."""
+    from grpo_cli.models.loading import load_model
+    from grpo_cli.models.lora import adapter_disabled
+
+    if not spec.reference:
+        return None
+    m = spec.model
+    if m.lora.r:
+        return lambda: adapter_disabled(model)
+    reference = load_model(m.path, precision.frozen_dtype, m.device, m.trust_remote_code).requires_grad_(False)
+    return lambda: nullcontext(reference)
+
+
 def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     """The rollout chain of this process: source.LocalSource with the run's generator, environment and reward."""
     from grpo_cli.rollout.environments import environment, reward_with
@@ -229,7 +251,7 @@ def _serve(channel: Channel, opening) -> None:
     import transformers
 
     from grpo_cli.rollout.source import scored_state
-    from grpo_cli.update.step import score
+    from grpo_cli.update.step import clock, score
 
     transformers.utils.logging.disable_progress_bar()  # the trainer's console shows what the run does
     spec, tokenizer, prompts, factory, address = opening
@@ -237,6 +259,7 @@ def _serve(channel: Channel, opening) -> None:
 
     register_generator(spec.generator.name, pickle.loads(factory))  # found on the trainer's sys.path
     model, trainable, precision, device = _sampler(spec)
+    reference = _reference(spec, model, precision)
     chain = _chain(spec, model, tokenizer, prompts, precision, device)
     settings, generator = chain.settings, chain.generator
     # The decoder's own log-probs are the sampler's exactly (up to rounding) only for the built-in decoder in
@@ -261,13 +284,17 @@ def _serve(channel: Channel, opening) -> None:
             chain.sampler_logprobs = True if stale and own else None
             with torch.no_grad():
                 scored = chain.next(step)
-                roll = scored.rollout
+                roll, start = scored.rollout, clock(device)
                 if spec.behaviour != "current" or (stale and not own):
                     roll.behaviour_logp = score(model, roll, settings.sampling.temperature, settings, precision)
                 elif stale:
                     roll.behaviour_logp = roll.sampler_logp
                     if not chain.wants_sampler_logprobs():
                         roll.sampler_logp = None
+                if reference is not None:
+                    with reference() as ref:
+                        roll.ref_logp = score(ref, roll, settings.sampling.temperature, settings, precision)
+                scored.score_s += clock(device) - start
             roll.version = version
             channel.send(("scored", step, scored_state(scored)))
     finally:

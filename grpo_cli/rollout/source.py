@@ -157,8 +157,9 @@ class WorkerSource:
     start and at each refresh."""
 
     def __init__(self, worker, policies: Policies, algo, *, max_staleness: int, first_step: int, last_step: int,
-                 warn: Callable = print, evaluator: LocalSource | None = None, prompts=None):
+                 warn: Callable = print, evaluator: LocalSource | None = None, prompts=None, reference: bool = False):
         self.worker, self.policies, self.warn = worker, policies, warn
+        self.reference = reference  # the worker scores the KL reference (config.reference_in_worker): rollouts carry it
         # the run's PromptOrder: what each step draws, to check a checkpoint's rollouts against (not under
         # dynamic sampling, whose refills draw more)
         self.prompts = None if algo.dynamic_sampling else prompts
@@ -178,6 +179,8 @@ class WorkerSource:
             self.asked = t
         start = time.perf_counter()
         scored = scored_from_state(self.worker.take(step), self.device)
+        scored.metrics.max("worker/gen_s", scored.gen_s)  # the worker's own seconds, beside the trainer's
+        scored.metrics.max("worker/score_s", scored.score_s)
         scored.gen_s, scored.score_s = time.perf_counter() - start, 0.0  # the trainer's wait is its sampling time
         if self.behaviour == "current":  # updates between the sampler and the policy
             scored.metrics.max("staleness", float(step - 1 - scored.rollout.version))
@@ -238,7 +241,7 @@ class WorkerSource:
         dropped = sorted(s for s, r in state.items() if s not in expected or "metrics" not in r)  # or unscored (older)
         for step in sorted(s for s in state if s not in dropped):
             drawn = None if self.prompts is None else list(self.prompts.share(step).prompts)
-            damage = stored_damage(state[step], step, self.k, drawn)
+            damage = stored_damage(state[step], step, self.k, drawn, self.reference)
             if damage:  # never trained on: sampled again, and said
                 self.warn(f"the checkpoint's rollout sampled ahead for step {step} is damaged ({damage}), so it is "
                           "dropped and sampled again: from there this run differs from an uninterrupted one")
@@ -285,13 +288,16 @@ def scored_state(scored: ScoredRollout) -> dict:
     return out
 
 
-def stored_damage(state: dict, step: int, k: int, prompts: list | None = None) -> str | None:
+def stored_damage(state: dict, step: int, k: int, prompts: list | None = None, reference: bool = False) -> str | None:
     """What is wrong with a rollout a checkpoint holds for `step` (sampled at most `k` steps ahead), or None:
     its prompts must be the ones this run draws for the step (`prompts`, when known), its token fields must
-    line up with its rows, its log-probs be finite, its weights' version in range."""
+    line up with its rows, its log-probs be finite, its weights' version in range; with `reference`, it must
+    carry the KL reference's log-probs (this run's trainer holds no reference to score them)."""
     try:
         if prompts is not None and list(state["prompts"]) != prompts:
             return f"it holds other prompts than this run draws for step {step} (were the data or trainer.seed changed?)"
+        if reference and state.get("ref_logp") is None:
+            return "it carries no KL reference log-probs: it was written with generator.score_reference=false"
         tokens, lengths = state["tokens"], state["lengths"]
         rows = len(state["prompts"]) * state["group_size"]
         if tokens.dim() != 1 or lengths.shape != (rows,) or int(lengths.sum()) != tokens.numel():
@@ -318,8 +324,8 @@ def scored_from_state(state: dict, device) -> ScoredRollout:
         state.update({k: getattr(flat, k) for k in ("tokens", "lengths", "prompt_lengths", "loss_mask", "sampler_logp")})
         if state["behaviour_logp"] is not None:
             state["behaviour_logp"] = flat.from_grid(state["behaviour_logp"])
-    rows = {k: None if state[k] is None else state[k].to("cpu" if k.endswith("lengths") else device)
-            for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}
+    rows = {k: None if state.get(k) is None else state[k].to("cpu" if k.endswith("lengths") else device)
+            for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}  # a field added since (ref_logp) is absent from older ones
     episodes = None if state["episodes"] is None else [Episode(**e) for e in state["episodes"]]
     roll = Rollout(**{k: state[k] for k in STATE_FIELDS}, **rows, episodes=episodes)
     return ScoredRollout(roll, StepMetrics.from_state(state["metrics"], device), state["gen_s"], state["score_s"])

@@ -29,6 +29,7 @@ from grpo_cli.rollout.prompts import USER_PROMPT
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.rollout.environments import environment, reward_with
 from grpo_cli.rollout.env_notes import env_notes
+from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError, SourceLost, first_line
 from grpo_cli.rollout.generators import check_available, make_generator
 from grpo_cli.rollout.held_out import HeldOut
@@ -282,8 +283,10 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    ref = ", with a frozen reference" if cfg.algo.beta else ""
+    ref = ", the KL reference scored in the generation worker" if reference_in_worker(cfg) else ref
     console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
-                  f"{precision.name}{', with a frozen reference' if cfg.algo.beta else ''}")
+                  f"{precision.name}{ref}")
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,  # refuses
                           (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data)))  # too few rows
@@ -358,7 +361,7 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
                                           cfg.generator.timeout_s)
     return WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
                         first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local,
-                        prompts=run.prompts)
+                        prompts=run.prompts, reference=spec.reference)
 
 
 def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_cli.config import reference_in_worker
 from grpo_cli.models.runtime import returned_when_freed
 
 PHASES = ("generation", "environment", "scoring", "update", "push", "wait")
@@ -129,7 +130,8 @@ class StepFloors:
         sampled = torch.bfloat16 if getattr(cfg.generator, "weights", "full") == "bf16" else dtype  # generator.weights
         params = sum(p.numel() for p in policy.parameters())
         return cls(params, params * torch.finfo(sampled).bits / 8, *cached_peaks(device, dtype),
-                   int(cfg.algo.beta != 0) + int(cfg.algo.num_iterations > 1), cfg.algo.num_iterations,
+                   int(cfg.algo.beta != 0 and not reference_in_worker(cfg)) + int(cfg.algo.num_iterations > 1),
+                   cfg.algo.num_iterations,
                    cfg.sampler.group_size)
 
     def efficiency(self, row: dict) -> dict[str, float]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 # Per-token fields: each [N], one value per token of `tokens` (0 on prompt tokens).
-TOKEN_FIELDS = ("loss_mask", "sampler_logp", "behaviour_logp")
+TOKEN_FIELDS = ("loss_mask", "sampler_logp", "behaviour_logp", "ref_logp")
 # Per-row fields: each [rows].
 ROW_FIELDS = ("lengths", "prompt_lengths", "truncated", "weight")
 
@@ -37,7 +37,7 @@ class Rollout:
     rewards: Optional[Tensor] = None  # [n, G]
     advantages: Optional[Tensor] = None  # [n*G], each row's, on its loss-mask tokens
     old_logp: Optional[Tensor] = None  # [N] pi_theta_old's, set by the step when mu > 1
-    ref_logp: Optional[Tensor] = None  # [N] pi_ref's, set by the step when beta != 0
+    ref_logp: Optional[Tensor] = None  # [N] pi_ref's when beta != 0: set by the step, or by the worker that sampled
     weight: Optional[Tensor] = None  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
     sampler_logp: Optional[Tensor] = None  # [N] the sampler's own log-probs of its tokens (vLLM), 0 off the loss mask
     behaviour_logp: Optional[Tensor] = None  # [N] log-probs under the weights that sampled, when those were older than

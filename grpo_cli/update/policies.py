@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from grpo_cli.config import reference_in_worker
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, load_adapter
 from grpo_cli.models.loading import load_model
 from grpo_cli.update.step import Policies
@@ -45,11 +46,12 @@ class RunPolicies:
     def __init__(self, cfg, precision, policy):
         self.policy, self.algo = policy, cfg.algo
         m, algo, lora = cfg.model, cfg.algo, cfg.model.lora.r > 0
+        scored_here = algo.beta != 0 and not reference_in_worker(cfg)  # else the worker scores the reference
 
         def frozen_copy(path: str, key: str = "model.path"):
             return load_model(path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(False)
 
-        self.reference = frozen_copy(m.path) if algo.beta != 0 and not lora else None
+        self.reference = frozen_copy(m.path) if scored_here and not lora else None
         self.behaviour = None  # a frozen model, or (LoRA, lagged) an AdapterCopy
         self.behaviour_is_base = lora and algo.behaviour == "frozen" and not algo.behaviour_path
         if algo.behaviour == "frozen" and not self.behaviour_is_base:
@@ -57,7 +59,7 @@ class RunPolicies:
                                          "algo.behaviour_path" if algo.behaviour_path else "model.path")
         elif algo.behaviour == "lagged":
             self.behaviour = AdapterCopy(policy) if lora else frozen_copy(m.path)
-        self.reference_is_base = lora and algo.beta != 0
+        self.reference_is_base = lora and scored_here
 
     def roles(self) -> Policies:
         """The step's view: a context per role yielding the model to run."""
