@@ -29,11 +29,12 @@ class Rows:
     included (as Arrow's do): a split is not changed by what its readers, an environment's reset() among
     them, do with what they read."""
 
-    def __init__(self, columns: dict[str, list]):
+    def __init__(self, columns: dict[str, list], *, owned: bool = False):
+        """`owned`: the columns are copies already, which the Rows may keep (select's: no second copy)."""
         lengths = {name: len(values) for name, values in columns.items()}
         if len(set(lengths.values())) > 1:
             raise ValueError(f"columns of different lengths: {lengths}")
-        self._columns = {name: _fresh(values) for name, values in columns.items()}
+        self._columns = dict(columns) if owned else {name: _fresh(values) for name, values in columns.items()}
         self.num_rows = next(iter(lengths.values()), 0)
 
     @classmethod
@@ -66,7 +67,7 @@ class Rows:
         return (self[i] for i in range(self.num_rows))
 
     def select(self, indices: Iterable[int]) -> Rows:
-        return Rows(self[list(indices)])
+        return Rows(self[list(indices)], owned=True)
 
     def to_dict(self) -> dict[str, list]:
         return {name: _fresh(values) for name, values in self._columns.items()}
