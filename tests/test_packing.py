@@ -14,7 +14,7 @@ from grpo_cli.models.logprobs import can_pack, enable_logprob_forward, token_log
 from grpo_cli.algo.objective import LossInputs, policy_loss
 from grpo_cli.models.precision import Precision
 from grpo_cli.update.batch import Rollout
-from grpo_cli.models.packer import LAYOUTS, largest_micro_batch, pack, pack_padded
+from grpo_cli.models.packer import LAYOUTS, fill_bins, largest_micro_batch, pack, pack_padded
 from grpo_cli.update.step import StepBatch, StepSettings, optimise
 from helpers import generate, with_batch_sizes
 
@@ -260,6 +260,20 @@ def test_the_packer_lays_a_hand_worked_micro_batch_into_bins_of_the_longest_row(
     assert mb.bins == ((0, 3, 4, 1, 2),) and mb.positions == 41
     (mb,) = pack([12, 4, 4, 11, 10], layout="padded", batch_rows=5, padded_length=14)
     assert mb.bins is None and mb.positions == 5 * 14
+
+
+def test_bins_grow_past_the_longest_row_where_filler_costs_more_than_the_longer_attention():
+    """packer.fill_bins with pair_cost p, by hand (a bin of c positions costs c * (1 + p * c)):
+    - rows 553, 100, 85 (a shared unit and two rows), p = 1 / (6 * 576): bins of 553 hold [553] and [100, 85],
+      1,106 positions costing 1,106 * 1.16 = 1,283; one bin of 738 costs 738 * 1.21 = 896: one bin;
+    - rows 100, 100, 10, p = 0.05: bins of 100 hold three rows in 300 positions, 300 * 6 = 1,800; one bin of
+      210 costs 210 * 11.5 = 2,415, and bins of 105 still need three (315 positions, more than 300): kept;
+    - no pair cost: bins of the longest row, as always."""
+    assert fill_bins([553, 100, 85], pair_cost=1 / (6 * 576)) == (((0, 1, 2),), 738)
+    assert fill_bins([100, 100, 10], pair_cost=0.05) == (((0,), (1,), (2,)), 100)
+    assert fill_bins([553, 100, 85]) == (((0,), (1, 2)), 553)
+    (mb,) = pack([553, 100, 85], layout="bins", batch_rows=3, pair_cost=1 / (6 * 576))
+    assert mb.bins == ((0, 1, 2),) and mb.positions == 738
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

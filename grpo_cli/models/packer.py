@@ -14,7 +14,8 @@ Layout of a micro-batch's forward:
   completion (the padded view, update/batch.py);
 - "bins": rows laid end to end in bins as long as the micro-batch's longest row (first-fit decreasing), so
   attention never costs more than one padded row and no pad token is computed (docs/math.md, "Packed
-  batches");
+  batches"); given the model's pair cost (the step's), longer bins where the filler short bins leave
+  costs more than their longer attention (fill_bins);
 - "one_bin": the whole micro-batch as one sequence of rows (variable-length attention kernels);
 - "shared" (`trainer.shared_prompts`): as "bins", but the rows of a micro-batch that share a prompt (a
   group's G samples) lie as one unit, the prompt once and then each row's completion, with a tree
@@ -49,9 +50,10 @@ class MicroBatch:
 
 
 def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, batch_rows: int = 1,
-         padded_length: int | None = None, dist: Dist = SINGLE) -> list[MicroBatch]:
+         padded_length: int | None = None, dist: Dist = SINGLE, pair_cost: float = 0.0) -> list[MicroBatch]:
     """The step's micro-batches of rows with these token `lengths` (see the module docstring);
-    `padded_length` is a padded row's (the longest prompt plus the longest completion; default the longest row)."""
+    `padded_length` is a padded row's (the longest prompt plus the longest completion; default the longest row);
+    `pair_cost` lets bins grow past the longest row where that costs less (fill_bins)."""
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}.")
     padded = padded_length if padded_length is not None else max(lengths, default=1)
@@ -59,7 +61,7 @@ def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, b
     def micro_batch(rows: list[int]) -> MicroBatch:  # "shared" is assigned rows as "bins" (shared_inputs lays them)
         if layout == "padded":
             return MicroBatch(torch.tensor(rows, dtype=torch.long), None, padded)
-        bins, capacity = fill_bins([lengths[i] for i in rows], one_bin=layout == "one_bin")
+        bins, capacity = fill_bins([lengths[i] for i in rows], one_bin=layout == "one_bin", pair_cost=pair_cost)
         return MicroBatch(torch.tensor(rows, dtype=torch.long), bins, capacity)
 
     if not token_budget:
@@ -99,10 +101,29 @@ def split_by_tokens(lengths: list[int], budget: int, cost, dist: Dist = SINGLE) 
     return [sorted(p) for p in spread(k) if p]
 
 
-def fill_bins(lengths: list[int], one_bin: bool = False) -> tuple[tuple[tuple[int, ...], ...], int]:
-    """First-fit decreasing of rows into bins as long as the longest row (or one bin of them all):
-    (each bin's rows in the order they lie, the capacity)."""
-    capacity = max(sum(lengths) if one_bin else max(lengths, default=1), 1)
+def fill_bins(lengths: list[int], one_bin: bool = False, pair_cost: float = 0.0) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """First-fit decreasing of rows into bins as long as the longest row (or one bin of them all): (each bin's
+    rows in the order they lie, the capacity). With `pair_cost` (a position pair's attention against a
+    token's weights, as share_units), longer bins are tried too, down to one bin of them all, and the one
+    whose positions and attention cost least is kept, never with more positions than the longest row's
+    bins: rows of uneven length leave less filler in fewer, longer bins, which costs more attention."""
+    if one_bin:
+        return _first_fit(lengths, max(sum(lengths), 1))
+    longest = max(max(lengths, default=1), 1)
+    best = _first_fit(lengths, longest)
+    if pair_cost > 0:
+        cost = lambda laid: len(laid[0]) * laid[1] * (1 + pair_cost * laid[1])  # noqa: E731  positions + pairs
+        for k in range(1, len(lengths)):  # about k bins' worth of rows each
+            capacity = max(math.ceil(sum(lengths) / k), longest)
+            if capacity == longest:
+                break
+            laid = _first_fit(lengths, capacity)
+            if cost(laid) < cost(best) and len(laid[0]) * capacity <= len(best[0]) * best[1]:
+                best = laid
+    return best
+
+
+def _first_fit(lengths: list[int], capacity: int) -> tuple[tuple[tuple[int, ...], ...], int]:
     bins, fill = [], []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         b = next((b for b, f in enumerate(fill) if f + lengths[i] <= capacity), len(fill))
@@ -213,7 +234,7 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     if len(members) == len(rows):  # no prompt is shared here: the plain layout, without a mask
         return packed_inputs(tokens, offsets, lengths, prompt_lengths, completion_len, mb, fill_id)
     size = [prompt_lengths[rows[m[0]]] + sum(lengths[rows[i]] - prompt_lengths[rows[i]] for i in m) for m in members]
-    bins, capacity = fill_bins(size)
+    bins, capacity = fill_bins(size, pair_cost=pair_cost)
     n_bins = len(bins)
     flat = n_bins * capacity
     # Segments, in the order they lie: each unit's prompt, then each member's completion, as

@@ -137,7 +137,7 @@ class StepBatch:
         self.roll, self.T = roll, roll.completion_len
         lengths = roll.lengths.tolist()
         self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
-                          batch_rows=settings.micro_batch_size, dist=dist,
+                          batch_rows=settings.micro_batch_size, dist=dist, pair_cost=pair_cost,
                           padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
         self.index, self.valid = roll.completion_index()  # [B, T]
         self.padded = roll.padded() if layout == "padded" else None
