@@ -266,12 +266,14 @@ def test_bins_grow_past_the_longest_row_where_filler_costs_more_than_the_longer_
     """packer.fill_bins with pair_cost p, by hand (a bin of c positions costs c * (1 + p * c)):
     - rows 553, 100, 85 (a shared unit and two rows), p = 1 / (6 * 576): bins of 553 hold [553] and [100, 85],
       1,106 positions costing 1,106 * 1.16 = 1,283; one bin of 738 costs 738 * 1.21 = 896: one bin;
-    - rows 100, 100, 10, p = 0.05: bins of 100 hold three rows in 300 positions, 300 * 6 = 1,800; one bin of
-      210 costs 210 * 11.5 = 2,415, and bins of 105 still need three (315 positions, more than 300): kept;
-    - no pair cost: bins of the longest row, as always."""
+    - rows 100, 100, 10, p = 0.05: bins of 100 hold three rows in 300 positions, 300 * 6 = 1,800; bins of 125
+      (a quarter longer) hold [100, 10] and [100], 250 * 7.25 = 1,812; from 157 no layout can cost less than
+      the 210 tokens' 210 * (1 + 0.05 * 157) = 1,858: kept;
+    - no pair cost, or rows shorter than GROW_FROM (64): bins of the longest row, as always."""
     assert fill_bins([553, 100, 85], pair_cost=1 / (6 * 576)) == (((0, 1, 2),), 738)
     assert fill_bins([100, 100, 10], pair_cost=0.05) == (((0,), (1,), (2,)), 100)
     assert fill_bins([553, 100, 85]) == (((0,), (1, 2)), 553)
+    assert fill_bins([60, 10, 10, 20], pair_cost=1e-4) == (((0,), (3, 1, 2)), 60)
     (mb,) = pack([553, 100, 85], layout="bins", batch_rows=3, pair_cost=1 / (6 * 576))
     assert mb.bins == ((0, 1, 2),) and mb.positions == 738
 
