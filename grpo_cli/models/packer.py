@@ -107,7 +107,7 @@ def split_by_tokens(lengths: list[int], budget: int, cost, dist: Dist = SINGLE) 
 def fill_bins(lengths: list[int], one_bin: bool = False, pair_cost: float = 0.0) -> tuple[tuple[tuple[int, ...], ...], int]:
     """First-fit decreasing of rows into bins as long as the longest row (or one bin of them all): (each bin's
     rows in the order they lie, the capacity). With `pair_cost` (a position pair's attention against a
-    token's weights, as share_units), longer bins are tried too, down to one bin of them all, and the one
+    token's weights, as share_units), longer bins are tried too, up to one bin of them all, and the one
     whose positions and attention cost least is kept, never with more positions than the longest row's
     bins: rows of uneven length leave less filler in fewer, longer bins, which costs more attention. Not
     for rows shorter than GROW_FROM tokens."""

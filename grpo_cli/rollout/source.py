@@ -297,7 +297,7 @@ def stored_damage(state: dict, step: int, k: int, prompts: list | None = None, r
         if prompts is not None and list(state["prompts"]) != prompts:
             return f"it holds other prompts than this run draws for step {step} (were the data or trainer.seed changed?)"
         if reference and state.get("ref_logp") is None:
-            return "it carries no KL reference log-probs: it was written with generator.score_reference=false"
+            return "it carries no KL reference log-probs: it was written with generator.score_reference=false or by an older grpo-cli"
         tokens, lengths = state["tokens"], state["lengths"]
         rows = len(state["prompts"]) * state["group_size"]
         if tokens.dim() != 1 or lengths.shape != (rows,) or int(lengths.sum()) != tokens.numel():
