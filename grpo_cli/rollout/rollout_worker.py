@@ -215,15 +215,14 @@ def _reference(spec: WorkerSpec, model, precision):
     """A context yielding the KL reference (update.policies.RunPolicies, as the trainer would hold it): the
     model's base with its adapter off under LoRA, else a frozen copy of the initial weights; None when the
     trainer scores it."""
-    from grpo_cli.models.loading import load_model
     from grpo_cli.models.lora import adapter_disabled
+    from grpo_cli.update.policies import frozen_model
 
     if not spec.reference:
         return None
-    m = spec.model
-    if m.lora.r:
+    if spec.model.lora.r:
         return lambda: adapter_disabled(model)
-    reference = load_model(m.path, precision.frozen_dtype, m.device, m.trust_remote_code).requires_grad_(False)
+    reference = frozen_model(spec.model, precision)
     return lambda: nullcontext(reference)
 
 

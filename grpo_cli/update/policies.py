@@ -39,6 +39,12 @@ def load_policy(m, precision, resume_from=None):
     return add_adapter(base, m.lora)
 
 
+def frozen_model(m, precision, path: str | None = None, key: str = "model.path"):
+    """A frozen model in the compute dtype, as a reference or behaviour is held (`m`: the model config group;
+    `path` default m.path; `key` names the setting in the sentence if it cannot be loaded)."""
+    return load_model(path or m.path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(False)
+
+
 class RunPolicies:
     """The policy with its reference and behaviour: what each role runs, when copies refresh, and the
     state a checkpoint must keep for them (a refreshed reference, a lagged behaviour)."""
@@ -49,7 +55,7 @@ class RunPolicies:
         scored_here = algo.beta != 0 and not reference_in_worker(cfg)  # else the worker scores the reference
 
         def frozen_copy(path: str, key: str = "model.path"):
-            return load_model(path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(False)
+            return frozen_model(m, precision, path, key)
 
         self.reference = frozen_copy(m.path) if scored_here and not lora else None
         self.behaviour = None  # a frozen model, or (LoRA, lagged) an AdapterCopy
