@@ -28,7 +28,8 @@ def test_phase_seconds_split_the_environment_out_of_generation():
 
 def test_floors_by_hand():
     """P = 1e6 parameters of 4e6 bytes, 1 GB/s, 10 GFLOP/s, one extra forward, two passes:
-    generation = 10 x 4e6 / 1e9 + 2e6 x 100 / 1e10 = 0.06 (row 1) and 30 x 4e6 / 1e9 + 0.02 = 0.14 (row 2);
+    generation = 10 x 4e6 / 1e9 + 2e6 x 100 / 1e10 = 0.06 (row 1) and 30 x 4e6 / 1e9 + 0.02 = 0.14 (row 2), the
+    weights' reads longer than the decoded tokens' 2e6 x 50 / 1e10 = 0.01 and 2e6 x 150 / 1e10 = 0.03;
     scoring = 2e6 x 150 / 1e10 = 0.03 and 2e6 x 250 / 1e10 = 0.05; update = 2 x 6e6 x 150 / 1e10 = 0.18 and
     2 x 6e6 x 250 / 1e10 = 0.30."""
     got = floors.floor_seconds(ROWS, 10**6, 4e6, 1e9, 1e10, forwards=1, passes=2)
@@ -38,6 +39,10 @@ def test_floors_by_hand():
     assert floors.floor_seconds(ROWS, 10**6, 4e6, 1e9, 1e10, forwards=0, passes=1)["scoring"] is None
     # G = 4 samples share each prompt's prefill: 0.04 + 0.02 / 4 and 0.12 + 0.02 / 4
     assert floors.floor_seconds(ROWS, 10**6, 4e6, 1e9, 1e10, 1, 2, group_size=4)["generation"] == pytest.approx(0.17)
+    # Decoding 2,000 tokens in 10 steps computes 2e6 x 2,000 / 1e10 = 0.4 s, more than the 0.04 s its 10 reads of
+    # the weights take: the compute-bound floor, plus the prefill's 0.02.
+    wide = {"completion_len_max": 10, "prompt_tokens": 100, "completion_tokens": 2000}
+    assert floors.floor_seconds([wide], 10**6, 4e6, 1e9, 1e10, 1, 2)["generation"] == pytest.approx(0.42)
 
 
 HAND = floors.StepFloors(params=10**6, weight_bytes=4e6, bandwidth=1e9, flops=1e10, forwards=1, passes=2)

@@ -14,9 +14,11 @@ for FLOP/s; probed once per machine, device, dtype and thread count, and cached 
 while the process is small, and its 32 MiB copy is handed back to the kernel after
 (runtime.returned_when_freed), so it does not stay in the run's memory. Every metrics row carries `efficiency/<phase>` = the
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
-- generation is memory-bound: every decoded token reads the weights once, so its floor is the longest
-  completion's tokens x the weights' bytes / bandwidth, plus the prompts' prefill at 2P FLOPs a token, each
-  distinct prompt once (its G samples share it);
+- generation: each decode step reads the weights once and computes 2P FLOPs for each live row, so its floor
+  is the longer of the longest completion's tokens x the weights' bytes / bandwidth (a small batch is
+  memory-bound) and the completion tokens x 2P / FLOP/s (a large one is compute-bound: 16 rows of a 135M
+  model on one CPU core), plus the prompts' prefill at 2P FLOPs a token, each distinct prompt once (its G
+  samples share it);
 - scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for (the
   tokens the forward computes: `forward_tokens`, each prompt once, under trainer.shared_prompts);
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
@@ -167,7 +169,8 @@ def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth:
         prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
         forward = r.get("forward_tokens", prompt + completion)  # fewer with shared prompts (each computed once)
         # generation prefills each distinct prompt once for its group (generation.prefill)
-        gen += r.get("completion_len_max", 0.0) * weight_bytes / bandwidth + 2 * params * prompt / group_size / flops
+        decode = max(r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / flops)
+        gen += decode + 2 * params * prompt / group_size / flops
         score += forwards * 2 * params * forward / flops
         update += passes * 6 * params * forward / flops
     return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
