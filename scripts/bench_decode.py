@@ -2,9 +2,11 @@
 
     python scripts/bench_decode.py --device cuda                       # Qwen2.5-0.5B's shape, bf16, batch 1/16/64
     python scripts/bench_decode.py --device cpu --shape small --batch 1 4 --new-tokens 16   # a smoke run
+    python scripts/bench_decode.py --device cpu --model models/SmolLM2-135M-Instruct --dtype fp32 --batch 1 16 --new-tokens 256
 
-The floor of one decode step is reading the weights and every row's KV cache once from memory:
-(weight bytes + batch x context x KV bytes per token) / bandwidth. The bandwidth is the larger of the
+The floor of one decode step is the longer of reading the weights and every row's KV cache once from memory,
+(weight bytes + batch x context x KV bytes per token) / bandwidth, and computing 2 x parameters FLOPs a row at
+the device's measured matmul peak (grpo_cli/run/floors.py's probe; a CPU at 16 rows is compute-bound). The bandwidth is the larger of the
 device's rated HBM bandwidth (where known: H100 SXM 3.35 TB/s, H200 4.8 TB/s) and a measured
 device-to-device copy. The marginal time per token is measured as (t(T) - t(T/2)) / (T/2): decoding T
 and T/2 new tokens from the same prompts, so the prefill and the one-time captures cancel. Rows never
@@ -33,9 +35,13 @@ SMALL_SHAPE = dict(vocab_size=4096, hidden_size=128, intermediate_size=344, num_
                    num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
 
 
-def build_model(shape: str, dtype: torch.dtype, device: str):
-    """A Llama-architecture model of random weights: Qwen2.5-0.5B's sizes (attention biases included), or small."""
+def build_model(shape: str, dtype: torch.dtype, device: str, path: str | None = None):
+    """A Llama-architecture model of random weights: Qwen2.5-0.5B's sizes (attention biases included), or small;
+    or the model saved in the local directory `path`."""
     import transformers
+
+    if path:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
 
     from bench import QWEN_SHAPE
 
@@ -109,7 +115,7 @@ def kv_bytes_per_token(model) -> int:
     return c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * next(model.parameters()).element_size()
 
 
-def case(model, batch: int, args, bw: float) -> dict:
+def case(model, batch: int, args, bw: float, flops: float) -> dict:
     """One batch size: marginal ms per token for eager and static, and the floor."""
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(batch)
@@ -133,7 +139,8 @@ def case(model, batch: int, args, bw: float) -> dict:
         out[f"{kind}_total_s"] = full
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     context = args.prompt_len + (half + args.new_tokens) / 2  # the mean context over the marginal steps
-    out["floor_ms"] = 1e3 * (weights + batch * context * kv_bytes_per_token(model)) / bw
+    memory = (weights + batch * context * kv_bytes_per_token(model)) / bw
+    out["floor_ms"] = 1e3 * max(memory, 2 * sum(p.numel() for p in model.parameters()) * batch / flops)
     out["eager_x_floor"], out["static_x_floor"] = out["eager_ms"] / out["floor_ms"], out["static_ms"] / out["floor_ms"]
     out["step_ms"] = step_ms(model, prompts, args.device)
     out["step_x_floor"] = out["step_ms"] / out["floor_ms"]
@@ -145,6 +152,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shape", choices=["qwen0.5b", "small"], default="qwen0.5b")
+    ap.add_argument("--model", help="a local model directory to decode with instead of a random --shape")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -154,15 +162,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.device == "cpu":
         torch.set_num_threads(1)
-    model = build_model(args.shape, torch.bfloat16 if args.dtype == "bf16" else torch.float32, args.device)
+    from grpo_cli.run.floors import cached_peaks
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = build_model(args.shape, dtype, args.device, args.model)
     measured, rated = bandwidth(args.device)
+    flops = cached_peaks(torch.device(args.device), dtype)[1]
     bw = max(measured, rated or 0.0)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({torch.backends.cpu.get_cpu_capability()})"
     params = sum(p.numel() for p in model.parameters())
-    print(f"{device_name}; {args.shape} ({params / 1e6:.0f}M parameters, {args.dtype}); prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens; bandwidth: measured copy {measured / 1e12:.2f} TB/s, rated "
-          f"{'%.2f TB/s' % (rated / 1e12) if rated else 'unknown'}; floor at {bw / 1e12:.2f} TB/s")
-    rows = [case(model, b, args, bw) for b in args.batch]
+    print(f"{device_name}; {args.model or args.shape} ({params / 1e6:.0f}M parameters, {args.dtype}); prompt "
+          f"{args.prompt_len}, {args.new_tokens} new tokens; bandwidth: measured copy {measured / 1e12:.3f} TB/s, rated "
+          f"{'%.2f TB/s' % (rated / 1e12) if rated else 'unknown'}; floor at {bw / 1e12:.3f} TB/s and "
+          f"{flops / 1e9:.0f} GFLOP/s")
+    rows = [case(model, b, args, bw, flops) for b in args.batch]
     print(f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} "
           f"{'step alone':>11} {'x floor':>8} {'same tokens':>12}")
     for r in rows:
@@ -170,7 +183,8 @@ def main(argv=None) -> int:
               f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['step_ms']:>11.3f} {r['step_x_floor']:>7.1f}x "
               f"{r['same_tokens']:>12.3f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device_name, "shape": args.shape, "dtype": args.dtype,
+        Path(args.json).write_text(json.dumps({"device": device_name, "shape": args.model or args.shape, "dtype": args.dtype,
+                                               "flops": flops,
                                                "parameters": params, "bandwidth_measured": measured,
                                                "bandwidth_rated": rated, "rows": rows}, indent=1))
     return 0
