@@ -98,6 +98,30 @@ def test_reading_the_end_flags_every_few_tokens_changes_no_token_before_an_eos(t
         assert sum(fifth_rows[1:]) > sum(every_rows[1:W])  # left later: more row-steps computed
 
 
+def test_without_a_graph_each_step_attends_over_the_slots_written_so_far(tiny_model, monkeypatch):
+    """On a CPU (no graph to replay fixed shapes) a static step's attention reads the prompt and the tokens
+    decoded so far, not the whole buffer of prompt + max_new_tokens slots: the keys and the mask grow by one
+    slot a step. (The tokens and log-probs equal eager's: the tests above.)"""
+    model, tok = tiny_model
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, *args, **kwargs):
+        seen.append((key.shape[-2], None if attn_mask is None else attn_mask.shape[-1]))
+        return sdpa(query, key, value, attn_mask, *args, **kwargs)
+
+    ids = encode_prompts(tok, PROMPTS[:2], False)
+    cache, logits, mask, position = generation.prefill(model, ids, 1, tok.pad_token_id)
+    steps = generation.decode_steps(model, cache, mask, position, 16, "static")
+    assert isinstance(steps, StaticSteps) and steps.length == mask.shape[1] + 16
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    layers = model.config.num_hidden_layers
+    for _ in range(3):
+        steps.step(logits.argmax(-1))
+    P = mask.shape[1]
+    assert seen == [(n, n) for n in (P + 1, P + 2, P + 3) for _ in range(layers)]
+
+
 def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_eagerly(tiny_model, tiny_dir):
     """generator.decode=static on the generator gives eager's rollout; a model whose attention the static
     path cannot take (flash attention here) decodes eagerly with a warning naming why."""

@@ -48,12 +48,17 @@ def _static_cache(model, length: int):
     return StaticCache(config=hf_model(model).config, max_cache_len=length)
 
 
-def _cast_to_buffers(layer):
-    """The layer's update, with the states cast to its buffers' dtypes first (a no-op where they match)."""
+def _cast_to_buffers(layer, visible):
+    """The layer's update, with the states cast to its buffers' dtypes first (a no-op where they match). Where
+    `visible()` gives a count (the slots written so far, this step's included) only those slots are returned,
+    so attention reads the filled prefix of the buffers rather than all of them; None returns them whole."""
     update = type(layer).update
 
     def cast_update(key_states: Tensor, value_states: Tensor, *args, **kwargs):
-        return update(layer, key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype), *args, **kwargs)
+        keys, values = update(layer, key_states.to(layer.keys.dtype), value_states.to(layer.values.dtype), *args,
+                              **kwargs)
+        n = visible()
+        return (keys, values) if n is None else (keys[:, :, :n], values[:, :, :n])
 
     return cast_update
 
@@ -108,7 +113,7 @@ class StaticSteps:
                 layer.keys = torch.zeros_like(layer.keys, dtype=k.dtype)
             if layer.values.dtype != v.dtype:
                 layer.values = torch.zeros(*layer.values.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
-            layer.update = _cast_to_buffers(layer)
+            layer.update = _cast_to_buffers(layer, self._visible)
             layer.keys[:, :, : self.filled].copy_(k[:, :, : self.filled])
             layer.values[:, :, : self.filled].copy_(v[:, :, : self.filled])
             layer.cumulative_length.fill_(self.filled)
@@ -130,13 +135,20 @@ class StaticSteps:
                 self.graphs, self.graph, self.logits = False, None, None
                 self._unstep(position)  # the warm-up may have run, in part or whole
 
+    def _visible(self) -> int | None:
+        """The slots a step's attention reads: all of them in a graph (it replays fixed shapes; the unwritten
+        ones are masked out), else only those written so far, this step's included."""
+        return None if self.graphs else self.filled + 1
+
     def _forward(self) -> Tensor:
         """One step on the device alone (what the graph holds): the next slot opened in the mask, the
         forward of `ids` writing it, the positions and the slot advanced."""
         self.allowed.index_fill_(1, self.slot, True)
         if self.additive:
             self.mask.copy_(torch.where(self.allowed, 0.0, torch.finfo(self.mask.dtype).min)[:, None, None, :])
-        out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.position,
+        n = self._visible()
+        mask = self.mask if n is None else self.mask[..., :n]
+        out = self.model(input_ids=self.ids, attention_mask=mask, position_ids=self.position,
                          **{self.kwarg: self.cache}, use_cache=True)
         self.position.add_(1)
         self.slot.add_(1)
