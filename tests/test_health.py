@@ -69,6 +69,17 @@ def test_every_sentence_is_filled_in():
         assert "{" not in sentence and "}" not in sentence, (rule.name, sentence)
 
 
+def test_the_mismatch_sentence_does_not_ask_for_the_correction_already_on():
+    off = health.rules(CFG)
+    rule = next(r for r in off if r.name == "sampler_mismatch")
+    without = rule.sentence([{**HEALTHY, "sampler/logp_diff": 0.131}])
+    with_tis = rule.sentence([{**HEALTHY, "sampler/logp_diff": 0.131, "sampler/capped_frac": 0.0112}])
+    assert "by 0.131 nats a token" in without and "set algo.sampler_correction=tis" in without
+    assert "set algo.sampler_correction" not in with_tis
+    assert "algo.sampler_correction=tis weighs them (1.1% of tokens at its cap)" in with_tis
+    assert "generator.weights=full" in with_tis
+
+
 def test_off_checks_nothing():
     check = Health(CFG, print, "off")
     row = {**HEALTHY, "truncated_frac": 1.0}
