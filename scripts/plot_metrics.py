@@ -6,6 +6,7 @@ place of the clip fraction and completion length, and its held-out tool use besi
     python scripts/plot_metrics.py runs/2026-11-21_12-00-00            # writes RUN/metrics.png
     python scripts/plot_metrics.py runA runB --out compare.png          # overlays runs
     python scripts/plot_metrics.py multirun/2026-11-21_12-00-00         # a sweep: every job overlaid
+    python scripts/plot_metrics.py runA runB --mismatch                 # the sampler/trainer gap in place of clipping
 
 Needs matplotlib (`pip install grpo-cli[plot]`).
 """
@@ -65,7 +66,10 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
+MISMATCH_PANEL = ("sampler/logp_diff", "sampler/trainer gap (nats a token)")
+
+
+def plot(runs: list[Path], out: Path, window: int = 10, mismatch: bool = False) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,6 +83,8 @@ def plot(runs: list[Path], out: Path, window: int = 10) -> Path:
         rows, evals = read_rows(run), read_eval_rows(run)
         episodes = episodes or any("env/turns" in r for r in rows)
         panels = EPISODE_PANELS if episodes else PANELS
+        if mismatch:  # the gap between the sampler's log-probs and the trainer's, in the clip fraction's place
+            panels = [MISMATCH_PANEL if key == "clip_frac" else (key, title) for key, title in panels]
         steps = [r["step"] for r in rows]
         label = run.name if len(runs) > 1 else None
         colour = None
@@ -121,12 +127,14 @@ def main() -> None:
     p.add_argument("paths", nargs="+", help="run directories or sweep directories")
     p.add_argument("--out", help="PNG path (default: metrics.png in the first directory)")
     p.add_argument("--window", type=int, default=10, help="steps in the moving average")
+    p.add_argument("--mismatch", action="store_true",
+                   help="plot sampler/logp_diff (the sampler's log-probs against the trainer's) in place of clipping")
     args = p.parse_args()
     runs = find_runs(args.paths)
     out = Path(args.out) if args.out else Path(args.paths[0]) / "metrics.png"
     evaluated = sum(bool(read_eval_rows(r)) for r in runs)
     held_out = f"; held-out eval rows from {evaluated}" if evaluated else ""
-    print(f"wrote {plot(runs, out, args.window)} ({len(runs)} run{'s' * (len(runs) > 1)}{held_out})")
+    print(f"wrote {plot(runs, out, args.window, args.mismatch)} ({len(runs)} run{'s' * (len(runs) > 1)}{held_out})")
 
 
 if __name__ == "__main__":

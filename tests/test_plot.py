@@ -41,3 +41,20 @@ def test_plot_script_draws_the_held_out_eval_rows_of_a_run_that_has_them(tmp_pat
     result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "run"), "--out", str(out)],
                             capture_output=True, text=True, check=True)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "held-out eval rows from 1" in result.stdout
+
+
+def test_mismatch_draws_the_sampler_gap_in_the_clip_fraction_s_place(tmp_path, monkeypatch):
+    import importlib.util
+
+    from matplotlib.figure import Figure
+
+    spec = importlib.util.spec_from_file_location("plot_metrics", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    write_run(tmp_path / "run", 10, 0.02)
+    titles = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: titles.append([ax.get_title() for ax in fig.axes]))
+    script.plot([tmp_path / "run"], tmp_path / "a.png")
+    script.plot([tmp_path / "run"], tmp_path / "b.png", mismatch=True)
+    assert "clip fraction (low + high)" in titles[0] and "sampler/trainer gap (nats a token)" not in titles[0]
+    assert "sampler/trainer gap (nats a token)" in titles[1] and "clip fraction (low + high)" not in titles[1]
