@@ -6,9 +6,9 @@
 
 The floor of one decode step is the longer of reading the weights and every row's KV cache once from memory,
 (weight bytes + batch x context x KV bytes per token) / bandwidth, and computing 2 x parameters FLOPs a row at
-the device's measured matmul peak (grpo_cli/run/floors.py's probe; a CPU at 16 rows is compute-bound). The bandwidth is the larger of the
-device's rated HBM bandwidth (where known: H100 SXM 3.35 TB/s, H200 4.8 TB/s) and a measured
-device-to-device copy. The marginal time per token is measured as (t(T) - t(T/2)) / (T/2): decoding T
+the device's measured matmul peak (grpo_cli/run/floors.py's probe; a CPU at 16 rows is compute-bound). The
+bandwidth is the larger of the device's rated HBM bandwidth (where known: H100 SXM 3.35 TB/s, H200 4.8 TB/s)
+and a measured device-to-device copy. The marginal time per token is measured as (t(T) - t(T/2)) / (T/2): decoding T
 and T/2 new tokens from the same prompts, so the prefill and the one-time captures cancel. Rows never
 stop (no EOS: the end id is out of the vocabulary), so every step runs the whole batch. Each case is the
 median of --repeats runs, eager and static interleaved. "step alone" is the model's part of a static step
