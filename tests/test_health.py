@@ -12,7 +12,8 @@ from grpo_cli.run import health
 from grpo_cli.run.health import Health
 from helpers import grpo_process, read_jsonl
 
-CFG = SimpleNamespace(sampler=SimpleNamespace(max_new_tokens=6), trainer=SimpleNamespace(zero_variance_warn_steps=5))
+CFG = SimpleNamespace(sampler=SimpleNamespace(max_new_tokens=6), trainer=SimpleNamespace(zero_variance_warn_steps=5),
+                      algo=SimpleNamespace(sampler_correction="none"))
 HEALTHY = dict(truncated_frac=0.0, zero_var_frac=0.2, reward_std=0.4, reward_mean=0.5, reward_none_frac=0.0, kl=0.02,
                kl_behaviour=0.0, entropy=0.4, accuracy=0.5, memory_gib=1.0)
 RUN = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.progress=false", "trainer.eval_before_after=false",
@@ -70,10 +71,12 @@ def test_every_sentence_is_filled_in():
 
 
 def test_the_mismatch_sentence_does_not_ask_for_the_correction_already_on():
-    off = health.rules(CFG)
-    rule = next(r for r in off if r.name == "sampler_mismatch")
-    without = rule.sentence([{**HEALTHY, "sampler/logp_diff": 0.131}])
-    with_tis = rule.sentence([{**HEALTHY, "sampler/logp_diff": 0.131, "sampler/capped_frac": 0.0112}])
+    def sentence(correction: str, row: dict) -> str:
+        cfg = SimpleNamespace(**{**vars(CFG), "algo": SimpleNamespace(sampler_correction=correction)})
+        return next(r for r in health.rules(cfg) if r.name == "sampler_mismatch").sentence([{**HEALTHY, **row}])
+
+    without = sentence("none", {"sampler/logp_diff": 0.131})
+    with_tis = sentence("tis", {"sampler/logp_diff": 0.131, "sampler/capped_frac": 0.0112})
     assert "by 0.131 nats a token" in without and "set algo.sampler_correction=tis" in without
     assert "set algo.sampler_correction" not in with_tis
     assert "algo.sampler_correction=tis weighs them (1.1% of tokens at its cap)" in with_tis

@@ -68,15 +68,14 @@ def _memory_grew(rows: list[dict]) -> bool:
     return all(b > a for a, b in zip(last, last[1:])) and last[-1] - last[0] > MEMORY_GROWTH_GIB and not more_work
 
 
-def _mismatch(rows: list[dict]) -> str:
-    """The sampler_mismatch sentence: what to set depends on whether the correction is on already (its rows
-    carry `sampler/capped_frac`)."""
+def _mismatch(rows: list[dict], corrected: bool) -> str:
+    """The sampler_mismatch sentence: what to set depends on whether the correction is on already."""
     row = rows[-1]
     gap = (f"the sampler's log-probs differ from the trainer's by {row['sampler/logp_diff']:.3f} nats a token, over "
            f"{SAMPLER_NATS}: the sampled tokens are not the policy's; ")
-    if "sampler/capped_frac" in row:
-        return (gap + f"algo.sampler_correction=tis weighs them ({row['sampler/capped_frac']:.1%} of tokens at its cap); "
-                "sample in the training precision (generator.weights=full) to remove the gap")
+    if corrected:
+        return (gap + f"algo.sampler_correction=tis weighs them ({row.get('sampler/capped_frac', 0.0):.1%} of tokens at "
+                "its cap); sample in the training precision (generator.weights=full) to remove the gap")
     return gap + "set algo.sampler_correction=tis, or sample in the training precision"
 
 
@@ -99,7 +98,8 @@ def rules(cfg) -> list[Rule]:
         Rule("reward_missing", lambda rows: _running(rows, MISSING_STEPS, lambda r: r.get("reward_none_frac", 0.0) > MISSING_FRAC),
              lambda rows: f"{rows[-1]['reward_none_frac']:.0%} of completions had no score (None, or a reward worker "
                           f"failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"),
-        Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS, _mismatch),
+        Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
+             lambda rows: _mismatch(rows, corrected=cfg.algo.sampler_correction == "tis")),
         Rule("kl_explode", lambda rows: rows[-1].get("kl", 0.0) > KL_NATS,
              lambda rows: f"the KL to the reference is {rows[-1]['kl']:.2f} nats a token, over {KL_NATS:g}: the policy is "
                           "running away; lower optimizer.lr or raise algo.beta"),
