@@ -80,7 +80,7 @@ def test_the_mismatch_sentence_does_not_ask_for_the_correction_already_on():
     assert "by 0.131 nats a token" in without and "set algo.sampler_correction=tis" in without
     assert "set algo.sampler_correction" not in with_tis
     assert "algo.sampler_correction=tis weighs them (1.1% of tokens at its cap)" in with_tis
-    assert "generator.weights=full" in with_tis
+    assert "to remove the gap, sample in the training precision (generator=hf: generator.weights=full)" in with_tis
 
 
 def test_off_checks_nothing():

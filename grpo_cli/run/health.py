@@ -75,7 +75,7 @@ def _mismatch(rows: list[dict], corrected: bool) -> str:
            f"{SAMPLER_NATS}: the sampled tokens are not the policy's; ")
     if corrected:
         return (gap + f"algo.sampler_correction=tis weighs them ({row.get('sampler/capped_frac', 0.0):.1%} of tokens at "
-                "its cap); sample in the training precision (generator.weights=full) to remove the gap")
+                "its cap); to remove the gap, sample in the training precision (generator=hf: generator.weights=full)")
     return gap + "set algo.sampler_correction=tis, or sample in the training precision"
 
 
