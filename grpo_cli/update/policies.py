@@ -53,18 +53,14 @@ class RunPolicies:
         self.policy, self.algo = policy, cfg.algo
         m, algo, lora = cfg.model, cfg.algo, cfg.model.lora.r > 0
         scored_here = algo.beta != 0 and not reference_in_worker(cfg)  # else the worker scores the reference
-
-        def frozen_copy(path: str, key: str = "model.path"):
-            return frozen_model(m, precision, path, key)
-
-        self.reference = frozen_copy(m.path) if scored_here and not lora else None
+        self.reference = frozen_model(m, precision) if scored_here and not lora else None
         self.behaviour = None  # a frozen model, or (LoRA, lagged) an AdapterCopy
         self.behaviour_is_base = lora and algo.behaviour == "frozen" and not algo.behaviour_path
         if algo.behaviour == "frozen" and not self.behaviour_is_base:
-            self.behaviour = frozen_copy(algo.behaviour_path or m.path,
-                                         "algo.behaviour_path" if algo.behaviour_path else "model.path")
+            self.behaviour = frozen_model(m, precision, algo.behaviour_path,
+                                          "algo.behaviour_path" if algo.behaviour_path else "model.path")
         elif algo.behaviour == "lagged":
-            self.behaviour = AdapterCopy(policy) if lora else frozen_copy(m.path)
+            self.behaviour = AdapterCopy(policy) if lora else frozen_model(m, precision)
         self.reference_is_base = lora and scored_here
 
     def roles(self) -> Policies:
