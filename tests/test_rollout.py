@@ -216,3 +216,52 @@ def test_a_rollout_in_flight_stored_padded_by_an_older_version_loads_as_the_same
     assert torch.equal(loaded.lengths, roll.lengths) and torch.equal(loaded.sampler_logp, roll.sampler_logp)
     assert torch.equal(loaded.completion_grid(loaded.behaviour_logp), (sampler - 1) * (attention[:, 2:] == 1))
     assert torch.equal(scored_from_state(flat, "cpu").rollout.tokens, roll.tokens)
+
+
+def test_the_fused_token_log_prob_and_its_gradient_equal_float64_log_softmax():
+    """TokenLogProb (one temporary, its backward in place) against autograd's float64 log_softmax, an
+    independent computation: values, entropy and the gradient for three upstream gradients."""
+    from grpo_cli.models.logprobs import TokenLogProb
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11) * 4
+    targets = torch.tensor([0, 3, 10, 3, 7, 1])
+    ref = logits.double().requires_grad_()
+    want = torch.log_softmax(ref, -1).gather(-1, targets[:, None]).squeeze(-1)
+    p = torch.softmax(ref.detach(), -1)
+    for upstream in (torch.ones(6), torch.randn(6), torch.tensor([0.0, 2.0, -1.0, 0.5, 0.0, 3.0])):
+        x = logits.clone().requires_grad_()
+        logp, entropy = TokenLogProb.apply(x, targets, True)
+        assert torch.allclose(logp.double(), want.detach(), atol=1e-6)
+        assert torch.allclose(entropy.double(), -(p * p.log()).sum(-1), atol=1e-6)
+        assert not entropy.requires_grad  # a constant, as the metric
+        logp.backward(upstream)
+        (grad,) = torch.autograd.grad(want, ref, upstream.double(), retain_graph=True)
+        assert torch.allclose(x.grad.double(), grad, atol=1e-6)
+    logp, _ = TokenLogProb.apply(logits.clone().requires_grad_(), targets, False)
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="ran twice"):  # its saved probabilities became the gradient
+        logp.sum().backward()
+
+
+def test_chunked_log_prob_gradients_through_the_model_equal_a_float64_full_vocabulary_forward(tiny_model):
+    """Through chunks under activation checkpointing and the fused head: the gradient of a weighted sum
+    of token log-probs with respect to every weight, against the model in float64 with a plain log_softmax."""
+    import copy
+
+    model, tok = tiny_model
+    torch.manual_seed(0)
+    roll = generate(model, tok, ["3+4=", "12+30=", "7+7="], 3, max_new_tokens=4, temperature=1.3)
+    T, m = roll.completion_len, roll.completion_mask.bool()
+    weights = torch.randn(m.shape) * m
+    reference = copy.deepcopy(model).double()
+    for temperature in (1.0, 1.3):
+        model.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+        got, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature=temperature,
+                                chunk_tokens=5, with_entropy=True, packing=True)
+        (got * weights).sum().backward()
+        want = _full_vocab_logprobs(reference, roll.input_ids, roll.attention_mask, T, temperature)
+        (want * weights.double()).sum().backward()
+        for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+            assert torch.allclose(a.grad.double(), b.grad, atol=1e-5, rtol=1e-4), (name, temperature)

@@ -118,13 +118,47 @@ def _chunk(head, states: Tensor, targets: Tensor, temperature: float, with_entro
     logits = head(states).float()  # [chunk, V]
     if temperature != 1.0:
         logits = logits / temperature
-    lse = logits.logsumexp(dim=-1)
+    if not entropy_grad:
+        return TokenLogProb.apply(logits, targets, with_entropy)
+    lse = logits.logsumexp(dim=-1)  # an entropy bonus differentiates the entropy too: autograd's own ops
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy
+    return logp, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+
+class TokenLogProb(torch.autograd.Function):
+    """log softmax(logits)[target] and, as a constant, the entropy of softmax(logits): [K] each from
+    float32 logits [K, V], with one [K, V] temporary (the probabilities). The backward,
+    d logp / d logits = onehot(target) - p, is written into the saved probabilities in place, so the saved
+    tensors serve one backward (a second, under retain_graph, raises). Autograd's composition of logsumexp,
+    gather and softmax makes at least eight [K, V] tensors a checkpointed chunk (one zero-filled for the
+    gather's gradient), this two: on a CPU a fresh one costs page faults over its whole size (0.75 s for
+    1,365 x 49,152 on the EPYC of docs/benchmarks.md, 30x the arithmetic)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool):
+        top = logits.amax(-1, keepdim=True)
+        p = torch.sub(logits, top).exp_()  # the one [K, V] temporary: exp(logit - max), then softmax
+        total = p.sum(-1, keepdim=True)
+        lse = (top + total.log()).squeeze(-1)
+        logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        p.div_(total)
+        entropy = None
+        if with_entropy:  # H = lse - sum_v p_v logit_v, the sum as a batched dot product (no [K, V] product)
+            entropy = lse - torch.bmm(p.unsqueeze(1), logits.unsqueeze(2)).view(-1)
+            ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(p, targets)
+        ctx.spent = False
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, _grad_entropy):
+        if ctx.spent:
+            raise RuntimeError("TokenLogProb's backward ran twice: its gradient overwrites the saved probabilities")
+        ctx.spent = True
+        p, targets = ctx.saved_tensors
+        grad = p.mul_(-grad_logp[:, None])  # -g p, then + g at each row's target
+        grad.scatter_add_(-1, targets[:, None], grad_logp[:, None])
+        return grad, None, None
 
 
 # Attention implementations that read packed rows from position ids (transformers' packed-sequence support).
