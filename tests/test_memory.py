@@ -50,9 +50,14 @@ def test_every_part_of_the_plan_worked_by_hand():
     assert p.tokens == 128
     assert p.update["activations"] == pytest.approx(128 * p.per_token)
     assert p.update["gradients"] == 4000
-    # The head: 4 rows x 20 completion tokens = 80 positions, 3 [positions, vocab] fp32 tensors; the backward's
-    # gradients in flight, 2h + 2 x intermediate per token; all three held with the allocator's slack.
-    assert p.update["logits"] == pytest.approx(ALLOCATOR_SLACK * 3 * 80 * 10 * 4)
+    # The head: 4 rows x 20 completion tokens = 80 positions, one [positions, vocab] fp32 tensor (3 with an
+    # entropy bonus); the backward's gradients in flight, 2h + 2 x intermediate per token; all three held
+    # with the allocator's slack.
+    assert p.update["logits"] == pytest.approx(ALLOCATOR_SLACK * 1 * 80 * 10 * 4)
+    bonus = cfg()
+    bonus.algo.entropy_coef = 0.01
+    assert plan(bonus, SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
+                runtime=100.0).update["logits"] == pytest.approx(ALLOCATOR_SLACK * 3 * 80 * 10 * 4)
     assert p.update["backward"] == pytest.approx(ALLOCATOR_SLACK * 128 * (2 * 8 + 2 * 16) * 4)
     gen, upd = sum(p.generation.values()), sum(p.update.values())
     assert p.total == pytest.approx(100 + 16000 + max(gen, upd))
@@ -66,7 +71,7 @@ def test_on_cuda_the_update_s_transients_take_cuda_s_factor_and_the_noise_its_la
                device_type="cuda")
     assert CUDA_SLACK == 1.25 and gpu.persistent == cpu.persistent
     assert gpu.per_token == pytest.approx(2 * (136 * 4 + 32 * 4) * 1.25)
-    assert gpu.update["logits"] == pytest.approx(1.25 * 3 * 80 * 10 * 4)
+    assert gpu.update["logits"] == pytest.approx(1.25 * 1 * 80 * 10 * 4)
     assert gpu.update["backward"] == pytest.approx(1.25 * 128 * (2 * 8 + 2 * 16) * 4)
     assert gpu.generation["sampling"] == 8 * 10 * 4 * (3 + 16)  # 20 tokens, vocab 10: 16 ahead on either
 
