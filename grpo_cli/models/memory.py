@@ -234,9 +234,9 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
 def head_tensors(cfg) -> int:
     """[chunk, vocab] float32 tensors the plan counts for the head. logprobs.TokenLogProb holds the logits and
     the probabilities (which become the gradient) for a moment, and one such tensor with the allocator's
-    slack is what the measured peaks fit (tests/test_memory.py's three shapes: two overestimated the wide,
-    head-heavy one by 24%, past the 20% the test allows). Three through autograd's ops, as before, when an
-    entropy bonus differentiates the entropy."""
+    slack is what the measured peaks fit (tests/test_memory.py's three shapes: counting two tensors
+    overestimated the wide, head-heavy one by 24%, past the 20% the test allows). Three through autograd's
+    ops, as before, when an entropy bonus differentiates the entropy."""
     return 3 if cfg.algo.entropy_coef else 1
 
 
