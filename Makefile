@@ -59,7 +59,7 @@ test-lowest:
 test-newest:
 	rm -rf .venv-newest && $(PY) -m venv .venv-newest
 	.venv-newest/bin/pip install -q --upgrade pip
-	.venv-newest/bin/pip install -q --upgrade "torch>=2.14,<2.15" -e ".[test,plot,math,peft]"
+	.venv-newest/bin/pip install -q --no-cache-dir --upgrade "torch>=2.14,<2.15" -e ".[test,plot,math,peft]"
 	.venv-newest/bin/pip list 2>/dev/null | grep -iE "^(torch|transformers|datasets|hydra-core|omegaconf|rich) "
 	$(TEST_ENV) .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS)
 
