@@ -157,6 +157,7 @@ class GeneratorConfig:
     timeout_s: float = 600.0
     decode: str = "auto"
     weights: str = "full"  # "bf16": training rollouts sampled with the weights in bf16 (generation.HFGenerator)
+    matmul: str = "auto"  # "packed": a CPU's float32 decode multiplies by oneDNN-packed weights (models/packed.py)
     score_reference: bool = True  # the worker scores the KL reference too (reference_in_worker)
 
 

@@ -322,6 +322,7 @@ CASES = [
     (TRAIN + " generator.timeout_s=1e30", "generator.timeout_s=1e+30 must be > 0 and <= 86400"),
     (TRAIN + " generator.device=cpu", "generator.device=cpu places the generation worker, but there is none"),
     (TRAIN + " generator.weights=int4", "generator.weights='int4' must be one of full, bf16"),
+    (TRAIN + " generator.matmul=mkl", "generator.matmul='mkl' must be one of auto, packed, plain"),
     (TRAIN + " generator.weights=bf16 trainer.precision=bf16-mixed", "generator.weights=bf16 samples in bf16, which trainer.precision=bf16-mixed already does; drop one"),
     (TRAIN + " generator=vllm generator.weights=bf16", "generator.weights=bf16 is generator=hf's; vLLM samples in the model's own dtype"),
     ("train output_dir={root}/budget " + " ".join(FAST) + " trainer.max_tokens_per_micro_batch=5",

@@ -63,6 +63,29 @@ def test_every_part_of_the_plan_worked_by_hand():
     assert p.total == pytest.approx(100 + 16000 + max(gen, upd))
 
 
+def test_a_cpu_decode_counts_the_packed_copies_of_its_large_weights():
+    """generator.matmul (models/packed.py): decoding in float32 on a CPU multiplies by packed copies of every
+    projection and head of at least 2**18 elements, counted in generation; on CUDA, under bf16, or with
+    matmul=plain, none."""
+    # SmolLM2-135M's sizes: q and o 576 x 576 = 331,776 and the MLP's 576 x 1,536 = 884,736 elements are packed,
+    # k and v 576 x 192 = 110,592 are not; the head 49,152 x 576 = 28,311,552 is.
+    shape = Shape(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64, vocab=49152,
+                  parameters=134_515_008, trainable=134_515_008)
+    want = 4 * (30 * (2 * 331_776 + 3 * 884_736) + 28_311_552)
+    c = cfg()
+    p = plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=0.0)
+    assert p.generation["packed weights"] == want == 511_377_408
+    assert "packed weights" not in plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
+                                        runtime=0.0, device_type="cuda").generation
+    assert "packed weights" not in plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=2, act_bytes=2,
+                                        runtime=0.0).generation  # bf16-mixed: autocast, not packed
+    c.generator.matmul = "plain"
+    assert "packed weights" not in plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
+                                        runtime=0.0).generation
+    assert "packed weights" not in plan(cfg(), SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
+                                        runtime=0.0).generation  # no layer of the small shape is large enough
+
+
 def test_on_cuda_the_update_s_transients_take_cuda_s_factor_and_the_noise_its_larger_budget():
     """On CUDA the peak is allocated tensors, not resident pages: the transient parts scale by CUDA_SLACK
     (1.25) instead of the CPU allocator's 1.6; the persistent parts are the same bytes."""

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
 
 from grpo_cli.models.memory import noise_steps_ahead
+from grpo_cli.models.packed import has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
@@ -332,6 +333,7 @@ class HFGenerator(PromptIds):
         super().__init__(tokenizer, chat_template)
         self.precision = precision or Precision("fp32")
         self.steps = getattr(settings, "decode", "auto") if settings is not None else "auto"
+        self.matmul = getattr(settings, "matmul", "auto") if settings is not None else "auto"
         self.turns: TurnCache | None = None  # a session's kept rows (session())
         self.sampling_precision = self.precision
         if getattr(settings, "weights", "full") == "bf16" and not self.precision.mixed:
@@ -374,12 +376,21 @@ class HFGenerator(PromptIds):
         was_training = model.training
         model.eval()
         precision = self.sampling_precision if with_logprobs else self.precision  # held-out scoring: as trained
+        packed = packed_linears(model, len(ids) * group_size) if self._packs(model, precision) else nullcontext()
         try:
-            with precision.autocast():
+            with precision.autocast(), packed:
                 return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
                               seeds=seeds, with_logprobs=with_logprobs, steps=self.steps, turns=turns)
         finally:
             model.train(was_training)
+
+    def _packs(self, model, precision: Precision) -> bool:
+        """Whether this decode multiplies by packed weights (generator.matmul; grpo_cli/models/packed.py): a
+        float32 forward (no autocast) of a model with large enough linear layers, on a CPU where that is faster,
+        unless `packed` asks for it regardless."""
+        if self.matmul == "plain" or precision.mixed or not has_packable(model):
+            return False
+        return self.matmul == "packed" or packing_helps(next(model.parameters()).device)
 
     def update(self, model) -> None:
         """Nothing to do: generation reads the model's current weights."""

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from collections.abc import Mapping
 
-from grpo_cli.choices import (ENV_SANDBOXES, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (ENV_SANDBOXES, GENERATOR_MATMULS, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
@@ -67,6 +67,7 @@ def check_generator(p: Problems, g, model) -> None:
     p.choice("generator.name", g.name, tuple(GENERATORS))
     p.choice("generator.decode", g.decode, ("auto", "static", "eager"))
     p.choice("generator.weights", g.weights, GENERATOR_WEIGHTS)
+    p.choice("generator.matmul", g.matmul, GENERATOR_MATMULS)
     check = GENERATORS[g.name].check if g.name in GENERATORS else None
     if check is not None:
         check(p, g, model)

@@ -1,0 +1,104 @@
+"""A model's large linear layers run on oneDNN with their weights packed, while a CPU decodes in float32.
+
+A decode step multiplies a few rows by every weight matrix, so it streams the weights from memory. torch's own
+float32 product (MKL's sgemm on a CPU) takes a few rows poorly: at 6 rows against SmolLM2-135M's 49,152 x 576
+head it took 18.9 ms here, where reading the 113 MB once takes under 5 ms; oneDNN's product over a weight
+reordered once into its blocked layout took 6.5 ms. Over a whole decode (SmolLM2-135M, 32 rows, up to 256
+tokens, one thread) that was 1.3-1.5x less time (docs/benchmarks.md).
+
+`packed_linears(model)` packs each plain `nn.Linear` of float32 weights on the CPU of at least `MIN_WEIGHTS`
+elements (oneDNN's call costs ~12 us more than torch's, which a small matrix does not win back) and routes its
+forward through `torch.ops.mkldnn._linear_pointwise` (torch's own CPU op, the one its compiler uses for
+packed linears) until the context ends; then the modules are as before. Packing copies those weights once per
+generation (the policy changes every step), so decoding holds one more copy of them meanwhile. A subclass of
+`nn.Linear` (bitsandbytes' 4-bit layers), a weight that is a tensor subclass (FSDP2's sharded DTensors) and
+a module whose forward is already replaced are left as they are. Gradients do not pass through the packed
+op: it is for `torch.no_grad()` decoding only.
+
+`packing_helps(device)` decides `generator.matmul=auto`: a decode-shaped product timed both ways, once
+per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import contextmanager
+
+import torch
+
+from grpo_cli.models.runtime import returned_when_freed
+
+MIN_WEIGHTS = 1 << 18  # elements (1 MiB in float32): smaller layers stay on torch's product
+FASTER_BELOW = 0.9  # auto packs where the packed product takes under this share of torch's time
+
+
+def available() -> bool:
+    """Whether this torch has oneDNN on the CPU and the packed-linear ops."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def _packable(module: torch.nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (type(module) is torch.nn.Linear and "forward" not in module.__dict__ and weight is not None
+            and type(weight.data) is torch.Tensor and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and weight.numel() >= MIN_WEIGHTS)
+
+
+def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+    bias = None if bias is None else bias.detach()
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+    return forward
+
+
+@contextmanager
+def packed_linears(model: torch.nn.Module, rows: int = 32):
+    """Within it, the model's large float32 linear layers on the CPU multiply with packed weights (module
+    docstring); `rows` is the batch the layout is chosen for. Yields how many layers were packed."""
+    replaced, rows = [], max(1, min(rows, 64))  # past 64 rows the layout chosen matters little
+    try:
+        if available():
+            for module in model.modules():
+                if _packable(module):
+                    module.forward = _packed_forward(module.weight, module.bias, rows)
+                    replaced.append(module)
+        yield len(replaced)
+    finally:
+        for module in replaced:
+            del module.forward
+
+
+def has_packable(model: torch.nn.Module) -> bool:
+    """Whether any of the model's layers would be packed."""
+    return available() and any(_packable(m) for m in model.modules())
+
+
+@functools.lru_cache(maxsize=None)
+def packing_helps(device: torch.device, rows: int = 8, repeats: int = 5) -> bool:
+    """Whether a decode-shaped float32 product (a few rows against a 8192 x 1024 weight, 32 MB, so reading it
+    dominates) takes under FASTER_BELOW of torch's time packed, best of `repeats` each, on `device`."""
+    if torch.device(device).type != "cpu" or not available():
+        return False
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    with returned_when_freed(), torch.no_grad():  # the probe's 64 MB leave the process's memory with it
+        layer = torch.nn.Linear(1024, 8192, bias=False)
+        x = torch.randn(rows, 1, 1024)
+        plain = best(lambda: layer(x))
+        with packed_linears(layer, rows):
+            packed = best(lambda: layer(x))
+        del layer, x
+    return packed < FASTER_BELOW * plain

@@ -1,0 +1,118 @@
+"""Decoding on a CPU with oneDNN-packed weights (grpo_cli/models/packed.py, generator.matmul): the packed
+product against a float64 one, which layers it takes and leaves, the modules restored after, and the
+generator's tokens and sampling log-probs against torch's own product."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from grpo_cli.models import packed
+from grpo_cli.models.packed import MIN_WEIGHTS, has_packable, packed_linears
+from grpo_cli.rollout import generation
+from grpo_cli.rollout.generation import HFGenerator, Sampling
+
+pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch has no oneDNN packed-linear ops on the CPU")
+
+
+def _linear(n_in: int, n_out: int, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(n_in, n_out, bias=bias)
+
+
+@pytest.mark.parametrize("shape", [(5, 512), (3, 1, 512), (70, 1, 512)], ids=["2d", "decode", "prefill"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_packed_product_is_the_float64_product_to_float32_rounding(shape, bias):
+    layer = _linear(512, 1024, bias)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    want = x.double() @ layer.weight.double().t() + (layer.bias.double() if bias else 0.0)
+    with torch.no_grad(), packed_linears(layer, rows=shape[0]) as count:
+        assert count == 1 and "forward" in layer.__dict__  # the packed op, not nn.Linear's own forward
+        got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 1024)
+    # a float32 sum of 512 products of values near 1: rounding of a few 1e-6 relative, as torch's own product
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_only_large_plain_float32_linears_are_packed_and_every_module_is_restored_after():
+    class Quantised(torch.nn.Linear):  # stands for bitsandbytes' Linear4bit, a subclass of nn.Linear
+        pass
+
+    big = 1024 * 512
+    assert big >= MIN_WEIGHTS > 128 * 128
+    model = torch.nn.Sequential(_linear(512, 1024), _linear(128, 128), Quantised(512, 1024),
+                                _linear(512, 1024).to(torch.bfloat16), _linear(1024, 512))
+    with torch.no_grad(), packed_linears(model) as count:
+        assert count == 2
+        replaced = ["forward" in m.__dict__ for m in model]
+    assert replaced == [True, False, False, False, True]
+    assert not any("forward" in m.__dict__ for m in model)
+    with pytest.raises(RuntimeError, match="boom"), torch.no_grad(), packed_linears(model):
+        raise RuntimeError("boom")
+    assert not any("forward" in m.__dict__ for m in model)  # restored on the way out of an error too
+    assert has_packable(model) and not has_packable(torch.nn.Sequential(_linear(128, 128)))
+
+
+def _wide_model(tiny_dir):
+    """A Llama of the tiny tokenizer's vocabulary, wide enough that its projections are packed (random weights)."""
+    import transformers
+
+    vocab = transformers.AutoConfig.from_pretrained(str(tiny_dir)).vocab_size
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=128,
+                                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=1, pad_token_id=0,
+                                      initializer_range=0.1)  # logits far from flat: few near-ties to round apart
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("sampling", [Sampling(max_new_tokens=12, temperature=1.2), Sampling(max_new_tokens=8, greedy=True)],
+                         ids=["t1.2", "greedy"])
+def test_the_generator_samples_the_same_tokens_and_log_probs_with_packed_weights(tiny_model, tiny_dir, sampling,
+                                                                                 monkeypatch):
+    _, tok = tiny_model
+    model = _wide_model(tiny_dir)
+    packed_layers = []
+
+    def spy(model, rows=32):
+        context = packed_linears(model, rows)
+
+        class Spy:
+            def __enter__(self):
+                packed_layers.append(context.__enter__())
+
+            def __exit__(self, *exc):
+                return context.__exit__(*exc)
+
+        return Spy()
+
+    monkeypatch.setattr(generation, "packed_linears", spy)
+    prompts = ["3+4=", "12+30=", "7+7=", "3+4="]
+    out = {}
+    for matmul in ("plain", "packed"):
+        g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul=matmul, weights="full"))
+        out[matmul] = g.generate(model, prompts, 3, sampling, seeds=[5, 6, 7, 8], with_logprobs=True)
+    # 2 layers x 7 projections (q, k, v, o: 512 x 512; gate, up, down: 1024 x 512), not the 59-row head
+    assert packed_layers == [14]
+    plain, fast = out["plain"], out["packed"]
+    assert plain.completions == fast.completions
+    assert len(set(plain.completions)) > (1 if sampling.greedy else 4)  # varied completions, not one repeated
+    torch.testing.assert_close(fast.sampler_logp, plain.sampler_logp, rtol=0, atol=1e-4)
+
+
+def test_auto_packs_nothing_for_the_tiny_model_nor_under_autocast(tiny_model, tiny_dir, monkeypatch):
+    """The default task's model has no layer worth packing, so auto never even times the probe; a bf16-mixed
+    decode keeps torch's product (autocast casts inside it)."""
+    model, tok = tiny_model
+    monkeypatch.setattr(generation, "packing_helps", lambda device: pytest.fail("probed for a model with nothing to pack"))
+    g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul="auto", weights="full"))
+    assert not has_packable(model) and not g._packs(model, g.precision)
+    wide = _wide_model(tiny_dir)
+    assert not g._packs(wide, generation.Precision("bf16-mixed", "cpu"))
+    monkeypatch.setattr(generation, "packing_helps", lambda device: False)
+    assert not g._packs(wide, g.precision)  # auto follows the probe
+    g.matmul = "packed"
+    assert g._packs(wide, g.precision)  # packed does not ask it
