@@ -16,6 +16,9 @@ The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a reg
   keep every short one's rows computing;
 - on CUDA (generator.decode=auto) each token's forward runs over a static KV cache as one CUDA graph
   replay (grpo_cli/models/static_cache.py), with the same tokens and log-probs as the eager steps.
+- on a CPU in float32 (generator.matmul=auto) the large linear layers multiply by weights packed once per
+  generation for oneDNN (grpo_cli/models/packed.py), where that measures faster: a few rows against a large
+  weight is where torch's own product is slowest.
 """
 
 from __future__ import annotations
