@@ -108,3 +108,38 @@ def test_prefill_counts_come_from_the_session_s_last_lookup_once():
     count_prefill(eps, [[1, 2, 3, 4], [1, 2, 5], [9, 9]], turns, turn=1)
     assert [e.kv_reused for e in eps] == [3, 0, 0] and [e.prefix_breaks for e in eps] == [0, 1, 1]
     assert [e.context_tokens for e in eps] == [8, 6, 3]
+
+
+def test_identical_contexts_run_once_and_sample_what_whole_prefills_sample(tiny_model, tiny_dir):
+    """A group's samples that made the same call and got the same reply have identical next contexts: the
+    turn runs each distinct one once (as the counts say) and copies its rows, and every row samples, with
+    its own seed, what a whole prefill of its context samples."""
+    _, tok = tiny_model
+    model, _ = _model(tiny_dir, "eager")
+    gen = HFGenerator(tok, SimpleNamespace(decode="eager"))
+    first = encode_prompts(tok, ["3+4=", "3+4=", "7+7=", "3+4="], False)
+    env = tok("2+3=", add_special_tokens=False)["input_ids"]
+    greedy, sampled = Sampling(max_new_tokens=6, greedy=True), Sampling(max_new_tokens=8, temperature=1.3)
+    seeds = [5, 6, 7, 8]
+
+    def second_turn(session: bool):
+        with gen.session() if session else _nothing():
+            one = gen.complete(model, first, greedy, seeds)  # the "3+4=" rows decode alike
+            second = [c + ids + env for c, (ids, _, _) in zip(first, one)]
+            rows = []
+            hook = model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                   with_kwargs=True)
+            try:
+                two = gen.complete(model, second, sampled, [s + 100 for s in seeds], with_logprobs=True)
+            finally:
+                hook.remove()
+        return second, two, rows
+
+    second, two, rows = second_turn(session=False)
+    second_s, two_s, rows_s = second_turn(session=True)
+    assert second == second_s and second[0] == second[1] == second[3] != second[2]
+    assert rows[0] == 2 and rows_s[0] == 2  # the prefill: the two distinct contexts, not four rows
+    assert [ids for ids, _, _ in two] == [ids for ids, _, _ in two_s]
+    assert len({tuple(ids) for ids, _, _ in (two[0], two[1], two[3])}) > 1  # the twins' own seeds still tell them apart
+    for (_, lp, _), (_, lp_s, _) in zip(two, two_s):
+        torch.testing.assert_close(torch.tensor(lp_s), torch.tensor(lp), atol=1e-5, rtol=1e-5)

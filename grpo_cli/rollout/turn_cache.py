@@ -14,10 +14,11 @@ prefix of its context: only the rest runs through the model.
   the new tokens right-aligned in theirs, the holes masked, and each row's positions continuing from its
   own length, the same positions a whole-context prefill gives.
 - Entries live for one turn: each call to `complete` replaces them, so memory holds one turn's cache.
+- Rows whose contexts are identical, token for token, run through the model once and are copied after.
 - `reused` and `computed` count, per row of the last call, the tokens taken from the kept cache and
-  the tokens run through the model (`take_counts` hands `reused` over once). A context with no kept
-  prefix after the first turn is a prefix break: not an exact extension of the last one (the episode
-  driver counts them).
+  the tokens past them (run once per distinct context; `take_counts` hands `reused` over once). A context
+  with no kept prefix after the first turn is a prefix break: not an exact extension of the last one (the
+  episode driver counts them).
 """
 
 from __future__ import annotations
@@ -91,9 +92,20 @@ def row_kv(layers, row_mask: Tensor, row: int, n: int) -> KV:
 def prefill_after(model, contexts: list[list[int]], found: list[tuple[int, KV] | None], pad_id: int, kwarg: str):
     """The prefill of `contexts`, each row's kept prefix taken from `found` and only the rest run through the
     model: (cache, [rows, vocab] next logits, [rows, width] attention mask, [rows] next position), as
-    generation.prefill returns."""
+    generation.prefill returns. Identical contexts (a group's samples that made the same call and got the same
+    reply) run once, their rows copied after, as a group's first turn does (generation.prefill)."""
     from transformers import DynamicCache
 
+    distinct: dict[tuple[int, ...], int] = {}
+    rows_of = [distinct.setdefault(tuple(c), i) for i, c in enumerate(contexts)]  # each row's first twin
+    if len(distinct) < len(contexts):
+        firsts = list(distinct.values())
+        cache, logits, mask, position = prefill_after(model, [contexts[i] for i in firsts], [found[i] for i in firsts],
+                                                      pad_id, kwarg)
+        slot = {row: k for k, row in enumerate(firsts)}
+        index = torch.tensor([slot[i] for i in rows_of], device=logits.device)
+        cache.batch_select_indices(index)
+        return cache, logits[index], mask[index], position[index]
     device = next(model.parameters()).device
     kept = [f[0] if f else 0 for f in found]
     sample = next(f[1] for f in found if f)
