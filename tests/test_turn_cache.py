@@ -143,3 +143,10 @@ def test_identical_contexts_run_once_and_sample_what_whole_prefills_sample(tiny_
     assert len({tuple(ids) for ids, _, _ in (two[0], two[1], two[3])}) > 1  # the twins' own seeds still tell them apart
     for (_, lp, _), (_, lp_s, _) in zip(two, two_s):
         torch.testing.assert_close(torch.tensor(lp_s), torch.tensor(lp), atol=1e-5, rtol=1e-5)
+
+
+def test_distinct_rows_names_each_row_s_first_twin():
+    from grpo_cli.rollout.turn_cache import distinct_rows
+
+    assert distinct_rows([[1, 2], [3], [1, 2], [], [3], [1]]) == ([0, 1, 3, 5], [0, 1, 0, 2, 1, 3])
+    assert distinct_rows([[4], [5]]) == ([0, 1], [0, 1]) and distinct_rows([]) == ([], [])

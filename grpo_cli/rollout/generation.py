@@ -35,7 +35,7 @@ from grpo_cli.models.packed import has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
-from grpo_cli.rollout.turn_cache import TurnCache, kept_length, left_pad, prefill_after, row_kv
+from grpo_cli.rollout.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
 
 NEG_INF = float("-inf")
@@ -160,13 +160,12 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
     prompt): (cache, [rows, vocab] next-token logits, [rows, width] attention mask, [rows] next position)."""
     device = next(model.parameters()).device
     n, G = len(prompt_ids), group_size
-    distinct: dict[tuple, int] = {}  # each distinct prompt's row in the prefill
-    rows_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids]
-    ids, mask = left_pad([list(p) for p in distinct], pad_id, device)
+    firsts, rows_of = distinct_rows(prompt_ids)  # each distinct prompt runs once
+    ids, mask = left_pad([list(prompt_ids[i]) for i in firsts], pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache, logits = getattr(out, cache_kwarg(model)), out.logits[:, -1]
-    if len(distinct) < n:  # the same prompt on several rows (an episode's first turn: its group's G copies)
+    if len(firsts) < n:  # the same prompt on several rows (an episode's first turn: its group's G copies)
         index = torch.tensor(rows_of, device=device)
         cache.batch_select_indices(index)
         logits, mask, positions = logits[index], mask[index], positions[index]

@@ -63,6 +63,19 @@ class TurnCache:
         self.entries[tuple(context) + tuple(generated)] = kv
 
 
+def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Where each distinct row first stands, and for every row the place of its distinct row among those:
+    a prefill runs the distinct rows once and spreads them back by that index."""
+    firsts: list[int] = []
+    slots: dict[tuple[int, ...], int] = {}
+    rows_of = []
+    for i, row in enumerate(rows):
+        rows_of.append(slots.setdefault(tuple(row), len(slots)))
+        if rows_of[-1] == len(firsts):
+            firsts.append(i)
+    return firsts, rows_of
+
+
 def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
     """[rows, width] ids, each row right-aligned after `pad_id`s, and its 0/1 attention mask."""
     width = max(len(r) for r in rows)
@@ -96,14 +109,11 @@ def prefill_after(model, contexts: list[list[int]], found: list[tuple[int, KV] |
     reply) run once, their rows copied after, as a group's first turn does (generation.prefill)."""
     from transformers import DynamicCache
 
-    distinct: dict[tuple[int, ...], int] = {}
-    rows_of = [distinct.setdefault(tuple(c), i) for i, c in enumerate(contexts)]  # each row's first twin
-    if len(distinct) < len(contexts):
-        firsts = list(distinct.values())
+    firsts, rows_of = distinct_rows(contexts)
+    if len(firsts) < len(contexts):
         cache, logits, mask, position = prefill_after(model, [contexts[i] for i in firsts], [found[i] for i in firsts],
                                                       pad_id, kwarg)
-        slot = {row: k for k, row in enumerate(firsts)}
-        index = torch.tensor([slot[i] for i in rows_of], device=logits.device)
+        index = torch.tensor(rows_of, device=logits.device)
         cache.batch_select_indices(index)
         return cache, logits[index], mask[index], position[index]
     device = next(model.parameters()).device
