@@ -143,11 +143,10 @@ def count_prefill(episodes, contexts: list[list[int]], turns: TurnCache | None, 
     """Each episode's share of the turn's prefill: the tokens run through the model (a context several
     episodes share, a group's first turn, runs once: the first of them counts it), those taken from the
     kept cache, and whether a later turn's context broke from the last one's tokens."""
-    distinct, counts = set(), turns.take_counts() if turns is not None else None
+    firsts, counts = set(distinct_rows(contexts)[0]), turns.take_counts() if turns is not None else None
     for i, (ep, context) in enumerate(zip(episodes, contexts)):
         reused = counts[i] if counts else 0
         ep.kv_reused += reused
         ep.prefix_breaks += int(counts is not None and turn > 0 and reused == 0)
-        if tuple(context) not in distinct:
-            distinct.add(tuple(context))
+        if i in firsts:  # the prefill runs each distinct context once (distinct_rows): its first row counts it
             ep.context_tokens += len(context) - reused
