@@ -29,6 +29,7 @@ has no token), where the loss reads them.
 from __future__ import annotations
 
 import types
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,6 +37,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from grpo_cli.models.packer import Packed, pack_padded
+from grpo_cli.models.segments import can_segment, segment_attention
 
 # Positions per head chunk: about 64M logits (256 MB in float32) at a time, whatever the vocabulary.
 CHUNK_LOGITS = 1 << 26
@@ -70,8 +72,9 @@ def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_
                      position_ids: Tensor, **_ignored) -> tuple[Tensor, Tensor | None]:
     T = req.completion_len
     if req.packed is not None:  # attention_mask None: transformers finds the rows from the position ids
-        hidden = self.base_model(input_ids=input_ids, attention_mask=tree_mask_for(self, req.packed.mask),
-                                 position_ids=position_ids, use_cache=False).last_hidden_state  # [bins, capacity, H]
+        with _packed_attention(self, req.packed) as (mask, keywords):
+            hidden = self.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                     use_cache=False, **keywords).last_hidden_state  # [bins, capacity, H]
         states = hidden.reshape(-1, hidden.shape[-1])[req.packed.states]  # [K, H]
         return _from_head(self.get_output_embeddings(), states, req.packed.targets, req)
     targets = input_ids[:, -T:]  # [B, T]
@@ -85,6 +88,17 @@ def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_
         states = hidden[:, -T - 1 : -1].reshape(-1, hidden.shape[-1])  # [B*T, H]: the states predicting each token
         logp, entropy = _from_head(self.get_output_embeddings(), states, targets.reshape(-1), req)
     return logp.view(-1, T), entropy.view(-1, T) if entropy is not None else None
+
+
+@contextmanager
+def _packed_attention(model, packed: Packed):
+    """How a packed forward attends: block by block where the model can (segments.py), else through the model's
+    own attention with the shared layout's tree mask (or none: the position ids' restarts). Yields (mask, keywords)."""
+    if packed.blocks is not None and can_segment(model):
+        with segment_attention(model, packed.blocks) as keywords:
+            yield None, keywords
+    else:
+        yield tree_mask_for(model, packed.mask), {}
 
 
 def tree_mask_for(model, mask: Tensor | None) -> Tensor | None:

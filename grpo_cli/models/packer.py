@@ -154,6 +154,8 @@ class Packed:
     shape: tuple[int, int]  # (b, T)
     real_tokens: int  # tokens in the bins that are not filler
     mask: Tensor | None = None  # "shared": [bins, 1, capacity, capacity], True where a position may attend
+    # What each bin's positions attend, block by block (segments.py): (start, end, prefix start, prefix end)
+    blocks: tuple[tuple[tuple[int, int, int, int], ...], ...] | None = None
 
 
 def ranks(sizes: Tensor) -> Tensor:
@@ -168,12 +170,14 @@ def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     first token has none: it is not scored)."""
     device, capacity = tokens.device, mb.capacity
     rows = mb.rows.tolist()
-    start, fill = [0] * len(rows), []
+    start, fill, blocks = [0] * len(rows), [], []
     for b, members in enumerate(mb.bins):
-        used = 0
+        used, in_bin = 0, []
         for i in members:
+            in_bin.append((used, used + lengths[rows[i]], 0, 0))  # a row: causal over itself
             start[i], used = b * capacity + used, used + lengths[rows[i]]
         fill.append(used)
+        blocks.append(tuple(in_bin))
     n_bins = len(mb.bins)
     # Filler counts from 0 after each bin's rows: a sequence of its own, attended by nothing real.
     positions = (torch.arange(capacity).repeat(n_bins, 1) - torch.tensor(fill)[:, None]).flatten().clamp(min=0)
@@ -191,7 +195,7 @@ def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity).to(device),
                   states=(dest[scored] - 1).to(device), targets=tokens[source[scored].to(device)],
                   rows=local[scored].to(device), cols=col[scored].to(device), shape=(len(rows), completion_len),
-                  real_tokens=int(row_len.sum()))
+                  real_tokens=int(row_len.sum()), blocks=tuple(blocks))
 
 
 def pack_padded(input_ids: Tensor, attention_mask: Tensor, completion_len: int, *, one_bin: bool = False) -> Packed:
@@ -280,8 +284,21 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=pos.view(n_bins, capacity).to(device),
                   states=states.to(device), targets=tokens[targets.to(device)],
                   rows=out_rows.to(device), cols=cols.to(device), shape=(len(rows), completion_len),
-                  real_tokens=int(dest.numel()), mask=tree_mask(tree_unit.view(n_bins, capacity),
-                                                                tree_branch.view(n_bins, capacity)).to(device))
+                  real_tokens=int(dest.numel()), blocks=_blocks(segments, n_bins, capacity),
+                  mask=tree_mask(tree_unit.view(n_bins, capacity), tree_branch.view(n_bins, capacity)).to(device))
+
+
+def _blocks(segments: list[tuple], n_bins: int, capacity: int) -> tuple:
+    """shared_inputs' segments as each bin's attention blocks (segments.py): a prompt causal over itself, a
+    completion seeing its unit's prompt (the segment that ends at its prompt's last state) and itself."""
+    blocks, prompt = [[] for _ in range(n_bins)], (0, 0)
+    for at, _source, length, _first, branch, _unit, _last in segments:
+        b, local = divmod(at, capacity)
+        if branch == 0:
+            prompt = (local, local + length)
+        if length:
+            blocks[b].append((local, local + length) + ((0, 0) if branch == 0 else prompt))
+    return tuple(tuple(in_bin) for in_bin in blocks)
 
 
 def tree_mask(unit: Tensor, branch: Tensor) -> Tensor:

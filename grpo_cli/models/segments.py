@@ -1,0 +1,97 @@
+"""Attention over a packed micro-batch's rows, one row (or shared-prompt branch) at a time.
+
+A packed bin (packer.py) holds several rows end to end. transformers' sdpa attends over a whole bin with a
+block-diagonal mask: every query meets every key of the bin, and the mask throws most of the products away.
+The long workload's update bins were 10-18% dense (a 482-position bin of 9 heads: 105 ms forward and backward
+under the mask, 62 ms row by row, on the CPU of docs/benchmarks.md). Here each block of a bin attends only to
+what it sees:
+- a row (or a shared unit's prompt): causal over itself;
+- a shared-prompt completion (packer.shared_inputs): its prompt, and causally itself, the query `i` of an
+  `m`-token completion seeing the prompt's `n` keys and its own first `i + 1`.
+
+Blocks are `(start, end, prefix_start, prefix_end)` in a bin's positions; positions no block covers (bin
+filler, which nothing real attends and nothing scores) get a zero output. Each token sees exactly the keys,
+values and positions of the masked forward, so log-probs and gradients equal it up to float rounding
+(tests/test_segments.py).
+
+`segment_attention(model, blocks)` routes the model's attention here for one forward: the model's config
+names this module's function (registered with transformers' `AttentionInterface`) until the context ends, and
+the blocks travel to every layer as a keyword of the forward, as transformers passes its attention keywords.
+It applies (`can_segment`) to sdpa models whose layers are not recomputed in the backward: gradient
+checkpointing would recompute them after the config is restored.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+NAME = "grpo_cli_segments"
+KEYWORD = "grpo_segments"
+
+Blocks = tuple[tuple[tuple[int, int, int, int], ...], ...]  # per bin: (start, end, prefix_start, prefix_end)
+
+
+def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=None, dropout: float = 0.0,
+           scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention signature: query [bins, heads, L, d], key and value [bins, kv heads, L, d];
+    returns [bins, L, heads, d]. The blocks come as the `grpo_segments` keyword."""
+    blocks: Blocks = kwargs[KEYWORD]
+    gqa = query.shape[1] != key.shape[1]
+    out = []
+    for b, in_bin in enumerate(blocks):
+        pieces, at = [], 0
+        for start, end, p_start, p_end in in_bin:
+            if end <= start:
+                continue
+            if start > at:
+                pieces.append(query.new_zeros(1, query.shape[1], start - at, value.shape[-1]))
+            q, k, v = query[b : b + 1, :, start:end], key[b : b + 1, :, start:end], value[b : b + 1, :, start:end]
+            if p_end > p_start:
+                k = torch.cat([key[b : b + 1, :, p_start:p_end], k], 2)
+                v = torch.cat([value[b : b + 1, :, p_start:p_end], v], 2)
+                pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=_prefix_causal(end - start, p_end - p_start,
+                                                                                              q.device),
+                                                             dropout_p=dropout, scale=scaling, enable_gqa=gqa))
+            else:
+                pieces.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
+                                                             enable_gqa=gqa))
+            at = end
+        if at < query.shape[2]:
+            pieces.append(query.new_zeros(1, query.shape[1], query.shape[2] - at, value.shape[-1]))
+        out.append(torch.cat(pieces, 2) if len(pieces) > 1 else pieces[0])
+    return torch.cat(out, 0).transpose(1, 2).contiguous(), None
+
+
+def _prefix_causal(m: int, n: int, device) -> Tensor:
+    """[m, n + m], True where query i (of m) sees key j: all n prefix keys, then its own first i + 1."""
+    return torch.ones(m, n + m, dtype=torch.bool, device=device).tril(n)
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, attend)
+
+
+def can_segment(model) -> bool:
+    """Whether `model` (the causal LM itself) can attend block by block: sdpa attention, layers not recomputed."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "_attn_implementation", None) == "sdpa"
+            and not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()))
+
+
+@contextmanager
+def segment_attention(model, blocks: Blocks):
+    """Within it, `model`'s attention takes these blocks; yields the keywords its forward passes on."""
+    register()
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield {KEYWORD: blocks}
+    finally:
+        config._attn_implementation = before
