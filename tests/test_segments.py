@@ -5,45 +5,116 @@ applies."""
 import pytest
 import torch
 
-from grpo_cli.models import logprobs, segments
+from dataclasses import replace
+
+from grpo_cli.models import logprobs, packer, segments
 from grpo_cli.models.packer import pack, packed_inputs, shared_inputs
 from test_packing import llama
 from test_shared_prompts import T, alone, loss_and_grads, rollout
 
 
-def test_the_blocks_of_plain_bins_and_of_shared_prompts_by_hand():
+def test_the_blocks_of_plain_bins_and_of_shared_prompts_by_hand(monkeypatch):
     """Rows [9 | 8 7], [6 | 3], [4 5 | 1], [4 5 | 2 3 10] (prompt | completion); the last two share a prompt.
-    Plain bins of 5 (the longest row), first-fit decreasing: (row 3), (row 0, row 1), (row 2), each row causal
-    over itself. Shared: units (row 0), (row 1), (rows 2 and 3: 2 + 1 + 3 = 6) in bins of 6: (unit 2), (unit 0,
-    unit 1); each prompt is a block, each completion a block that sees its prompt."""
+    Attended block by block (the length it applies from lowered to these rows'), the micro-batch is one bin,
+    longest row first: rows 3, 0, 2, 1, each causal over itself. Shared: units (rows 2 and 3: 2 + 1 + 3 = 6),
+    (row 0), (row 1) in one bin; each prompt is a block, each completion a block that sees its prompt."""
+    monkeypatch.setattr(packer, "GROW_FROM", 1)
     tokens = torch.tensor([9, 8, 7, 6, 3, 4, 5, 1, 4, 5, 2, 3, 10])
     lengths, prompts, offsets = [3, 2, 3, 5], [1, 1, 2, 2], [0, 3, 5, 8]
-    (mb,) = pack(lengths, layout="bins", batch_rows=4)
-    assert mb.bins == ((3,), (0, 1), (2,))
+    (mb,) = pack(lengths, layout="bins", batch_rows=4, by_block=True)
+    assert mb.bins == ((3, 0, 2, 1),) and mb.capacity == 13 and mb.by_block
     plain = packed_inputs(tokens, offsets, lengths, prompts, 3, mb)
-    assert plain.blocks == (((0, 5, 0, 0),), ((0, 3, 0, 0), (3, 5, 0, 0)), ((0, 3, 0, 0),))
+    assert plain.blocks == (((0, 5, 0, 0), (5, 8, 0, 0), (8, 11, 0, 0), (11, 13, 0, 0)),)
     shared = shared_inputs(tokens, offsets, lengths, prompts, 3, mb)
-    assert shared.input_ids.tolist() == [[4, 5, 1, 2, 3, 10], [9, 8, 7, 6, 3, 0]]
-    assert shared.blocks == (((0, 2, 0, 0), (2, 3, 0, 2), (3, 6, 0, 2)),
-                             ((0, 1, 0, 0), (1, 3, 0, 1), (3, 4, 0, 0), (4, 5, 3, 4)))
+    assert shared.input_ids.tolist() == [[4, 5, 1, 2, 3, 10, 9, 8, 7, 6, 3]]
+    assert shared.blocks == (((0, 2, 0, 0), (2, 3, 0, 2), (3, 6, 0, 2), (6, 7, 0, 0), (7, 9, 6, 7), (9, 10, 0, 0),
+                              (10, 11, 9, 10)),)
+    assert shared.mask is not None  # the tree, for a model that cannot go block by block
 
 
-def test_a_prefix_blocks_mask_by_hand():
-    """A 2-token completion after a 3-token prompt: query 0 sees the prompt and itself, query 1 one more."""
-    assert segments._prefix_causal(2, 3, "cpu").int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+def test_rows_shorter_than_the_length_blocks_pay_from_stay_in_bins_under_the_mask():
+    """One attention call per row costs short rows more than the pairs it saves (the default task's update took
+    2.5x as long row by row): a micro-batch goes block by block only when its longest row has GROW_FROM tokens."""
+    short, long = [10, 12, 9], [10, packer.GROW_FROM, 9]
+    (mb,) = pack(short, layout="bins", batch_rows=3, by_block=True)
+    assert not mb.by_block and mb.capacity == 12
+    assert packed_inputs(torch.ones(31, dtype=torch.long), [0, 10, 22], short, [2, 2, 2], 10, mb).blocks is None
+    (mb,) = pack(long, layout="shared", batch_rows=3, by_block=True)
+    assert mb.by_block and mb.bins == ((1, 0, 2),) and mb.capacity == sum(long)
+    (mb,) = pack(long, layout="bins", batch_rows=3)
+    assert not mb.by_block
+
+
+def blocks_of(packed):
+    """The blocks of bins laid for the mask, from their position ids (a row restarts at 0; a shared completion
+    continues its prompt's positions) and, with shared prompts, the tree: an independent reading of the layout."""
+    out = []
+    for b, pos in enumerate(packed.position_ids.tolist()):
+        unit = packed.tree[0][b].tolist() if packed.tree else [0] * len(pos)
+        branch = packed.tree[1][b].tolist() if packed.tree else [0] * len(pos)
+        starts = [i for i in range(len(pos)) if i == 0 or pos[i] != pos[i - 1] + 1 or branch[i] != branch[i - 1]
+                  or unit[i] != unit[i - 1]]
+        in_bin, prompt = [], {}
+        for s, e in zip(starts, starts[1:] + [len(pos)]):
+            if packed.tree and unit[s] < 0:
+                continue  # filler
+            if branch[s] == 0 or not packed.tree:
+                prompt[unit[s]] = (s, e)
+                in_bin.append((s, e, 0, 0))
+            else:
+                in_bin.append((s, e) + prompt[unit[s]])
+        out.append(tuple(in_bin))
+    return tuple(out)
+
+
+def test_a_blocks_mask_by_hand():
+    """A 2-token completion after a 3-token prompt: query 0 sees the prompt and itself, query 1 one more. With a
+    window of 2 (key > query - 2), query 2 of a 3-token row no longer sees key 0; the window of 4 keeps the
+    completion's query 1 (position 4) from key 0. Plain causal attention needs no mask."""
+    assert segments.block_mask(2, 3, None, "cpu").int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert segments.block_mask(3, 0, 2, "cpu").int().tolist() == [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    assert segments.block_mask(2, 3, 4, "cpu").int().tolist() == [[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]]
+    assert segments.block_mask(3, 0, None, "cpu") is None and segments.block_mask(3, 0, 3, "cpu") is None
+
+
+def test_a_sliding_window_limits_block_attention_as_the_models_own_mask_does(monkeypatch):
+    """Qwen2 with a 3-position sliding window on every layer, rows up to 12 tokens: block by block (both layouts)
+    against each row alone through the model's own forward, within 1e-5."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_cli.models.logprobs import LogProbRequest, enable_logprob_forward, packed_logprobs
+
+    monkeypatch.setattr(packer, "GROW_FROM", 1)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         use_sliding_window=True, sliding_window=3, max_window_layers=0,
+                                         attn_implementation="sdpa"))
+    enable_logprob_forward(model)
+    assert model.config.layer_types == ["sliding_attention"] * 2
+    tokens, offsets, lengths, prompts = rollout()
+    (mb,) = pack(lengths, layout="bins", batch_rows=len(lengths), by_block=True)
+    reference = alone(model, tokens, offsets, lengths, prompts)
+    with torch.no_grad():
+        for lay in (packed_inputs, shared_inputs):
+            packed = lay(tokens, offsets, lengths, prompts, T, mb)
+            assert packed.blocks is not None
+            logp, _ = packed_logprobs(model, packed, LogProbRequest(T))
+            assert torch.allclose(logp.double(), reference, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("layout", ["bins", "shared"])
 def test_block_attention_gives_the_masked_forwards_log_probs_loss_and_gradients_in_fp32(layout, monkeypatch):
     """The same packed micro-batch through sdpa block by block, and through sdpa over the whole bin under its mask
-    (the path without segments): within 1e-5, and each row alone agrees. The bins hold filler (zeroed here), and
-    the block path runs (its function is called once per layer)."""
+    (the path without blocks): within 1e-5, and each row alone agrees. The bins here hold several rows and filler
+    (the shared layout's zeroed by the blocks), and the block path runs (its function is called once per layer)."""
     model = llama("sdpa")
     tokens, offsets, lengths, prompts = rollout()
     (mb,) = pack(lengths, layout="bins", batch_rows=len(lengths))
     lay = shared_inputs if layout == "shared" else packed_inputs
     packed = lay(tokens, offsets, lengths, prompts, T, mb)
     assert packed.input_ids.numel() > packed.real_tokens  # filler in the bins
+    packed = replace(packed, blocks=blocks_of(packed))
     calls = []
     attend = segments.attend
     monkeypatch.setattr(segments, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
@@ -61,8 +132,9 @@ def test_block_attention_gives_the_masked_forwards_log_probs_loss_and_gradients_
     assert any(a.abs().max() > 1e-3 for a in grads_a)
 
 
-def test_blocks_apply_to_sdpa_only_and_not_under_gradient_checkpointing():
+def test_blocks_apply_to_sdpa_on_a_cpu_only_and_not_under_gradient_checkpointing():
     assert segments.can_segment(llama("sdpa")) and not segments.can_segment(llama("eager"))
+    assert not segments.can_segment(llama("sdpa").to("meta"))  # not a CPU: unmeasured there
     model = llama("sdpa")
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     assert not segments.can_segment(model)

@@ -92,8 +92,9 @@ def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_
 
 @contextmanager
 def _packed_attention(model, packed: Packed):
-    """How a packed forward attends: block by block where the model can (segments.py), else through the model's
-    own attention with the shared layout's tree mask (or none: the position ids' restarts). Yields (mask, keywords)."""
+    """How a packed forward attends: block by block where the packer laid it so and the model can (segments.py),
+    else through the model's own attention with the shared layout's tree mask (or none: the position ids'
+    restarts mark the rows). Yields (mask, keywords)."""
     if packed.blocks is not None and can_segment(model):
         with segment_attention(model, packed.blocks) as keywords:
             yield None, keywords
@@ -197,6 +198,11 @@ def can_pack(model) -> bool:
 def can_share_prompts(model) -> bool:
     """Whether `model` can take the shared-prompt layout: packed rows and an attention that reads a 4D mask."""
     return can_pack(model) and getattr(lm_config(model), "_attn_implementation", None) in TREE_ATTENTION
+
+
+def attends_by_block(model) -> bool:
+    """Whether `model` (or the causal LM inside its wrappers) can attend packed rows block by block (segments.py)."""
+    return can_segment(model, lm_config(model))
 
 
 def one_bin(model) -> bool:

@@ -21,6 +21,12 @@ Layout of a micro-batch's forward:
   group's G samples) lie as one unit, the prompt once and then each row's completion, with a tree
   attention mask: a completion sees the prompt and itself, so each prompt is computed once per micro-batch
   instead of G times (docs/math.md, "Shared prompts").
+
+A model that attends block by block (segments.py: sdpa, layers not recomputed) takes a "bins" or "shared"
+micro-batch whose longest row has GROW_FROM tokens as one bin: each row (or shared branch) attends only to
+itself (and its prompt), so the bin's length costs nothing and no filler is computed. Shorter rows stay in
+bins under the mask: one attention call per row costs them more than the pairs it saves (the default task's
+10-token rows: its update 2.5x slower row by row).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class MicroBatch:
     rows: Tensor  # [b] the step's rows in it, ascending
     bins: tuple[tuple[int, ...], ...] | None  # "bins"/"one_bin": each bin's rows (positions in `rows`), in order
     capacity: int  # positions per bin, or per padded row
+    by_block: bool = False  # one bin, attended block by block (segments.py), not under a mask
 
     @property
     def positions(self) -> int:
@@ -53,10 +60,13 @@ class MicroBatch:
 
 
 def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, batch_rows: int = 1,
-         padded_length: int | None = None, dist: Dist = SINGLE, pair_cost: float = 0.0) -> list[MicroBatch]:
+         padded_length: int | None = None, dist: Dist = SINGLE, pair_cost: float = 0.0,
+         by_block: bool = False) -> list[MicroBatch]:
     """The step's micro-batches of rows with these token `lengths` (see the module docstring);
     `padded_length` is a padded row's (the longest prompt plus the longest completion; default the longest row);
-    `pair_cost` lets bins grow past the longest row where that costs less (fill_bins)."""
+    `pair_cost` lets bins grow past the longest row where that costs less (fill_bins); `by_block` (the model can
+    attend block by block) lays "bins" and "shared" micro-batches whose longest row has GROW_FROM tokens as one
+    bin attended row by row."""
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}.")
     padded = padded_length if padded_length is not None else max(lengths, default=1)
@@ -64,7 +74,10 @@ def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, b
     def micro_batch(rows: list[int]) -> MicroBatch:  # "shared" is assigned rows as "bins" (shared_inputs lays them)
         if layout == "padded":
             return MicroBatch(torch.tensor(rows, dtype=torch.long), None, padded)
-        bins, capacity = fill_bins([lengths[i] for i in rows], one_bin=layout == "one_bin", pair_cost=pair_cost)
+        sizes = [lengths[i] for i in rows]
+        if by_block and layout != "one_bin" and max(sizes) >= GROW_FROM:  # no filler, no attention across rows
+            return MicroBatch(torch.tensor(rows, dtype=torch.long), *fill_bins(sizes, one_bin=True), by_block=True)
+        bins, capacity = fill_bins(sizes, one_bin=layout == "one_bin", pair_cost=pair_cost)
         return MicroBatch(torch.tensor(rows, dtype=torch.long), bins, capacity)
 
     if not token_budget:
@@ -153,9 +166,15 @@ class Packed:
     cols: Tensor  # [K] its completion column
     shape: tuple[int, int]  # (b, T)
     real_tokens: int  # tokens in the bins that are not filler
-    mask: Tensor | None = None  # "shared": [bins, 1, capacity, capacity], True where a position may attend
     # What each bin's positions attend, block by block (segments.py): (start, end, prefix start, prefix end)
     blocks: tuple[tuple[tuple[int, int, int, int], ...], ...] | None = None
+    tree: tuple[Tensor, Tensor] | None = None  # "shared": each position's unit and branch [bins, capacity] (tree_mask)
+
+    @property
+    def mask(self) -> Tensor | None:
+        """"shared": [bins, 1, capacity, capacity], True where a position may attend; built when asked (an
+        attention that goes block by block never needs it)."""
+        return None if self.tree is None else tree_mask(*self.tree)
 
 
 def ranks(sizes: Tensor) -> Tensor:
@@ -195,7 +214,7 @@ def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity).to(device),
                   states=(dest[scored] - 1).to(device), targets=tokens[source[scored].to(device)],
                   rows=local[scored].to(device), cols=col[scored].to(device), shape=(len(rows), completion_len),
-                  real_tokens=int(row_len.sum()), blocks=tuple(blocks))
+                  real_tokens=int(row_len.sum()), blocks=tuple(blocks) if mb.by_block else None)
 
 
 def pack_padded(input_ids: Tensor, attention_mask: Tensor, completion_len: int, *, one_bin: bool = False) -> Packed:
@@ -236,15 +255,18 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     of its rows (share_units), units fill bins first-fit decreasing, each completion's position ids continue
     from its prompt's, and the mask lets a token see the earlier tokens of its own unit that are its prompt or
     its own completion. A completion's first token is predicted by the prompt's last state. Where no row shares
-    its prompt, the micro-batch's bins as packed_inputs lays them."""
+    its prompt, the micro-batch's bins as packed_inputs lays them. A micro-batch attended block by block
+    (`mb.by_block`) lays every unit in one bin, and a row joins its prompt's unit whatever its length: its
+    attention then costs its own pairs only, however long the unit or bin."""
     host = tokens.cpu()
     rows = mb.rows.tolist()
     prompts = [tuple(host[offsets[r] : offsets[r] + prompt_lengths[r]].tolist()) for r in rows]
+    pair_cost = 0.0 if mb.by_block else pair_cost
     members = share_units(rows, lengths, prompt_lengths, prompts, pair_cost)
     if len(members) == len(rows):  # no prompt is shared here: the plain layout, without a mask
         return packed_inputs(tokens, offsets, lengths, prompt_lengths, completion_len, mb, fill_id)
     size = [prompt_lengths[rows[m[0]]] + sum(lengths[rows[i]] - prompt_lengths[rows[i]] for i in m) for m in members]
-    bins, capacity = fill_bins(size, pair_cost=pair_cost)
+    bins, capacity = fill_bins(size, one_bin=mb.by_block, pair_cost=pair_cost)
     n_bins = len(bins)
     flat = n_bins * capacity
     # Segments, in the order they lie: each unit's prompt, then each member's completion, as
@@ -284,8 +306,8 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=pos.view(n_bins, capacity).to(device),
                   states=states.to(device), targets=tokens[targets.to(device)],
                   rows=out_rows.to(device), cols=cols.to(device), shape=(len(rows), completion_len),
-                  real_tokens=int(dest.numel()), blocks=_blocks(segments, n_bins, capacity),
-                  mask=tree_mask(tree_unit.view(n_bins, capacity), tree_branch.view(n_bins, capacity)).to(device))
+                  real_tokens=int(dest.numel()), blocks=_blocks(segments, n_bins, capacity) if mb.by_block else None,
+                  tree=(tree_unit.view(n_bins, capacity).to(device), tree_branch.view(n_bins, capacity).to(device)))
 
 
 def _blocks(segments: list[tuple], n_bins: int, capacity: int) -> tuple:

@@ -17,8 +17,10 @@ values and positions of the masked forward, so log-probs and gradients equal it 
 `segment_attention(model, blocks)` routes the model's attention here for one forward: the model's config
 names this module's function (registered with transformers' `AttentionInterface`) until the context ends, and
 the blocks travel to every layer as a keyword of the forward, as transformers passes its attention keywords.
-It applies (`can_segment`) to sdpa models whose layers are not recomputed in the backward: gradient
-checkpointing would recompute them after the config is restored.
+It applies (`can_segment`) to sdpa models on a CPU whose layers are not recomputed in the backward: gradient
+checkpointing would recompute them after the config is restored. The packer decides which micro-batches go
+block by block (packer.py: those whose longest row is long enough that a call per row pays) and lays them as
+one bin: with no attention across rows, a longer bin costs nothing, and one bin has no filler.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ Blocks = tuple[tuple[tuple[int, int, int, int], ...], ...]  # per bin: (start, e
 def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=None, dropout: float = 0.0,
            scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers' attention signature: query [bins, heads, L, d], key and value [bins, kv heads, L, d];
-    returns [bins, L, heads, d]. The blocks come as the `grpo_segments` keyword."""
+    returns [bins, L, heads, d]. The blocks come as the `grpo_segments` keyword; a layer's `sliding_window`
+    (Qwen2, Mistral) limits each query to that many positions back, as the model's own mask does."""
     blocks: Blocks = kwargs[KEYWORD]
+    window = kwargs.get("sliding_window")
     gqa = query.shape[1] != key.shape[1]
     out = []
     for b, in_bin in enumerate(blocks):
@@ -53,12 +57,9 @@ def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=Non
             if p_end > p_start:
                 k = torch.cat([key[b : b + 1, :, p_start:p_end], k], 2)
                 v = torch.cat([value[b : b + 1, :, p_start:p_end], v], 2)
-                pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=_prefix_causal(end - start, p_end - p_start,
-                                                                                              q.device),
-                                                             dropout_p=dropout, scale=scaling, enable_gqa=gqa))
-            else:
-                pieces.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
-                                                             enable_gqa=gqa))
+            mask = block_mask(end - start, p_end - p_start, window, q.device)
+            pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
+                                                         scale=scaling, enable_gqa=gqa))
             at = end
         if at < query.shape[2]:
             pieces.append(query.new_zeros(1, query.shape[1], query.shape[2] - at, value.shape[-1]))
@@ -66,9 +67,15 @@ def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=Non
     return torch.cat(out, 0).transpose(1, 2).contiguous(), None
 
 
-def _prefix_causal(m: int, n: int, device) -> Tensor:
-    """[m, n + m], True where query i (of m) sees key j: all n prefix keys, then its own first i + 1."""
-    return torch.ones(m, n + m, dtype=torch.bool, device=device).tril(n)
+def block_mask(m: int, n: int, window: int | None, device) -> Tensor | None:
+    """[m, n + m], True where query i of an m-token block sees key j of its n prefix keys and its own: all
+    of the prefix and its own first i + 1, within `window` positions back (key > query - window); None where
+    that is plain causal attention (no prefix, no window shorter than the block)."""
+    if not n and (not window or window >= m):
+        return None
+    query, key = torch.arange(n, n + m, device=device)[:, None], torch.arange(n + m, device=device)[None]
+    keep = key <= query
+    return keep & (key > query - window) if window else keep
 
 
 def register() -> None:
@@ -77,10 +84,15 @@ def register() -> None:
     AttentionInterface.register(NAME, attend)
 
 
-def can_segment(model) -> bool:
-    """Whether `model` (the causal LM itself) can attend block by block: sdpa attention, layers not recomputed."""
-    config = getattr(model, "config", None)
-    return (getattr(config, "_attn_implementation", None) == "sdpa"
+def can_segment(model, config=None) -> bool:
+    """Whether `model` can attend block by block: sdpa attention (`config`, default the model's), layers not
+    recomputed, on a CPU (where it was measured; on a GPU a call per row costs launches, unmeasured, and
+    flash_attention_2 already attends row by row)."""
+    config = config if config is not None else getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    weight = next(model.parameters(), None)
+    return (weight is not None and weight.device.type == "cpu"
             and not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()))
 
 

@@ -23,8 +23,8 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from grpo_cli.models.distributed import SINGLE, Dist
-from grpo_cli.models.logprobs import (LogProbRequest, can_pack, can_share_prompts, lm_config, one_bin, packed_logprobs,
-                                     padded_logprobs)
+from grpo_cli.models.logprobs import (LogProbRequest, attends_by_block, can_pack, can_share_prompts, lm_config, one_bin,
+                                     packed_logprobs, padded_logprobs)
 from grpo_cli.models.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.update.metrics import StepMetrics
 from grpo_cli.algo.advantages import ADVANTAGES
@@ -133,17 +133,22 @@ class StepBatch:
     micro-batch's completion columns lie among the rollout's per-token values."""
 
     def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded",
-                 pair_cost: float = 0.0):
+                 pair_cost: float = 0.0, by_block: bool = False):
         self.roll, self.T = roll, roll.completion_len
         lengths = roll.lengths.tolist()
         self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
-                          batch_rows=settings.micro_batch_size, dist=dist, pair_cost=pair_cost,
+                          batch_rows=settings.micro_batch_size, dist=dist, pair_cost=pair_cost, by_block=by_block,
                           padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
         self.index, self.valid = roll.completion_index()  # [B, T]
         self.padded = roll.padded() if layout == "padded" else None
         offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
         lay = {"padded": lambda *a: None, "shared": partial(shared_inputs, pair_cost=pair_cost)}.get(layout, packed_inputs)
         self.packed = [lay(roll.tokens, offsets, lengths, prompts, self.T, mb) for mb in self.parts]
+
+    @classmethod
+    def for_model(cls, roll: Rollout, settings: StepSettings, model, dist: Dist = SINGLE) -> "StepBatch":
+        """Laid out as `model`'s forward takes it best (forward_layout, pair_cost, logprobs.attends_by_block)."""
+        return cls(roll, settings, dist, forward_layout(model, settings), pair_cost(model), attends_by_block(model))
 
     def grid(self, values: Tensor, rows: Tensor | None = None) -> Tensor:
         """Per-token `values` [N] on the completion columns of `rows` (default all): [b, T], 0 where none."""
@@ -153,7 +158,7 @@ class StepBatch:
     def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None]:
         """Micro-batch i's token log-probs (and entropy) under `model`: [b, T] each."""
         packed = self.packed[i]
-        if packed is not None and can_pack(model) and (packed.mask is None or can_share_prompts(model)):
+        if packed is not None and can_pack(model) and (packed.tree is None or can_share_prompts(model)):
             return packed_logprobs(model, packed, request)
         if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
             self.padded = self.roll.padded()
@@ -179,8 +184,7 @@ def score(model, roll: Rollout, temperature: float, settings: StepSettings, prec
           dist: Dist = SINGLE) -> Tensor:
     """Each token's log-probability under `model`, without gradients: [N] (0 on prompt tokens), in
     micro-batches as the step would form them."""
-    return score_tokens(model, StepBatch(roll, settings, dist, forward_layout(model, settings), pair_cost(model)),
-                        temperature, precision)
+    return score_tokens(model, StepBatch.for_model(roll, settings, model, dist), temperature, precision)
 
 
 def loss_mask(roll: Rollout, mask_truncated: bool, batch: StepBatch | None = None) -> torch.Tensor:
@@ -212,8 +216,7 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     decides alike without a collective.
     """
     algo, temperature = settings.algo, settings.sampling.temperature
-    batch = batch if batch is not None else StepBatch(roll, settings, dist, forward_layout(policy, settings),
-                                                      pair_cost(policy))
+    batch = batch if batch is not None else StepBatch.for_model(roll, settings, policy, dist)
     full_mask = loss_mask(roll, algo.mask_truncated, batch)
     request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
@@ -306,7 +309,7 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     # Each phase is also a named profiler range (scripts/bench.py --profile groups the costs by them).
     t0 = clock(device)
     # once: every pass runs these micro-batches
-    batch = StepBatch(roll, settings, dist, forward_layout(policy, settings), pair_cost(policy))
+    batch = StepBatch.for_model(roll, settings, policy, dist)
     with record_function(PHASES[1]):  # only the log-probabilities this config needs: none when beta = 0 and mu = 1
         roll.old_logp = roll.behaviour_logp
         if roll.old_logp is None and algo.num_iterations > 1:
@@ -337,7 +340,7 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     metrics.mean("padding_frac", padded - roll.tokens.numel(), padded)
     metrics.sum("completion_tokens", lengths.sum())
     metrics.sum("prompt_tokens", (roll.prompt_lengths.to(weights.device).double() * weights.double()).sum())
-    if any(p is not None and p.mask is not None for p in batch.packed):  # shared prompts: each computed once
+    if any(p is not None and p.tree is not None for p in batch.packed):  # shared prompts: each computed once
         metrics.sum("forward_tokens", sum(p.real_tokens for p in batch.packed))
     metrics.max("row_tokens_max", max(roll.lengths.tolist(), default=0))  # what the memory plan counts (memory.py)
     metrics.max("micro_batch_positions", max((mb.positions for mb in batch.parts), default=0))
