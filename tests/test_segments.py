@@ -147,3 +147,31 @@ def test_the_models_attention_is_restored_when_the_forward_raises():
             assert model.config._attn_implementation == segments.NAME
             raise RuntimeError("inside")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_model_whose_layers_slide_shares_prompts_only_where_the_window_is_kept():
+    """The tree mask goes to transformers as a 4D mask, which it takes without the window: sharing needs rows
+    attended block by block and a window no row under the tree mask (under 64 tokens) can exceed."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_cli.models.logprobs import can_share_prompts, sliding_window
+
+    def qwen2(attn, **window):
+        return Qwen2ForCausalLM(Qwen2Config(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, max_window_layers=0,
+                                            attn_implementation=attn, **window))
+
+    def mistral(attn, window):
+        return MistralForCausalLM(MistralConfig(vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                                                attn_implementation=attn))
+
+    assert sliding_window(qwen2("sdpa", sliding_window=4096).config) is None  # use_sliding_window off: no layer slides
+    assert can_share_prompts(qwen2("eager", sliding_window=4096))
+    sliding = dict(use_sliding_window=True, sliding_window=4096)
+    assert sliding_window(qwen2("sdpa", **sliding).config) == 4096
+    assert can_share_prompts(qwen2("sdpa", **sliding)) and not can_share_prompts(qwen2("eager", **sliding))
+    assert not can_share_prompts(qwen2("sdpa", use_sliding_window=True, sliding_window=32))  # under 64 tokens
+    assert sliding_window(mistral("eager", 4096).config) == 4096 and not can_share_prompts(mistral("eager", 4096))
+    assert sliding_window(mistral("eager", None).config) is None and can_share_prompts(mistral("eager", None))
+    assert can_share_prompts(llama("eager")) and can_share_prompts(llama("sdpa"))

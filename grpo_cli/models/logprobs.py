@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from grpo_cli.models.packer import Packed, pack_padded
+from grpo_cli.models.packer import GROW_FROM, Packed, pack_padded
 from grpo_cli.models.segments import can_segment, segment_attention
 
 # Positions per head chunk: about 64M logits (256 MB in float32) at a time, whatever the vocabulary.
@@ -196,8 +196,24 @@ def can_pack(model) -> bool:
 
 
 def can_share_prompts(model) -> bool:
-    """Whether `model` can take the shared-prompt layout: packed rows and an attention that reads a 4D mask."""
-    return can_pack(model) and getattr(lm_config(model), "_attn_implementation", None) in TREE_ATTENTION
+    """Whether `model` can take the shared-prompt layout: packed rows and an attention that reads a 4D mask.
+    transformers takes a 4D mask as it is, without a sliding window, so a model whose layers slide shares
+    only where its rows go block by block (which keep the window) and the rows left under the tree mask
+    (shorter than packer.GROW_FROM) are within the window."""
+    config = lm_config(model)
+    if not (can_pack(model) and getattr(config, "_attn_implementation", None) in TREE_ATTENTION):
+        return False
+    window = sliding_window(config)
+    return window is None or (attends_by_block(model) and window >= GROW_FROM)
+
+
+def sliding_window(config) -> int | None:
+    """The window of the model's sliding-window layers; None where no layer slides (Qwen2 names each layer's
+    kind; Mistral's window, when set, is every layer's)."""
+    window, kinds = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+    if not window or (kinds is not None and "sliding_attention" not in kinds):
+        return None
+    return int(window)
 
 
 def attends_by_block(model) -> bool:
