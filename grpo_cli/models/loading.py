@@ -90,13 +90,18 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "aut
     if gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
             raise GrpoError(f"model.gradient_checkpointing=true, but {type(model).__name__} does not support it; set it to false.")
-        # Non-reentrant: inputs need not require grad, and it composes with autocast and DDP.
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20's name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(model)
     return (model if quantize else model.to(resolve_device(device))).eval()
+
+
+def enable_checkpointing(model):
+    """Recompute each layer in the backward. Non-reentrant: inputs need not require grad, and it composes with
+    autocast and DDP."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def four_bit_config(compute_dtype: torch.dtype, device: torch.device):
