@@ -8,11 +8,11 @@ AdamW), push (weights into a generator with its own copy) and wait (the trainer 
 worker answers the steps asked ahead, before a push). A row's `seconds` is the step's wall time: these
 phases and what lies between them.
 
-Floors, from this machine's measured peaks (a memory copy for bandwidth, a matmul in the compute dtype
-for FLOP/s; probed once per machine, device, dtype and thread count, and cached in
-~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). A run's first probe here happens before the model loads,
-while the process is small, and its 32 MiB copy is handed back to the kernel after
-(runtime.returned_when_freed), so it does not stay in the run's memory. Every metrics row carries `efficiency/<phase>` = the
+Floors, from this machine's measured peaks (bandwidth: on a CPU a read of a buffer twice its last-level
+cache, on a GPU a copy; FLOP/s: a matmul in the compute dtype; probed once per machine, device, dtype and
+thread count, and cached in ~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). A run's first probe here
+happens before the model loads, while the process is small, and its buffer (64-256 MiB on a CPU) is handed
+back to the kernel after (runtime.returned_when_freed), so it does not stay in the run's memory. Every metrics row carries `efficiency/<phase>` = the
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
 - generation: each decode step reads the weights once and computes 2P FLOPs for each live row, so its floor
   is the longer of the longest completion's tokens x the weights' bytes / bandwidth (a small batch is
@@ -63,12 +63,42 @@ def _best(fn, device: torch.device, repeats: int = 3) -> float:
     return min(times)
 
 
+def last_level_cache(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The CPU's largest cache in bytes, as Linux reports it (32 MiB where it does not)."""
+    sizes = []
+    for f in caches.glob("index*/size"):
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            continue
+        if text[:-1].isdigit() and text[-1] in "KM":
+            sizes.append(int(text[:-1]) << (10 if text[-1] == "K" else 20))
+    return max(sizes, default=32 << 20)
+
+
+def probe_bytes(device: torch.device) -> int:
+    """The bandwidth probe's buffer: on a CPU, twice its last-level cache (64-256 MiB), so the reads come from
+    memory, as the weights' do."""
+    if device.type == "cuda":
+        return 256 << 20
+    return min(max(2 * last_level_cache(), 64 << 20), 256 << 20)
+
+
 def machine_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
-    """(bandwidth in bytes/s: a copy, counting bytes read and written; matmul FLOP/s in `dtype`)."""
-    n = (256 if device.type == "cuda" else 32) << 20
-    a = torch.empty(n, dtype=torch.uint8, device=device)
-    b = torch.empty_like(a)
-    bandwidth = 2 * n / _best(lambda: b.copy_(a), device)
+    """(bandwidth in bytes/s; matmul FLOP/s in `dtype`). On a CPU the bandwidth is a read (a sum) of a buffer
+    written first and twice the last-level cache's size: what reading the weights once per decode step costs.
+    (A copy out of a buffer never written read the kernel's zero page, one page always in cache, and a 32 MiB
+    one fit a 32 MiB cache: on a 2-core AMD EPYC it measured 33.5 GB/s where reading 512 MiB runs at 20-28.)
+    On a GPU, a copy, counting bytes read and written."""
+    n = probe_bytes(device)
+    if device.type == "cuda":
+        a = torch.empty(n, dtype=torch.uint8, device=device)
+        b = torch.empty_like(a)
+        bandwidth = 2 * n / _best(lambda: b.copy_(a), device)
+    else:
+        a = torch.ones(n // 4, device=device)
+        bandwidth = n / _best(a.sum, device, repeats=5)
+    del a
     m = 4096 if device.type == "cuda" else 512
     x = torch.randn(m, m, device=device).to(dtype)
     flops = 2 * m**3 / _best(lambda: x @ x, device)
@@ -91,6 +121,7 @@ def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float
     """machine_peaks, probed once per (machine, device, dtype, threads, torch) and kept in the cache file; a
     cache that cannot be read or written is never an error: this process remembers, the next probes again."""
     key = f"{_machine(device)}|{device.type}|{dtype}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    key += "|read" if device.type == "cpu" else ""  # a CPU's peaks from before its probe read memory are not used
     path = Path(os.environ.get("GRPO_CLI_CACHE") or Path.home() / ".cache" / "grpo-cli") / "peaks.json"
     try:
         cache = json.loads(path.read_text())
