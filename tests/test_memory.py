@@ -64,8 +64,8 @@ def test_every_part_of_the_plan_worked_by_hand():
 
 
 def test_a_cpu_decode_counts_the_packed_copies_of_its_large_weights():
-    """generator.matmul (models/packed.py): decoding in float32 on a CPU multiplies by packed copies of every
-    projection and head of at least 2**18 elements, counted in generation; on CUDA, under bf16, or with
+    """generator.matmul (models/packed.py): decoding on a CPU multiplies by packed copies of every projection and
+    head of at least 2**18 elements, counted in generation (bf16 copies under bf16 autocast); on CUDA, or with
     matmul=plain, none."""
     # SmolLM2-135M's sizes: q and o 576 x 576 = 331,776 and the MLP's 576 x 1,536 = 884,736 elements are packed,
     # k and v 576 x 192 = 110,592 are not; the head 49,152 x 576 = 28,311,552 is.
@@ -77,8 +77,12 @@ def test_a_cpu_decode_counts_the_packed_copies_of_its_large_weights():
     assert p.generation["packed weights"] == want == 511_377_408
     assert "packed weights" not in plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
                                         runtime=0.0, device_type="cuda").generation
-    assert "packed weights" not in plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=2, act_bytes=2,
-                                        runtime=0.0).generation  # bf16-mixed: autocast, not packed
+    # bf16-mixed, or generator.weights=bf16: bf16 copies, half the bytes
+    assert plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=2, act_bytes=2,
+                runtime=0.0).generation["packed weights"] == want // 2
+    c.generator.weights = "bf16"
+    assert plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
+                runtime=0.0).generation["packed weights"] == want // 2
     c.generator.matmul = "plain"
     assert "packed weights" not in plan(c, shape, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4,
                                         runtime=0.0).generation

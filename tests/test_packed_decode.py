@@ -77,8 +77,8 @@ def test_the_generator_samples_the_same_tokens_and_log_probs_with_packed_weights
     model = _wide_model(tiny_dir)
     packed_layers = []
 
-    def spy(model, rows=32):
-        context = packed_linears(model, rows)
+    def spy(model, rows=32, dtype=torch.float32):
+        context = packed_linears(model, rows, dtype)
 
         class Spy:
             def __enter__(self):
@@ -103,16 +103,83 @@ def test_the_generator_samples_the_same_tokens_and_log_probs_with_packed_weights
     torch.testing.assert_close(fast.sampler_logp, plain.sampler_logp, rtol=0, atol=1e-4)
 
 
-def test_auto_packs_nothing_for_the_tiny_model_nor_under_autocast(tiny_model, tiny_dir, monkeypatch):
+def test_auto_packs_nothing_for_the_tiny_model_and_packs_bf16_under_autocast(tiny_model, tiny_dir, monkeypatch):
     """The default task's model has no layer worth packing, so auto never even times the probe; a bf16-mixed
-    decode keeps torch's product (autocast casts inside it)."""
+    decode packs bf16 copies where its own probe (in bf16) says so."""
     model, tok = tiny_model
-    monkeypatch.setattr(generation, "packing_helps", lambda device: pytest.fail("probed for a model with nothing to pack"))
+    monkeypatch.setattr(generation, "packing_helps", lambda device, dtype: pytest.fail("probed with nothing to pack"))
     g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul="auto", weights="full"))
-    assert not has_packable(model) and not g._packs(model, g.precision)
-    wide = _wide_model(tiny_dir)
-    assert not g._packs(wide, generation.Precision("bf16-mixed", "cpu"))
-    monkeypatch.setattr(generation, "packing_helps", lambda device: False)
-    assert not g._packs(wide, g.precision)  # auto follows the probe
+    assert not has_packable(model) and g._packs(model, g.precision) is None
+    wide, asked = _wide_model(tiny_dir), []
+    monkeypatch.setattr(generation, "packing_helps", lambda device, dtype: asked.append(dtype) or dtype == torch.bfloat16)
+    assert g._packs(wide, generation.Precision("bf16-mixed", "cpu")) == torch.bfloat16
+    assert g._packs(wide, g.precision) is None  # auto follows the probe, asked in the decode's dtype
+    assert asked == [torch.bfloat16, torch.float32]
     g.matmul = "packed"
-    assert g._packs(wide, g.precision)  # packed does not ask it
+    assert g._packs(wide, g.precision) == torch.float32  # packed does not ask it
+    g.matmul = "plain"
+    assert g._packs(wide, generation.Precision("bf16-mixed", "cpu")) is None
+
+
+@pytest.mark.parametrize("shape", [(5, 512), (3, 1, 512)], ids=["2d", "decode"])
+def test_the_packed_bf16_product_is_autocasts_bf16_linear(shape):
+    """Packed in bf16, a layer's product is bf16 autocast's own (bf16 inputs and weights, a bf16 result), to a
+    bf16 rounding of the output, and both are the float64 product of the bf16-rounded inputs to bf16's precision."""
+    layer = _linear(512, 1024)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = layer(x)
+        with packed_linears(layer, rows=shape[0], dtype=torch.bfloat16) as count:
+            got = layer(x)
+    assert count == 1 and got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    exact = (x.bfloat16().double() @ layer.weight.bfloat16().double().t() + layer.bias.bfloat16().double())
+    torch.testing.assert_close(got.double(), want.double(), rtol=2**-7, atol=1e-3)  # one bf16 step apart at most
+    torch.testing.assert_close(got.double(), exact, rtol=2**-7, atol=2e-3)
+
+
+def test_a_bf16_decode_samples_the_same_tokens_packed_as_under_autocasts_own_product(tiny_model, tiny_dir):
+    """trainer.precision=bf16-mixed (and generator.weights=bf16, the same autocast): packed bf16 weights give
+    the same completions and sampling log-probs as autocast's own bf16 product, to bf16 rounding."""
+    _, tok = tiny_model
+    model = _wide_model(tiny_dir)
+    prompts, out = ["3+4=", "12+30=", "7+7=", "3+4="], {}
+    for matmul in ("plain", "packed"):
+        g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul=matmul, weights="full"),
+                        precision=generation.Precision("bf16-mixed", "cpu"))
+        assert g._packs(model, g.precision) == (torch.bfloat16 if matmul == "packed" else None)
+        out[matmul] = g.generate(model, prompts, 3, Sampling(max_new_tokens=10, temperature=1.2), seeds=[5, 6, 7, 8],
+                                 with_logprobs=True)
+    plain, fast = out["plain"], out["packed"]
+    assert plain.completions == fast.completions and len(set(plain.completions)) > 4
+    torch.testing.assert_close(fast.sampler_logp, plain.sampler_logp, rtol=0, atol=0.05)
+
+
+def test_float32_attention_is_sdpa_in_float32_with_the_padding_mask_and_is_restored(tiny_dir):
+    """packed.float32_attention: in float32 the same logits as the model's own sdpa, left padding masked; under
+    bf16 autocast closer to the float32 model than autocast's bf16 sdpa; the config restored, also on an error."""
+    from grpo_cli.models.packed import float32_attention
+
+    model = _wide_model(tiny_dir)
+    ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # a left-padded row
+    mask[2, :2] = 0
+
+    def logits(autocast: bool, fp32_attention: bool) -> torch.Tensor:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with float32_attention(model) if fp32_attention else torch.autocast("cpu", enabled=autocast):
+                out = model(ids, attention_mask=mask).logits.float()
+        return out[mask.bool()]  # the real positions
+
+    exact = logits(False, False)
+    torch.testing.assert_close(logits(False, True), exact, rtol=1e-5, atol=1e-5)
+    in_bf16, in_fp32 = (logits(True, False) - exact).abs().mean(), (logits(True, True) - exact).abs().mean()
+    assert in_fp32 < in_bf16, (in_fp32, in_bf16)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="inside"), float32_attention(model) as applied:
+        assert applied and model.config._attn_implementation == packed.FLOAT32_SDPA
+        raise RuntimeError("inside")
+    assert model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation = "eager"
+    with float32_attention(model) as applied:
+        assert not applied and model.config._attn_implementation == "eager"

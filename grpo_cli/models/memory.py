@@ -6,8 +6,8 @@ Peak = what stays all run + the larger of the two phases:
   a frozen reference (beta != 0, not under LoRA) or behaviour copy, and AdamW's two moments;
 - generation: the KV cache of every row of the step at its full length (prompt + max_new_tokens), the
   sampler's per-row [vocab] temporaries, for episodes a second copy of the cache (each decoded row's
-  keys and values kept for its next turn), and on a CPU in float32 the packed copies of the large weights
-  decoding multiplies by (generator.matmul, packed.py);
+  keys and values kept for its next turn), and on a CPU the packed copies of the large weights decoding
+  multiplies by (generator.matmul, packed.py; float32, or bf16 under bf16 autocast);
 - the update: the gradients, the activations autograd keeps for backward (per token and layer, counted
   from a Llama-style block: two RMSNorms 2h each, q, k, v, the attention output and o_proj's input, h
   each, with k and v repeated to every head when a mask is in play, the MLP's four [intermediate]
@@ -218,9 +218,10 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
         generation["kept turns"] = generation["KV cache"]
     gen = getattr(cfg, "generator", None)
     if (device_type == "cpu" and gen is not None and gen.name == "hf" and gen.matmul != "plain"
-            and gen.weights == "full" and act_bytes == (frozen_bytes if lora else param_bytes) == 4
-            and packed_weight_bytes(shape)):  # decoding multiplies by packed copies (packed.py)
-        generation["packed weights"] = packed_weight_bytes(shape)
+            and (frozen_bytes if lora else param_bytes) == 4 and packed_weight_bytes(shape)):
+        # decoding multiplies by packed copies (packed.py): bf16 ones under bf16 autocast
+        in_bf16 = gen.weights == "bf16" or act_bytes == 2
+        generation["packed weights"] = packed_weight_bytes(shape, 2 if in_bf16 else 4)
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
     tokens = tokens or largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
@@ -238,15 +239,16 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
                 per_token=slack * per_token)
 
 
-def packed_weight_bytes(shape: Shape) -> int:
-    """The float32 copies a CPU's decode packs (models/packed.py): each projection and the head of at least
-    packed.MIN_WEIGHTS elements (an upper bound: generator.matmul=auto packs only where it measured faster)."""
+def packed_weight_bytes(shape: Shape, element_bytes: int = 4) -> int:
+    """The copies a CPU's decode packs (models/packed.py), float32 or bf16 (`element_bytes`): each projection and
+    the head of at least packed.MIN_WEIGHTS elements (an upper bound: generator.matmul=auto packs only where it
+    measured faster)."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     per_layer = [shape.hidden * q, shape.hidden * kv, shape.hidden * kv, q * shape.hidden]  # q, k, v, o
     per_layer += [shape.hidden * shape.intermediate] * 3  # gate, up, down
     large = sum(n for n in per_layer if n >= MIN_WEIGHTS) * shape.layers
     head = shape.vocab * shape.hidden
-    return 4 * (large + (head if head >= MIN_WEIGHTS else 0))
+    return element_bytes * (large + (head if head >= MIN_WEIGHTS else 0))
 
 
 def head_tensors(cfg) -> int:

@@ -15,8 +15,12 @@ generation (the policy changes every step), so decoding holds one more copy of t
 a module whose forward is already replaced are left as they are. Gradients do not pass through the packed
 op: it is for `torch.no_grad()` decoding only.
 
-`packing_helps(device)` decides `generator.matmul=auto`: a decode-shaped product timed both ways, once
-per process.
+A decode under bf16 autocast (`generator.weights=bf16`, `trainer.precision=bf16-mixed`) packs bf16 copies
+instead: on a CPU with native bf16 (a 2-core AMD EPYC with AVX-512 BF16) those took 0.5-0.6x the packed float32
+product's time, and 0.3-0.7x autocast's own bf16 `linear`, at 1-32 rows against the head and the MLP's weights.
+
+`packing_helps(device, dtype)` decides `generator.matmul=auto`: a decode-shaped product timed both ways, once
+per process and dtype.
 """
 
 from __future__ import annotations
@@ -46,26 +50,28 @@ def _packable(module: torch.nn.Module) -> bool:
             and weight.numel() >= MIN_WEIGHTS)
 
 
-def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None, rows: int):
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-    bias = None if bias is None else bias.detach()
+def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None, rows: int, dtype: torch.dtype):
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), rows)
+    bias = None if bias is None else bias.detach().to(dtype)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, bias, "none", [], "")
 
     return forward
 
 
 @contextmanager
-def packed_linears(model: torch.nn.Module, rows: int = 32):
+def packed_linears(model: torch.nn.Module, rows: int = 32, dtype: torch.dtype = torch.float32):
     """Within it, the model's large float32 linear layers on the CPU multiply with packed weights (module
-    docstring); `rows` is the batch the layout is chosen for. Yields how many layers were packed."""
+    docstring); `rows` is the batch the layout is chosen for. `dtype` bfloat16 packs bf16 copies and multiplies
+    in bf16, as bf16 autocast's `linear` does (inputs and weights in bf16, the output bf16), for a decode under
+    it. Yields how many layers were packed."""
     replaced, rows = [], max(1, min(rows, 64))  # past 64 rows the layout chosen matters little
     try:
         if available():
             for module in model.modules():
                 if _packable(module):
-                    module.forward = _packed_forward(module.weight, module.bias, rows)
+                    module.forward = _packed_forward(module.weight, module.bias, rows, dtype)
                     replaced.append(module)
         yield len(replaced)
     finally:
@@ -79,9 +85,10 @@ def has_packable(model: torch.nn.Module) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def packing_helps(device: torch.device, rows: int = 8, repeats: int = 5) -> bool:
-    """Whether a decode-shaped float32 product (a few rows against a 8192 x 1024 weight, 32 MB, so reading it
-    dominates) takes under FASTER_BELOW of torch's time packed, best of `repeats` each, on `device`."""
+def packing_helps(device: torch.device, dtype: torch.dtype = torch.float32, rows: int = 8, repeats: int = 5) -> bool:
+    """Whether a decode-shaped product in `dtype` (a few rows against a 8192 x 1024 weight, 32 MB in float32, so
+    reading it dominates) takes under FASTER_BELOW of torch's time packed (bfloat16: torch's product under
+    autocast), best of `repeats` each, on `device`."""
     if torch.device(device).type != "cpu" or not available():
         return False
 
@@ -97,8 +104,46 @@ def packing_helps(device: torch.device, rows: int = 8, repeats: int = 5) -> bool
     with returned_when_freed(), torch.no_grad():  # the probe's 64 MB leave the process's memory with it
         layer = torch.nn.Linear(1024, 8192, bias=False)
         x = torch.randn(rows, 1, 1024)
-        plain = best(lambda: layer(x))
-        with packed_linears(layer, rows):
-            packed = best(lambda: layer(x))
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            plain = best(lambda: layer(x))
+            with packed_linears(layer, rows, dtype):
+                packed = best(lambda: layer(x))
         del layer, x
     return packed < FASTER_BELOW * plain
+
+
+FLOAT32_SDPA = "grpo_cli_float32_sdpa"
+
+
+def _float32_sdpa(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    dtype = query.dtype
+    with torch.autocast("cpu", enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                              **kwargs)
+    return out.to(dtype), weights
+
+
+@contextmanager
+def float32_attention(model: torch.nn.Module):
+    """Within it, a model that attends with sdpa does so in float32, outside autocast: on a CPU, bf16 autocast
+    runs sdpa in bf16, 3x float32's time at 32 rows x 300 keys of a decode step (one thread, AMD EPYC with
+    AVX-512 BF16), where the linear layers gain 1.8x; a bf16 decode of SmolLM2-135M spent 43% of its time
+    there. The queries and keys come out of the rotary embedding in float32 already. Yields whether it
+    applies (sdpa models only)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        yield False
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(FLOAT32_SDPA, _float32_sdpa)
+    AttentionMaskInterface.register(FLOAT32_SDPA, sdpa_mask)
+    config._attn_implementation = FLOAT32_SDPA
+    try:
+        yield True
+    finally:
+        config._attn_implementation = "sdpa"
+

@@ -16,9 +16,9 @@ The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a reg
   keep every short one's rows computing;
 - on CUDA (generator.decode=auto) each token's forward runs over a static KV cache as one CUDA graph
   replay (grpo_cli/models/static_cache.py), with the same tokens and log-probs as the eager steps.
-- on a CPU in float32 (generator.matmul=auto) the large linear layers multiply by weights packed once per
-  generation for oneDNN (grpo_cli/models/packed.py), where that measures faster: a few rows against a large
-  weight is where torch's own product is slowest.
+- on a CPU (generator.matmul=auto) the large linear layers multiply by weights packed once per generation for
+  oneDNN (grpo_cli/models/packed.py), in float32, or in bf16 under bf16 autocast, where that measures faster:
+  a few rows against a large weight is where torch's own product is slowest.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from grpo_cli.models.memory import noise_steps_ahead
-from grpo_cli.models.packed import has_packable, packed_linears, packing_helps
+from grpo_cli.models.packed import float32_attention, has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
@@ -378,21 +378,25 @@ class HFGenerator(PromptIds):
         was_training = model.training
         model.eval()
         precision = self.sampling_precision if with_logprobs else self.precision  # held-out scoring: as trained
-        packed = packed_linears(model, len(ids) * group_size) if self._packs(model, precision) else nullcontext()
+        dtype = self._packs(model, precision)
+        packed = packed_linears(model, len(ids) * group_size, dtype) if dtype else nullcontext()
+        cpu_bf16 = precision.mixed and next(model.parameters()).device.type == "cpu"
         try:
-            with precision.autocast(), packed:
+            with precision.autocast(), packed, float32_attention(model) if cpu_bf16 else nullcontext():
                 return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
                               seeds=seeds, with_logprobs=with_logprobs, steps=self.steps, turns=turns)
         finally:
             model.train(was_training)
 
-    def _packs(self, model, precision: Precision) -> bool:
-        """Whether this decode multiplies by packed weights (generator.matmul; grpo_cli/models/packed.py): a
-        float32 forward (no autocast) of a model with large enough linear layers, on a CPU where that is faster,
-        unless `packed` asks for it regardless."""
-        if self.matmul == "plain" or precision.mixed or not has_packable(model):
-            return False
-        return self.matmul == "packed" or packing_helps(next(model.parameters()).device)
+    def _packs(self, model, precision: Precision) -> torch.dtype | None:
+        """The dtype this decode multiplies packed weights in (generator.matmul; grpo_cli/models/packed.py), or
+        None: a model with large enough float32 linear layers, packed in bf16 under bf16 autocast, on a CPU
+        where that is faster, unless `packed` asks for it regardless."""
+        if self.matmul == "plain" or not has_packable(model):
+            return None
+        dtype = torch.bfloat16 if precision.mixed else torch.float32
+        helps = self.matmul == "packed" or packing_helps(next(model.parameters()).device, dtype)
+        return dtype if helps else None
 
     def update(self, model) -> None:
         """Nothing to do: generation reads the model's current weights."""
