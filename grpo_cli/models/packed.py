@@ -146,4 +146,3 @@ def float32_attention(model: torch.nn.Module):
         yield True
     finally:
         config._attn_implementation = "sdpa"
-
