@@ -43,6 +43,28 @@ def test_floors_by_hand():
     # the weights take: the compute-bound floor, plus the prefill's 0.02.
     wide = {"completion_len_max": 10, "prompt_tokens": 100, "completion_tokens": 2000}
     assert floors.floor_seconds([wide], 10**6, 4e6, 1e9, 1e10, 1, 2)["generation"] == pytest.approx(0.42)
+    # Sampled in bf16 at 4e10 FLOP/s: 2e6 x 2,000 / 4e10 = 0.1 s and the prefill 0.005; the update keeps 1e10
+    bf16 = floors.floor_seconds([wide], 10**6, 2e6, 1e9, 1e10, 1, 2, sample_flops=4e10)
+    assert bf16["generation"] == pytest.approx(0.105) and bf16["update"] == pytest.approx(2 * 6e6 * 2100 / 1e10)
+
+
+def test_a_run_that_samples_in_bf16_takes_generation_s_floor_at_bf16_s_peak(monkeypatch):
+    """generator.weights=bf16 in an fp32 run: generation reads bf16 weights and computes at bf16's FLOP/s."""
+    from types import SimpleNamespace
+
+    from grpo_cli.models.precision import Precision
+
+    peaks = {torch.float32: (2e10, 1e11), torch.bfloat16: (2e10, 3e11)}
+    monkeypatch.setattr(floors, "cached_peaks", lambda device, dtype: peaks[dtype])
+    policy = torch.nn.Linear(100, 10)  # 1,010 parameters
+    cfg = SimpleNamespace(generator=SimpleNamespace(weights="bf16"), sampler=SimpleNamespace(group_size=4),
+                          algo=SimpleNamespace(beta=0.0, num_iterations=1))
+    monkeypatch.setattr(floors, "reference_in_worker", lambda cfg: False)
+    got = floors.StepFloors.of(cfg, policy, Precision("fp32"))
+    assert (got.weight_bytes, got.flops, got.sample_flops) == (2020, 1e11, 3e11)
+    cfg.generator.weights = "full"
+    got = floors.StepFloors.of(cfg, policy, Precision("fp32"))
+    assert (got.weight_bytes, got.flops, got.sample_flops) == (4040, 1e11, None)
 
 
 HAND = floors.StepFloors(params=10**6, weight_bytes=4e6, bandwidth=1e9, flops=1e10, forwards=1, passes=2)

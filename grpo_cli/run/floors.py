@@ -18,7 +18,7 @@ phase's floor / its measured seconds for generation, scoring and the update (1 i
   is the longer of the longest completion's tokens x the weights' bytes / bandwidth (a small batch is
   memory-bound) and the completion tokens x 2P / FLOP/s (a large one is compute-bound: 16 rows of a 135M
   model on one CPU core), plus the prompts' prefill at 2P FLOPs a token, each distinct prompt once (its G
-  samples share it);
+  samples share it); FLOP/s in the dtype it samples in (bf16's under generator.weights=bf16);
 - scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for (the
   tokens the forward computes: `forward_tokens`, each prompt once, under trainer.shared_prompts);
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
@@ -155,6 +155,7 @@ class StepFloors:
     forwards: int
     passes: int
     group_size: int = 1
+    sample_flops: float | None = None  # generation's FLOP/s where it samples in another dtype (generator.weights)
 
     @classmethod
     def of(cls, cfg, policy: torch.nn.Module, precision) -> "StepFloors":
@@ -165,14 +166,19 @@ class StepFloors:
         return cls(params, params * torch.finfo(sampled).bits / 8, *cached_peaks(device, dtype),
                    int(cfg.algo.beta != 0 and not reference_in_worker(cfg)) + int(cfg.algo.num_iterations > 1),
                    cfg.algo.num_iterations,
-                   cfg.sampler.group_size)
+                   cfg.sampler.group_size,
+                   cached_peaks(device, sampled)[1] if sampled != dtype else None)
+
+    def floors(self, rows: list[dict]) -> dict[str, float | None]:
+        """floor_seconds of these rows at this run's sizes and peaks."""
+        return floor_seconds(rows, self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
+                             self.passes, self.group_size, sample_flops=self.sample_flops)
 
     def efficiency(self, row: dict) -> dict[str, float]:
         """`efficiency/<phase>`: the phase's floor over its measured seconds in this row. A generation worker's
         rows (they carry `wait_s`) have the update's alone: their gen_s is the trainer's wait for the worker,
         not the sampling's time."""
-        floor = floor_seconds([row], self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
-                              self.passes, self.group_size)
+        floor = self.floors([row])
         spent = phase_seconds([row])
         phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")
         return {f"efficiency/{p}": floor[p] / spent[p] for p in phases if floor[p] is not None and spent[p] > 0}
@@ -193,15 +199,18 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
 
 
 def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth: float, flops: float,
-                  forwards: int, passes: int, group_size: int = 1) -> dict[str, float | None]:
-    """Each phase's floor, summed over the rows (module docstring); None where there is none."""
+                  forwards: int, passes: int, group_size: int = 1, *,
+                  sample_flops: float | None = None) -> dict[str, float | None]:
+    """Each phase's floor, summed over the rows (module docstring); None where there is none. `sample_flops`:
+    generation's FLOP/s where it computes in another dtype than the update (default `flops`)."""
+    sample_flops = sample_flops or flops
     gen = score = update = 0.0
     for r in rows:
         prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
         forward = r.get("forward_tokens", prompt + completion)  # fewer with shared prompts (each computed once)
         # generation prefills each distinct prompt once for its group (generation.prefill)
-        decode = max(r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / flops)
-        gen += decode + 2 * params * prompt / group_size / flops
+        decode = max(r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / sample_flops)
+        gen += decode + 2 * params * prompt / group_size / sample_flops
         score += forwards * 2 * params * forward / flops
         update += passes * 6 * params * forward / flops
     return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
@@ -218,7 +227,7 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     top = max(spent, key=spent.get)
     line = f"time: {shares} of {total / len(rows):.2f} s per step"
     f = floors
-    floor = floor_seconds(rows, f.params, f.weight_bytes, f.bandwidth, f.flops, f.forwards, f.passes, f.group_size)[top]
+    floor = f.floors(rows)[top]
     if floor is None or floor <= 0:
         return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
     return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
