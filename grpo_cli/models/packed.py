@@ -1,4 +1,5 @@
-"""A model's large linear layers run on oneDNN with their weights packed, while a CPU decodes in float32.
+"""A model's large linear layers run on oneDNN with their weights packed while a CPU decodes (in float32, or in
+bf16 under bf16 autocast, whose attention then runs in float32: `float32_attention`).
 
 A decode step multiplies a few rows by every weight matrix, so it streams the weights from memory. torch's own
 float32 product (MKL's sgemm on a CPU) takes a few rows poorly: at 6 rows against SmolLM2-135M's 49,152 x 576
