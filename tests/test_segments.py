@@ -104,6 +104,42 @@ def test_a_sliding_window_limits_block_attention_as_the_models_own_mask_does(mon
             assert torch.allclose(logp.double(), reference, atol=1e-5, rtol=0)
 
 
+def graph_nodes(tensor) -> list[str]:
+    """The names of the autograd nodes `tensor` was computed by."""
+    seen, stack, names = set(), [tensor.grad_fn], []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        stack.extend(next_fn for next_fn, _ in node.next_functions)
+    return names
+
+
+def test_block_attention_cuts_each_tensor_once_so_the_backward_sums_no_bin_sized_zeros():
+    """Three rows, one with a shared prompt, and filler, in one bin: against attention of each block by hand, and
+    the backward holds one split per query, key and value, no slice per block (a slice's backward is a zero tensor
+    of the whole bin; summed over every block it doubled the backward of a 24-row bin). Each position's
+    gradient still reaches it: the filler's is zero, the prompt's collects the completion that reads it."""
+    torch.manual_seed(0)
+    blocks = (((0, 3, 0, 0), (3, 5, 0, 3), (5, 9, 0, 0), (10, 12, 0, 0)),)  # positions 9 and 12-13: filler
+    q, k, v = (torch.randn(1, 2, 14, 4, requires_grad=True) for _ in range(3))
+    out, _ = segments.attend(None, q, k, v, **{segments.KEYWORD: blocks})
+    names = graph_nodes(out)
+    assert names.count("SplitWithSizesBackward0") == 3 and "SliceBackward0" not in names
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rows = lambda s, e: (q[..., s:e, :], k[..., s:e, :], v[..., s:e, :])  # noqa: E731
+    expect = torch.zeros(1, 2, 14, 4)
+    for s, e in ((0, 3), (5, 9), (10, 12)):
+        expect[..., s:e, :] = sdpa(*rows(s, e), is_causal=True)
+    keys, values = k[..., 0:5, :], v[..., 0:5, :]
+    expect[..., 3:5, :] = sdpa(q[..., 3:5, :], keys, values, attn_mask=torch.ones(2, 5, dtype=torch.bool).tril(3))
+    assert torch.allclose(out.transpose(1, 2), expect, atol=1e-6)
+    out.pow(2).sum().backward()
+    assert q.grad[..., [9, 12, 13], :].abs().max() == 0 and k.grad[..., 0:3, :].abs().min() > 0
+
+
 @pytest.mark.parametrize("layout", ["bins", "shared"])
 def test_block_attention_gives_the_masked_forwards_log_probs_loss_and_gradients_in_fp32(layout, monkeypatch):
     """The same packed micro-batch through sdpa block by block, and through sdpa over the whole bin under its mask
