@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -114,6 +115,9 @@ def test_the_line_names_the_largest_phase_and_its_ratio():
     assert line.startswith("time: update 52%, generation 23%, scoring 13%, wait 6%, environment 3%, push 3% of 3.88 s per step")
     assert ("the largest, update, is 8.3x its floor, efficiency 0.12 (2.000 s per step against 0.2400 s at the 1 GB/s "
             "and 10 GFLOP/s") in line
+    gen_bound = [dict(ROWS[0], gen_s=9.0)]  # sampled in bf16 (generator.weights=bf16): its floor is at bf16's peak
+    assert "and 10 GFLOP/s measured" in floors.bottleneck_line(gen_bound, HAND)
+    assert "and 40 GFLOP/s (bf16) measured" in floors.bottleneck_line(gen_bound, replace(HAND, sample_flops=4e10))
     env_bound = [{"gen_s": 3.0, "env_s": 2.5, "update_s": 1.0, "completion_len_max": 1, "prompt_tokens": 1,
                   "completion_tokens": 1}]
     assert "environment is the largest, and has no floor here" in floors.bottleneck_line(env_bound, HAND)

@@ -230,6 +230,8 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     floor = f.floors(rows)[top]
     if floor is None or floor <= 0:
         return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
+    sampled = top == "generation" and f.sample_flops is not None  # generator.weights=bf16: bf16's FLOP/s
+    flops = f"{(f.sample_flops if sampled else f.flops) / 1e9:.0f} GFLOP/s{' (bf16)' if sampled else ''}"
     return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
             f"({spent[top] / len(rows):.3f} s per step against {floor / len(rows):.4f} s at the {f.bandwidth / 1e9:.0f} GB/s "
-            f"and {f.flops / 1e9:.0f} GFLOP/s measured here; weights only, so a small model's ratio is overhead).")
+            f"and {flops} measured here; weights only, so a small model's ratio is overhead).")
