@@ -144,7 +144,8 @@ def test_block_attention_cuts_each_tensor_once_so_the_backward_sums_no_bin_sized
 def test_block_attention_gives_the_masked_forwards_log_probs_loss_and_gradients_in_fp32(layout, monkeypatch):
     """The same packed micro-batch through sdpa block by block, and through sdpa over the whole bin under its mask
     (the path without blocks): within 1e-5, and each row alone agrees. The bins here hold several rows and filler
-    (the shared layout's zeroed by the blocks), and the block path runs (its function is called once per layer)."""
+    (the shared layout's zeroed by the blocks), and the block path runs (its function is called once per layer, and
+builds each mask once)."""
     model = llama("sdpa")
     tokens, offsets, lengths, prompts = rollout()
     (mb,) = pack(lengths, layout="bins", batch_rows=len(lengths))
@@ -155,8 +156,11 @@ def test_block_attention_gives_the_masked_forwards_log_probs_loss_and_gradients_
     calls = []
     attend = segments.attend
     monkeypatch.setattr(segments, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    built, block_mask = [], segments.block_mask
+    monkeypatch.setattr(segments, "block_mask", lambda *a: built.append(a[:3]) or block_mask(*a))
     logp_a, loss_a, grads_a = loss_and_grads(model, packed, len(lengths))
     assert len(calls) == model.config.num_hidden_layers
+    assert 0 < len(built) == len(set(built))  # each block shape's mask built by the first layer alone
     assert model.config._attn_implementation == "sdpa"  # restored
     monkeypatch.setattr(logprobs, "can_segment", lambda model: False)
     logp_b, loss_b, grads_b = loss_and_grads(model, packed, len(lengths))

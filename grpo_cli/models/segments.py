@@ -16,7 +16,8 @@ values and positions of the masked forward, so log-probs and gradients equal it 
 
 `segment_attention(model, blocks)` routes the model's attention here for one forward: the model's config
 names this module's function (registered with transformers' `AttentionInterface`) until the context ends, and
-the blocks travel to every layer as a keyword of the forward, as transformers passes its attention keywords.
+the blocks travel to every layer as a keyword of the forward, as transformers passes its attention keywords, with
+a dict in which the first layer leaves each block's mask for the others.
 It applies (`can_segment`) to sdpa models on a CPU whose layers are not recomputed in the backward: gradient
 checkpointing would recompute them after the config is restored. The packer decides which micro-batches go
 block by block (packer.py: those whose longest row is long enough that a call per row pays) and lays them as
@@ -33,6 +34,7 @@ from torch import Tensor
 
 NAME = "grpo_cli_segments"
 KEYWORD = "grpo_segments"
+MASKS = "grpo_segment_masks"  # a forward's block masks by (m, n), built by its first layer and read by the rest
 
 Blocks = tuple[tuple[tuple[int, int, int, int], ...], ...]  # per bin: (start, end, prefix_start, prefix_end)
 
@@ -44,6 +46,7 @@ def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=Non
     (Qwen2, Mistral) limits each query to that many positions back, as the model's own mask does."""
     blocks: Blocks = kwargs[KEYWORD]
     window = kwargs.get("sliding_window")
+    masks = kwargs.get(MASKS, {})
     gqa = query.shape[1] != key.shape[1]
     out = []
     for in_bin, *in_qkv in zip(blocks, query.split(1), key.split(1), value.split(1)):
@@ -58,7 +61,10 @@ def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=Non
             q, k, v = qs(start, end), ks(start, end), vs(start, end)
             if p_end > p_start:
                 k, v = torch.cat([ks(p_start, p_end), k], 2), torch.cat([vs(p_start, p_end), v], 2)
-            mask = block_mask(end - start, p_end - p_start, window, q.device)
+            shape = (end - start, p_end - p_start, window)
+            if shape not in masks:
+                masks[shape] = block_mask(*shape, q.device)
+            mask = masks[shape]
             pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
                                                          scale=scaling, enable_gqa=gqa))
             at = end
@@ -123,6 +129,6 @@ def segment_attention(model, blocks: Blocks):
     before = config._attn_implementation
     config._attn_implementation = NAME
     try:
-        yield {KEYWORD: blocks}
+        yield {KEYWORD: blocks, MASKS: {}}
     finally:
         config._attn_implementation = before
