@@ -107,6 +107,7 @@ def test_auto_packs_nothing_for_the_tiny_model_and_packs_bf16_under_autocast(tin
     """The default task's model has no layer worth packing, so auto never even times the probe; a bf16-mixed
     decode packs bf16 copies where its own probe (in bf16) says so."""
     model, tok = tiny_model
+    monkeypatch.setattr(packed, "available", lambda dtype=torch.float32: True)  # a CPU with oneDNN's bf16 product
     monkeypatch.setattr(generation, "packing_helps", lambda device, dtype: pytest.fail("probed with nothing to pack"))
     g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul="auto", weights="full"))
     assert not has_packable(model) and g._packs(model, g.precision) is None
@@ -121,6 +122,35 @@ def test_auto_packs_nothing_for_the_tiny_model_and_packs_bf16_under_autocast(tin
     assert g._packs(wide, generation.Precision("bf16-mixed", "cpu")) is None
 
 
+def test_a_cpu_without_onednns_bf16_product_packs_nothing_under_bf16_autocast(tiny_model, tiny_dir, monkeypatch):
+    """On an AVX2-only CPU oneDNN's bf16 reorder raises: there a bf16 decode packs nothing, generator.matmul=packed
+    included, and never probes; autocast's own product runs. float32 packing is unaffected."""
+    _, tok = tiny_model
+    monkeypatch.setattr(packed, "available", lambda dtype=torch.float32: dtype == torch.float32)
+    monkeypatch.setattr(generation, "packing_helps", lambda device, dtype: pytest.fail("probed a dtype it lacks"))
+    wide, bf16 = _wide_model(tiny_dir), generation.Precision("bf16-mixed", "cpu")
+    for matmul in ("auto", "packed"):
+        g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul=matmul, weights="full"), precision=bf16)
+        assert g._packs(wide, bf16) is None
+    g.matmul = "packed"
+    assert g._packs(wide, generation.Precision("fp32", "cpu")) == torch.float32
+    layer, x = _linear(512, 1024), torch.randn(3, 512)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = layer(x)
+        with packed_linears(layer, rows=3, dtype=torch.bfloat16) as count:
+            assert count == 0 and torch.equal(layer(x), want)
+
+
+def test_only_a_cpu_with_onednns_bf16_product_is_said_to_have_it():
+    """packed.available(bf16) is oneDNN's own answer (on AVX2 alone its bf16 reorder raises); float32's is the ops'."""
+    supported = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert packed.available(torch.bfloat16) == supported and packed.available(torch.float16) is False
+    if not supported:
+        with pytest.raises(RuntimeError):
+            torch.ops.mkldnn._reorder_linear_weight(torch.randn(8, 8).bfloat16(), 1)
+
+
+@pytest.mark.skipif(not packed.available(torch.bfloat16), reason="this CPU's oneDNN has no bf16 product (AVX2 only)")
 @pytest.mark.parametrize("shape", [(5, 512), (3, 1, 512)], ids=["2d", "decode"])
 def test_the_packed_bf16_product_is_autocasts_bf16_linear(shape):
     """Packed in bf16, a layer's product is bf16 autocast's own (bf16 inputs and weights, a bf16 result), to a
@@ -137,6 +167,7 @@ def test_the_packed_bf16_product_is_autocasts_bf16_linear(shape):
     torch.testing.assert_close(got.double(), exact, rtol=2**-7, atol=2e-3)
 
 
+@pytest.mark.skipif(not packed.available(torch.bfloat16), reason="this CPU's oneDNN has no bf16 product (AVX2 only)")
 def test_a_bf16_decode_samples_the_same_tokens_packed_as_under_autocasts_own_product(tiny_model, tiny_dir):
     """trainer.precision=bf16-mixed (and generator.weights=bf16, the same autocast): packed bf16 weights give
     the same completions and sampling log-probs as autocast's own bf16 product, to bf16 rounding."""

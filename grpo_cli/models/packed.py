@@ -19,6 +19,8 @@ op: it is for `torch.no_grad()` decoding only.
 A decode under bf16 autocast (`generator.weights=bf16`, `trainer.precision=bf16-mixed`) packs bf16 copies
 instead: on a CPU with native bf16 (a 2-core AMD EPYC with AVX-512 BF16) those took 0.5-0.6x the packed float32
 product's time, and 0.3-0.7x autocast's own bf16 `linear`, at 1-32 rows against the head and the MLP's weights.
+A CPU whose oneDNN has no bf16 product (AVX2 only) packs nothing under bf16 autocast, `generator.matmul=packed`
+included: autocast's own product runs.
 
 `packing_helps(device, dtype)` decides `generator.matmul=auto`: a decode-shaped product timed both ways, once
 per process and dtype.
@@ -38,10 +40,15 @@ MIN_WEIGHTS = 1 << 18  # elements (1 MiB in float32): smaller layers stay on tor
 FASTER_BELOW = 0.9  # auto packs where the packed product takes under this share of torch's time
 
 
-def available() -> bool:
-    """Whether this torch has oneDNN on the CPU and the packed-linear ops."""
-    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch has oneDNN on the CPU and the packed-linear ops, in `dtype`: bfloat16 needs a CPU whose
+    oneDNN multiplies bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU its reorder raises)."""
+    ops = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+           and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    if not ops or dtype == torch.float32:
+        return ops
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return dtype == torch.bfloat16 and supported is not None and bool(supported())
 
 
 def _packable(module: torch.nn.Module) -> bool:
@@ -69,7 +76,7 @@ def packed_linears(model: torch.nn.Module, rows: int = 32, dtype: torch.dtype = 
     it. Yields how many layers were packed."""
     replaced, rows = [], max(1, min(rows, 64))  # past 64 rows the layout chosen matters little
     try:
-        if available():
+        if available(dtype):
             for module in model.modules():
                 if _packable(module):
                     module.forward = _packed_forward(module.weight, module.bias, rows, dtype)
@@ -80,9 +87,9 @@ def packed_linears(model: torch.nn.Module, rows: int = 32, dtype: torch.dtype = 
             del module.forward
 
 
-def has_packable(model: torch.nn.Module) -> bool:
-    """Whether any of the model's layers would be packed."""
-    return available() and any(_packable(m) for m in model.modules())
+def has_packable(model: torch.nn.Module, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether any of the model's layers would be packed, in `dtype`."""
+    return available(dtype) and any(_packable(m) for m in model.modules())
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,7 +97,7 @@ def packing_helps(device: torch.device, dtype: torch.dtype = torch.float32, rows
     """Whether a decode-shaped product in `dtype` (a few rows against a 8192 x 1024 weight, 32 MB in float32, so
     reading it dominates) takes under FASTER_BELOW of torch's time packed (bfloat16: torch's product under
     autocast), best of `repeats` each, on `device`."""
-    if torch.device(device).type != "cpu" or not available():
+    if torch.device(device).type != "cpu" or not available(dtype):
         return False
 
     def best(fn) -> float:

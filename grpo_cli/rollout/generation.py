@@ -391,10 +391,10 @@ class HFGenerator(PromptIds):
     def _packs(self, model, precision: Precision) -> torch.dtype | None:
         """The dtype this decode multiplies packed weights in (generator.matmul; grpo_cli/models/packed.py), or
         None: a model with large enough float32 linear layers, packed in bf16 under bf16 autocast, on a CPU
-        where that is faster, unless `packed` asks for it regardless."""
-        if self.matmul == "plain" or not has_packable(model):
-            return None
+        where that is faster, unless `packed` asks for it regardless; never in a dtype this CPU's oneDNN lacks."""
         dtype = torch.bfloat16 if precision.mixed else torch.float32
+        if self.matmul == "plain" or not has_packable(model, dtype):
+            return None
         helps = self.matmul == "packed" or packing_helps(next(model.parameters()).device, dtype)
         return dtype if helps else None
 
