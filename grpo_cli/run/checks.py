@@ -338,8 +338,9 @@ def check_train(cfg) -> None:
     p.choice("trainer.eval_before_at", t.eval_before_at, ("start", "end"))
     p.choice("trainer.strategy", t.strategy, STRATEGIES)
     check_worker(p, cfg)
-    if t.eval_before_after or t.eval_every:
-        p.at_least("trainer.eval_prompts", t.eval_prompts, 1)
+    if t.eval_before_after or t.eval_every:  # the sentence names how to have no evaluation, which 0 seems to ask
+        p.need(t.eval_prompts >= 1, f"trainer.eval_prompts={t.eval_prompts} must be >= 1 (for no held-out evaluation: "
+               "trainer.eval_before_after=false trainer.eval_every=0)")
     p.need(t.precision in PRECISIONS,
            f"trainer.precision={t.precision!r} must be one of {', '.join(PRECISIONS)} (fp16 training is not offered: "
            "bf16-mixed keeps float32 master weights without a loss scaler; auto picks it where bf16 is fast)")
