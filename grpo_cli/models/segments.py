@@ -75,9 +75,9 @@ def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=Non
 
 
 def _spans(in_bin, length: int):
-    """A bin's [1, heads, length, d] tensor cut once, with one `split`, at every block's and prefix's bounds:
-    returns `cut(tensor)`, whose `span(start, end)` is the positions [start, end) as a piece of that split (or
-    a few joined). Slicing each block separately would cost every slice's backward a zero tensor of the whole
+    """`cut`: `cut(tensor)` splits a bin's [1, heads, length, d] tensor once, at every block's and prefix's
+    bounds, and returns `span`, where `span(start, end)` is the positions [start, end) as a piece of that split
+    (or a few joined). Slicing each block separately would cost every slice's backward a zero tensor of the whole
     bin, summed into the gradient: O(blocks x bin) work that doubled the backward of a 24-row bin."""
     bounds = sorted({0, length} | {x for start, end, p_start, p_end in in_bin if end > start
                                    for x in (start, end) + ((p_start, p_end) if p_end > p_start else ())})
