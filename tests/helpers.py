@@ -104,9 +104,10 @@ def wait_for(predicate, timeout: float = 120.0, poll: float = 0.0005) -> bool:
 
 
 def with_batch_sizes(model, fn):
-    """(fn(), the batch size of every forward of `model` while it ran): to see a decode batch shrink."""
+    """(fn(), the batch size of every forward of `model` while it ran): to see a decode batch shrink. Seen at
+    the input embedding, which every forward calls once, the model's own and a direct decode step's."""
     seen = []
-    hook = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
     try:
         return fn(), seen
     finally:

@@ -202,7 +202,8 @@ def test_contexts_shared_by_several_rows_are_prefilled_once_and_continue_as_if_a
     tok, model = load_tokenizer("builtin:tiny"), load_model("builtin:tiny", device="cpu")
     a, b = tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]
     gen, batches = HFGenerator(tok), []
-    model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape), with_kwargs=True)
+    # every forward embeds its ids once, the model's own and a direct decode step's
+    model.get_input_embeddings().register_forward_pre_hook(lambda module, args: batches.append(args[0].shape))
     for sampling in (Sampling(8, greedy=True), Sampling(8, temperature=1.0)):
         batches.clear()
         together = gen.complete(model, [a, a, b, a], sampling, [1, 2, 3, 4], with_logprobs=True)

@@ -34,6 +34,7 @@ from grpo_cli.models.memory import noise_steps_ahead
 from grpo_cli.models.packed import float32_attention, has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
+from grpo_cli.models.direct_steps import DirectSteps
 from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
 from grpo_cli.rollout.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
@@ -177,16 +178,20 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
 
 def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str):
     """The one-token steps decoding runs, by `kind` (generator.decode): static (a static cache, each step
-    a CUDA graph replay on CUDA, where the model allows it), eager, or auto (static on CUDA, else eager)."""
-    device = mask.device
-    if kind == "eager" or (kind == "auto" and device.type != "cuda"):
+    a CUDA graph replay on CUDA, where the model allows it), direct (the model's layers called directly over
+    a cache with room, where the model allows it), eager, or auto (static on CUDA, direct elsewhere)."""
+    chosen = ("static" if mask.device.type == "cuda" else "direct") if kind == "auto" else kind
+    if chosen == "eager":
         return EagerSteps(model, cache, mask, position)
-    reason = StaticSteps.reason_unsupported(model)
+    steps = DirectSteps if chosen == "direct" else StaticSteps
+    reason = steps.reason_unsupported(model)
     if reason is not None:
-        if kind == "static":
-            warnings.warn(f"generator.decode=static, but {reason}: decoding eagerly", RuntimeWarning, stacklevel=2)
+        if kind != "auto":
+            warnings.warn(f"generator.decode={kind}, but {reason}: decoding eagerly", RuntimeWarning, stacklevel=2)
         return EagerSteps(model, cache, mask, position)
-    return StaticSteps(model, cache, mask, position, max_new_tokens, graphs=device.type == "cuda")
+    if steps is DirectSteps:
+        return DirectSteps(model, cache, mask, position, max_new_tokens, DROP_FINISHED_AT)
+    return StaticSteps(model, cache, mask, position, max_new_tokens, graphs=mask.device.type == "cuda")
 
 
 @torch.no_grad()

@@ -65,7 +65,7 @@ MAX_TIMEOUT_S = 86400.0  # a deadline past a day is a typo (and past threading.T
 def check_generator(p: Problems, g, model) -> None:
     """generator.name, then the back-end's own rules (generators.Backend.check)."""
     p.choice("generator.name", g.name, tuple(GENERATORS))
-    p.choice("generator.decode", g.decode, ("auto", "static", "eager"))
+    p.choice("generator.decode", g.decode, ("auto", "static", "direct", "eager"))
     p.choice("generator.weights", g.weights, GENERATOR_WEIGHTS)
     p.choice("generator.matmul", g.matmul, GENERATOR_MATMULS)
     check = GENERATORS[g.name].check if g.name in GENERATORS else None

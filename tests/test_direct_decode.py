@@ -1,0 +1,143 @@
+"""Decoding through the model's layers directly (grpo_cli/models/direct_steps.py) samples bitwise what decoding
+through the model's forward samples: the same tokens and the same sampling log-probs, for SDPA and eager
+attention, with padded and unpadded rows, rows leaving the batch, the cache growing, under bf16 autocast, and for
+each model type it takes (checked against the forward's logits step by step)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_cli.models import direct_steps
+from grpo_cli.models.direct_steps import DirectSteps
+from grpo_cli.rollout import generation
+from grpo_cli.rollout.generation import Sampling, completion_mask, decode, encode_prompts, eos_token_ids
+
+PADDED = ["3+4=", "12+30=", "7+7=", "50+25=", "3+4=", "1+1="]  # lengths differ: rows are left-padded
+SAME_LENGTH = ["3+4=", "5+2=", "9+1=", "1+1="]
+SAMPLINGS = [Sampling(max_new_tokens=12, temperature=1.4), Sampling(max_new_tokens=10, temperature=0.9, top_k=5,
+                                                                     top_p=0.8), Sampling(max_new_tokens=8, greedy=True)]
+
+
+def _model(tiny_dir, attn: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation=attn).eval()
+
+
+def _decode(model, tok, kind: str, sampling: Sampling, prompts=PADDED, group_size: int = 4):
+    """decode()'s ids and log-probs, each row cut after its EOS (the two paths may drop finished rows at
+    different points, and what a row draws after its EOS is never read)."""
+    ids = encode_prompts(tok, prompts, False)
+    eos = eos_token_ids(model, tok)
+    tokens, logps = decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=tok.pad_token_id,
+                           seeds=list(range(11, 11 + len(prompts))), with_logprobs=True, steps=kind)
+    mask, _ = completion_mask(tokens, eos)
+    return tokens.masked_fill(mask == 0, tok.pad_token_id), logps * mask
+
+
+@pytest.mark.parametrize("prompts", [PADDED, SAME_LENGTH], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["t1.4", "topk-topp", "greedy"])
+def test_direct_steps_sample_the_forwards_tokens_and_logprobs_bitwise(tiny_model, tiny_dir, attn, sampling, prompts):
+    _, tok = tiny_model
+    model = _model(tiny_dir, attn)
+    eager_ids, eager_lp = _decode(model, tok, "eager", sampling, prompts)
+    direct_ids, direct_lp = _decode(model, tok, "direct", sampling, prompts)
+    assert torch.equal(eager_ids, direct_ids)
+    assert torch.equal(eager_lp, direct_lp)
+    if not sampling.greedy:  # the comparison is over varied completions (greedy gives the tiny model's one answer)
+        assert len(set(tok.batch_decode(direct_ids, skip_special_tokens=True))) > 3
+
+
+def test_rows_leaving_and_the_cache_growing_change_no_token(tiny_model, tiny_dir, monkeypatch):
+    """Rows leave at every read where one has ended, and the buffers start with room for 3 tokens and grow
+    (several times over 12): the tokens and log-probs are still the forward's."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa")
+    sampling = Sampling(max_new_tokens=12, temperature=1.4)
+    eager = _decode(model, tok, "eager", sampling)
+    built = []
+    real_init = DirectSteps.__init__
+
+    def spy(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(generation, "DROP_FINISHED_AT", 1.0)
+    monkeypatch.setattr(direct_steps, "ROOM", 3)
+    monkeypatch.setattr(DirectSteps, "__init__", spy)
+    direct = _decode(model, tok, "direct", sampling)
+    assert torch.equal(eager[0], direct[0]) and torch.equal(eager[1], direct[1])
+    steps = built[0]
+    assert steps.allowed.shape[0] < len(PADDED) * 4  # rows left
+    assert steps.allowed.shape[1] > 3 + len(encode_prompts(tok, PADDED, False)[1])  # the buffers grew
+
+
+def test_bf16_autocast_decodes_as_the_forward(tiny_model, tiny_dir):
+    """Under bf16 autocast (trainer.precision=bf16-mixed on a CPU) the keys leave the rotary embedding in float32
+    and the values in bf16: the buffers keep each dtype, as the growing cache does."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa")
+    sampling = Sampling(max_new_tokens=6, temperature=1.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = _decode(model, tok, "eager", sampling)
+        direct = _decode(model, tok, "direct", sampling)
+    assert torch.equal(eager[0], direct[0]) and torch.equal(eager[1], direct[1])
+
+
+def _random_model(model_type: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, head_dim=16)
+    extra = {"qwen2": dict(use_sliding_window=False), "mistral": dict(sliding_window=None),
+             "qwen3": dict(use_sliding_window=False)}.get(model_type, {})
+    config = AutoConfig.for_model(model_type, **shape, **extra)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", direct_steps.DIRECT_MODEL_TYPES)
+def test_each_model_type_steps_bitwise_as_its_forward(model_type):
+    """Qwen2's attention biases, Qwen3's query and key norms, grouped keys and values: five steps of the same
+    tokens from a padded prefill give the forward's logits exactly."""
+    model = _random_model(model_type)
+    assert DirectSteps.reason_unsupported(model) is None
+    ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+        kwarg = generation.cache_kwarg(model)
+        eager = generation.EagerSteps(model, getattr(out, kwarg), mask, position[:, -1] + 1)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+        direct = DirectSteps(model, getattr(out, kwarg), mask, position[:, -1] + 1, 5, 0.75)
+        for token in ([8, 9], [10, 11], [12, 13], [14, 15], [16, 17]):
+            tokens = torch.tensor(token)
+            assert torch.equal(eager.step(tokens), direct.step(tokens))
+
+
+def test_a_model_it_does_not_take_decodes_eagerly_and_an_explicit_ask_warns(tiny_model, tiny_dir):
+    model = _random_model("mistral")
+    model.config.sliding_window = 4
+    assert "sliding-window" in DirectSteps.reason_unsupported(model)
+    flash = _model(tiny_dir, "sdpa")
+    flash.config._attn_implementation = "flash_attention_2"
+    assert "flash_attention_2" in DirectSteps.reason_unsupported(flash)
+    gemma = _random_model("llama")
+    gemma.config.model_type = "gemma"  # scales its embeddings in its forward: not a type the direct path takes
+    assert "'gemma'" in DirectSteps.reason_unsupported(gemma)
+    ids = torch.tensor([[1, 2, 3]])
+    mask, position = torch.ones_like(ids), torch.tensor([3])
+    with torch.no_grad():
+        cache = getattr(model(input_ids=ids, use_cache=True), generation.cache_kwarg(model))
+    with pytest.warns(RuntimeWarning, match="generator.decode=direct, but sliding-window attention"):
+        steps = generation.decode_steps(model, cache, mask, position, 4, "direct")
+    assert isinstance(steps, generation.EagerSteps)
+    assert isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), generation.EagerSteps)
+    tiny, _ = tiny_model
+    with torch.no_grad():
+        cache = getattr(tiny(input_ids=ids, use_cache=True), generation.cache_kwarg(tiny))
+    assert isinstance(generation.decode_steps(tiny, cache, mask, position, 4, "auto"), DirectSteps)  # a CPU
