@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_cli.models.direct_steps import DirectSteps
 from grpo_cli.models.static_cache import StaticSteps
 from grpo_cli.rollout import generation
 from helpers import with_batch_sizes
@@ -140,7 +141,7 @@ def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_
     with pytest.warns(RuntimeWarning, match="generator.decode=static, but attention 'flash_attention_2'"):
         steps = generation.decode_steps(flash, cache, mask, position, 4, "static")
     assert isinstance(steps, generation.EagerSteps)
-    assert not isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), StaticSteps)  # a CPU
+    assert isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), DirectSteps)  # a CPU
 
 
 def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(tiny_model, tiny_dir, monkeypatch):

@@ -15,7 +15,7 @@ time at 4-32 rows of ~100 tokens, 0.88x at 8-16 rows of ~300 and 0.83x at 8 rows
 
 `DirectSteps.reason_unsupported(model)` says why a model cannot take this path: a model type whose forward
 does more around its layers than Llama's (`DIRECT_MODEL_TYPES` lists those checked to match), an attention
-kernel other than SDPA or eager, or sliding-window layers. The generator then decodes eagerly.
+kernel other than SDPA or eager, sliding-window layers, or embeddings still sharded by FSDP2. The generator then decodes eagerly.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import inspect
 import torch
 from torch import Tensor
 
-from grpo_cli.models.static_cache import hf_model
+from grpo_cli.models.static_cache import attention_unsupported, hf_model
 
 # Model types whose causal-LM forward is embed -> rotary -> decoder layers -> norm -> head, with nothing else:
 # each checked bitwise against the model's own forward in tests/test_direct_decode.py.
@@ -50,11 +50,9 @@ class DirectSteps:
         model_type = getattr(hf.config, "model_type", None)
         if model_type not in DIRECT_MODEL_TYPES:
             return f"model type {model_type!r} (the direct path takes {', '.join(DIRECT_MODEL_TYPES)})"
-        attn = getattr(hf.config, "_attn_implementation", None) or "eager"
-        if attn not in ("sdpa", "eager"):
-            return f"attention {attn!r} (the direct path takes sdpa or eager)"
-        if getattr(hf.config, "sliding_window", None) and getattr(hf.config, "use_sliding_window", True):
-            return "sliding-window attention"
+        reason = attention_unsupported(hf.config, "direct")
+        if reason is not None:
+            return reason
         inner = getattr(hf, "model", None)
         if not all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")):
             return "a model without Llama's embed_tokens, rotary_emb, layers and norm"

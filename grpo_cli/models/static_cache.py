@@ -42,6 +42,17 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(type(hf_model(model)).forward).parameters else "past_key_values"
 
 
+def attention_unsupported(config, path: str) -> str | None:
+    """Why a decode path that passes its own mask and cache (`path`: static, direct) cannot take a model of
+    this config: an attention kernel other than SDPA or eager, or sliding-window layers; None if it can."""
+    attn = getattr(config, "_attn_implementation", None) or "eager"
+    if attn not in ("sdpa", "eager"):
+        return f"attention {attn!r} (the {path} path takes sdpa or eager)"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    return None
+
+
 def _static_cache(model, length: int):
     from transformers import StaticCache
 
@@ -71,12 +82,9 @@ class StaticSteps:
 
     @staticmethod
     def reason_unsupported(model) -> str | None:
-        hf = hf_model(model)
-        attn = getattr(hf.config, "_attn_implementation", None) or "eager"
-        if attn not in ("sdpa", "eager"):
-            return f"attention {attn!r} (the static cache path takes sdpa or eager)"
-        if getattr(hf.config, "sliding_window", None) and getattr(hf.config, "use_sliding_window", True):
-            return "sliding-window attention"
+        reason = attention_unsupported(hf_model(model).config, "static cache")
+        if reason is not None:
+            return reason
         try:
             layers = getattr(_static_cache(model, 8), "layers", None)
         except (ImportError, TypeError, ValueError) as e:
