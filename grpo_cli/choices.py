@@ -13,6 +13,7 @@ GENERATOR_MATMULS = ("auto", "packed", "plain")  # generator.matmul: the decode'
 INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16")  # evaluate and sample: the weights' dtype
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Llama / Qwen names
 LORA_QUANTIZE = ("4bit",)  # QLoRA
+RECOMPUTE_POINTWISE = ("auto", "true", "false")  # model.recompute_pointwise (models/recompute.py)
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # data=files, by suffix
 DATA_SOURCES = ("arithmetic", "long_addition", "links", "code", "files", "hub", "none")
 ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution

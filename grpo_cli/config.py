@@ -31,6 +31,7 @@ class ModelConfig:
     device: str = "auto"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    recompute_pointwise: str = "auto"  # auto | true | false (models/recompute.py)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 

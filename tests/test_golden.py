@@ -9,7 +9,9 @@
   before rollouts became flat rows with one packer. On the recording machine every number of these rows,
   and the final weights, came out bit for bit the same after that change;
 - `default_unshared`: the default run with `trainer.shared_prompts=false` (each prompt computed G times, as
-  when `default` was recorded, before prompts were shared): `default`'s rows.
+  when `default` was recorded, before prompts were shared): `default`'s rows;
+- `default_recompute`: the default run with `model.recompute_pointwise=true` (off by default on the tiny
+  model): `default`'s rows, since the recompute gives the same gradients bit for bit.
 An equality test compares two code paths, so a change that moves both sides passes it; these fail when
 any number of the pinned runs moves.
 
@@ -34,11 +36,12 @@ WORKLOADS = {
     "staleness_1": [*COMMON, "trainer.steps=4", "trainer.max_staleness=1"],
     "default_padded": [*COMMON, "trainer.steps=5", "trainer.packing=false"],
     "default_unshared": [*COMMON, "trainer.steps=5", "trainer.shared_prompts=false"],
+    "default_recompute": [*COMMON, "trainer.steps=5", "model.recompute_pointwise=true"],
 }
 EXACT = ("step", "reward_mean", "completion_tokens", "zero_var_frac")
 CLOSE = ("reward_std", "loss", "kl", "grad_norm", "entropy")
 EXTRA = {"default": (), "tool_use": ("env/tool_calls", "env/turns"), "staleness_1": ("ratio_mean", "staleness"),
-         "default_padded": ("padding_frac",), "default_unshared": ()}
+         "default_padded": ("padding_frac",), "default_unshared": (), "default_recompute": ()}
 GOLDEN = {
     "default": [
         dict(step=1, reward_mean=0.51953125, completion_tokens=760, zero_var_frac=0.0625, reward_std=0.49961838464315694,
@@ -85,6 +88,7 @@ GOLDEN = {
     ],
 }
 GOLDEN["default_unshared"] = GOLDEN["default"]  # each prompt computed G times: the rows recorded before sharing
+GOLDEN["default_recompute"] = GOLDEN["default"]  # norms and MLPs recomputed in the backward: bitwise the same gradients
 
 
 def workload_rows(name: str, out: Path) -> list[dict]:

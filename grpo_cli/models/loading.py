@@ -12,6 +12,7 @@ from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.hub import check_hub
 from grpo_cli.models.lora import adapter_base, load_adapter
+from grpo_cli.models import recompute
 from grpo_cli.models.paths import BUILTIN, is_adapter_dir, local_problem
 
 def resolve_path(path: str, key: str = "model.path") -> str:
@@ -67,11 +68,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "auto", trust_remote_code: bool = False,
-               *, gradient_checkpointing: bool = False, quantize: str | None = None, key: str = "model.path"):
+               *, gradient_checkpointing: bool = False, quantize: str | None = None, key: str = "model.path",
+               recompute_pointwise="false"):
     """A causal LM in eval mode on `device` in `dtype`, ready for training code: dropout off, and a
     forward that can return lean token log-probabilities (logprobs.py). A LoRA adapter directory loads
     as its base with the adapter merged in (for evaluation and sampling); `quantize="4bit"` loads the
-    weights in 4-bit NF4 for QLoRA (CUDA only)."""
+    weights in 4-bit NF4 for QLoRA (CUDA only). `recompute_pointwise` (auto, true or false): the decoder layers'
+    norms and MLPs keep only their products' outputs for the backward (recompute.py), where layers are not
+    recomputed whole."""
     location = resolve_path(path, key)
     if is_adapter_dir(location) and not (Path(location) / "config.json").exists():
         base = load_model(adapter_base(location), dtype, device, trust_remote_code, key=f"the base of {key}={path}")
@@ -91,6 +95,8 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "aut
         if not model.supports_gradient_checkpointing:
             raise GrpoError(f"model.gradient_checkpointing=true, but {type(model).__name__} does not support it; set it to false.")
         enable_checkpointing(model)
+    else:
+        recompute.recompute_pointwise(model, recompute_pointwise)
     return (model if quantize else model.to(resolve_device(device))).eval()
 
 

@@ -11,7 +11,8 @@ Peak = what stays all run + the larger of the two phases:
 - the update: the gradients, the activations autograd keeps for backward (per token and layer, counted
   from a Llama-style block: two RMSNorms 2h each, q, k, v, the attention output and o_proj's input, h
   each, with k and v repeated to every head when a mask is in play, the MLP's four [intermediate]
-  tensors, the attention mask's row when rows are packed or padded), the head's logits chunk (at most
+  tensors, the attention mask's row when rows are packed or padded; under model.recompute_pointwise two
+  [intermediate] fewer), the head's logits chunk (at most
   logprobs.CHUNK_LOGITS positions x vocab, counted once; three times with an entropy bonus, through
   autograd's own logits, softmax and gradient: head_tensors) and one layer's
   gradients in flight. With gradient checkpointing a layer keeps only its input, plus one layer's
@@ -41,6 +42,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.models.logprobs import CHUNK_LOGITS
 from grpo_cli.models.packed import MIN_WEIGHTS
 from grpo_cli.models.packer import largest_micro_batch
+from grpo_cli.models.recompute import recompute_wanted
 
 GIB = float(1 << 30)
 ALLOCATOR_SLACK = 1.6  # resident bytes per byte of the update's transient tensors (fp32, CPU, glibc), measured
@@ -158,8 +160,12 @@ def peak_bytes(device: torch.device) -> float:
     return peak_resident_bytes()
 
 
-def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpointing: bool) -> float:
-    """Activation bytes autograd keeps per token of a micro-batch (see the module docstring)."""
+def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpointing: bool,
+                               pointwise: bool = False) -> float:
+    """Activation bytes autograd keeps per token of a micro-batch (see the module docstring). `pointwise`:
+    under model.recompute_pointwise (recompute.py) two [intermediate] tensors fewer: the MLP keeps its gate's and
+    up projection's outputs but not their SiLU and product (the norms' savings are about what the checkpointed
+    regions' inputs and kept outputs add back)."""
     kv = s.kv_heads * s.head_dim
     q = s.heads * s.head_dim
     # norms 2 x 2h; q, k and v (repeated to every head under a mask); attention output and o_proj's input;
@@ -167,6 +173,8 @@ def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpoin
     # the float attention mask's row.
     k_and_v = 2 * q if kv < q else 2 * kv
     per_layer = (4 * s.hidden + q + k_and_v + 2 * q + 4 * s.intermediate) * act_bytes + 4 * row_len
+    if pointwise and not checkpointing:
+        per_layer -= 2 * s.intermediate * act_bytes  # measured: tests/test_recompute.py
     if checkpointing:  # each layer keeps its input; one layer's full set lives while it is recomputed
         return s.layers * s.hidden * act_bytes + per_layer
     return s.layers * per_layer
@@ -222,7 +230,8 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
         # decoding multiplies by packed copies (packed.py): bf16 ones under bf16 autocast
         in_bf16 = gen.weights == "bf16" or act_bytes == 2
         generation["packed weights"] = packed_weight_bytes(shape, 2 if in_bf16 else 4)
-    per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing)
+    pointwise = recompute_wanted(cfg.model.recompute_pointwise, shape.hidden)
+    per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing, pointwise)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
     tokens = tokens or largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
                                            batch_rows=min(t.micro_batch_size, rows))

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from collections.abc import Mapping
 
-from grpo_cli.choices import (ENV_SANDBOXES, GENERATOR_MATMULS, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (RECOMPUTE_POINTWISE, ENV_SANDBOXES, GENERATOR_MATMULS, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
@@ -128,6 +128,7 @@ def check_env(p: Problems, env, data) -> None:
 def check_model(p: Problems, m) -> None:
     p.need(bool(str(m.path).strip()), "model.path is empty; give the model with model.path=HUB_ID_OR_DIRECTORY "
                                       "(model=instruct needs it)")
+    p.choice("model.recompute_pointwise", str(m.recompute_pointwise).lower(), RECOMPUTE_POINTWISE)
     p.need(bool(DEVICE.match(str(m.device))), f"model.device={m.device!r} must be auto, cpu, cuda or cuda:N")
     lora = m.lora
     p.at_least("model.lora.r", lora.r, 0)

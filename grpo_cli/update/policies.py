@@ -27,9 +27,10 @@ def load_policy(m, precision, resume_from=None):
     if m.lora.r == 0:
         weights = str(resume_from) if resume_from else m.path
         return load_model(weights, precision.param_dtype, m.device, m.trust_remote_code,
-                          gradient_checkpointing=m.gradient_checkpointing)
+                          gradient_checkpointing=m.gradient_checkpointing, recompute_pointwise=m.recompute_pointwise)
     base = load_model(m.path, precision.frozen_dtype, m.device, m.trust_remote_code,
-                      gradient_checkpointing=m.gradient_checkpointing, quantize=m.lora.quantize)
+                      gradient_checkpointing=m.gradient_checkpointing, quantize=m.lora.quantize,
+                      recompute_pointwise=m.recompute_pointwise)
     if m.lora.quantize:
         from grpo_cli.models.lora import peft_module
 
