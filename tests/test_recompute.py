@@ -163,3 +163,16 @@ def test_lora_adapters_get_the_same_gradients():
     _, g1 = grads(lean, ids, ids)
     trained = [n for n, p in plain.named_parameters() if p.requires_grad]
     assert trained and all(torch.equal(g0[n], g1[n]) for n in trained)
+
+
+def test_the_benchmark_prints_both_settings(tmp_path):
+    """scripts/bench_recompute.py end to end on a small local model: both rows and the ratio line."""
+    llama(hidden=128, intermediate=384, layers=2).save_pretrained(tmp_path / "model")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_recompute.py"
+    out = subprocess.run([sys.executable, str(script), "--model", str(tmp_path / "model"), "--tokens", "256",
+                          "--rounds", "1"], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["false"], ["true"])]
+    assert [r[0] for r in rows] == ["false", "true"] and all(float(v) > 0 for r in rows for v in r[1:])
+    assert float(rows[1][1]) < float(rows[0][1])  # fewer KiB a token kept with it on
+    assert "x the memory kept" in out.stdout

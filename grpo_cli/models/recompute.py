@@ -10,10 +10,9 @@ everything else is recomputed in the backward from them. The backward runs the s
 values as without it, so gradients are bitwise the same (tests/test_recompute.py).
 
 Measured on SmolLM2-135M in float32, one 1,024-token forward and backward, one thread of a 2-core AMD EPYC
-(AVX2): the memory the forward adds fell from 1,313 to 885 KiB a token (a fresh process each, with glibc mapping
-every large block on its own so the resident size follows the live tensors), the process's peak from 2,650 to
-2,240 MiB, and the forward and backward took 0.93x the time (three interleaved rounds: less memory written and
-read back outweighs the recompute).
+(AVX2), `scripts/bench_recompute.py`: the memory the forward adds fell from 1,314 to 886 KiB a token, the
+process's peak from 2,650 to 2,240 MiB, and the forward and backward took 0.93x the time (three interleaved
+rounds: less memory written and read back outweighs the recompute).
 Attention is left as it is: its block-by-block path (segments.py) chooses its kernel from the model's config
 for the forward only, and its recompute would run another one.
 
