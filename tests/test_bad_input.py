@@ -182,6 +182,7 @@ CASES = [
     (TRAIN + " model.lora.r=8 model.lora.alpha=0", "model.lora.alpha=0.0 must be > 0"),
     (TRAIN + " model.lora.quantize=8bit model.lora.r=8", "model.lora.quantize='8bit' must be one of 4bit"),
     (TRAIN + " model.lora.quantize=4bit", "model.lora.quantize=4bit quantizes the frozen base of a LoRA run"),
+    (TRAIN + " model.recompute_pointwise=sometimes", "model.recompute_pointwise='sometimes' must be one of auto, true, false"),
     (TRAIN + " model.lora.r=8 algo.ref_refresh=5", "algo.ref_refresh copies the policy into a second model"),
     (TRAIN + " reward=combo reward.terms=[]", "reward=combo needs reward.terms"),
     (TRAIN + " reward=combo reward.terms=[exact_match,nope]", "reward.terms='nope' must be one of"),
