@@ -36,7 +36,6 @@ from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_conte
 # what is kept: the outputs of matrix products (a linear layer is mm, or addmm with a bias; bmm for batched ones)
 KEPT = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
 NORMS = ("input_layernorm", "post_attention_layernorm")
-WRAPPED = "_grpo_recompute_pointwise"
 AUTO_MIN_HIDDEN = 512  # auto's threshold on the hidden size (module docstring)
 
 
@@ -80,10 +79,10 @@ def wanted(model: torch.nn.Module, setting) -> bool:
 
 def recompute_pointwise(model: torch.nn.Module, setting="true") -> int:
     """Wrap `model`'s decoder norms and MLPs (module docstring) where `setting` asks for it (`wanted`); returns
-    how many modules are wrapped, 0 for a model without such layers or not wanted. Wrapping twice does nothing more."""
+    how many modules are wrapped, 0 for a model without such layers or not wanted. A module whose forward is
+    already its own (this wrapper, or another library's) is left as it is, so wrapping twice does nothing more."""
     parts = decoder_parts(model) if wanted(model, setting) else []
     for module in parts:
-        if not getattr(module, WRAPPED, False) and "forward" not in vars(module):  # never over another's wrapper
+        if "forward" not in vars(module):
             module.forward = types.MethodType(_recomputed, module)
-            setattr(module, WRAPPED, True)
-    return len(parts)
+    return sum(getattr(vars(m).get("forward"), "__func__", None) is _recomputed for m in parts)
