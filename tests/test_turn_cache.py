@@ -150,3 +150,20 @@ def test_distinct_rows_names_each_row_s_first_twin():
 
     assert distinct_rows([[1, 2], [3], [1, 2], [], [3], [1]]) == ([0, 1, 3, 5], [0, 1, 0, 2, 1, 3])
     assert distinct_rows([[4], [5]]) == ([0, 1], [0, 1]) and distinct_rows([]) == ([], [])
+
+
+def test_row_kv_takes_a_row_s_held_positions_in_order_with_or_without_holes():
+    """A row's kept keys are its attended slots, the first n of them: a left-padded row's are one run (taken as
+    a slice), a resumed row's have a hole at the seam (taken by index). Worked by hand on numbered slots."""
+    from grpo_cli.rollout.turn_cache import row_kv
+
+    slots = torch.arange(2 * 1 * 6 * 1, dtype=torch.float32).view(2, 1, 6, 1)  # [rows, heads, slots, dim]
+    layer = SimpleNamespace(keys=slots, values=-slots)
+    plain = torch.tensor([0, 0, 1, 1, 1, 1], dtype=torch.bool)  # two pads, then four tokens
+    holed = torch.tensor([0, 1, 1, 0, 1, 1], dtype=torch.bool)  # kept keys, a hole, new tokens
+    (k, v), = row_kv([layer], plain, 1, 3)
+    assert k.flatten().tolist() == [8.0, 9.0, 10.0] and v.flatten().tolist() == [-8.0, -9.0, -10.0]
+    k[0, 0, 0] = 99.0  # a copy: the decode buffers it came from are written again
+    assert slots[1, 0, 2, 0] == 8.0
+    (k, _), = row_kv([layer], holed, 0, 4)
+    assert k.flatten().tolist() == [1.0, 2.0, 4.0, 5.0]

@@ -126,7 +126,7 @@ class _Noise:
         if self._index is None or self._index[0] != tuple(rows.tolist()):  # rows left: which noise rows are theirs
             index = [self.slot[g] * self.G + r % self.G for g, r in zip((rows // self.G).tolist(), rows.tolist())]
             self._index = (tuple(rows.tolist()), torch.tensor(index, device=self.device))
-        return self.drawn[:, step].reshape(-1, self.vocab)[self._index[1]]
+        return self.drawn[:, step].reshape(-1, self.vocab).index_select(0, self._index[1])
 
 
 class EagerSteps:

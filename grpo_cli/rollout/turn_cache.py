@@ -99,6 +99,10 @@ def kept_length(tokens: Tensor, fed: int, eos: Tensor) -> int:
 def row_kv(layers, row_mask: Tensor, row: int, n: int) -> KV:
     """Row `row`'s keys and values at its first `n` attended positions (`row_mask`, the positions it holds)."""
     positions = row_mask.nonzero().squeeze(-1)[:n]
+    if n and int(positions[-1]) - int(positions[0]) == n - 1:  # no holes (a first turn's left padding): one slice
+        start = int(positions[0])
+        return [(layer.keys[row, :, start : start + n].clone(), layer.values[row, :, start : start + n].clone())
+                for layer in layers]
     return [(layer.keys[row][:, positions].clone(), layer.values[row][:, positions].clone()) for layer in layers]
 
 
