@@ -10,6 +10,7 @@ BEHAVIOURS = ("current", "frozen", "lagged")
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # training: see precision.py (auto picks one of the others)
 GENERATOR_WEIGHTS = ("full", "bf16")  # generator.weights: the training rollouts' sampling weights (generator=hf)
 GENERATOR_MATMULS = ("auto", "packed", "plain")  # generator.matmul: the decode's linear layers on a CPU (models/packed.py)
+GENERATOR_DECODES = ("auto", "static", "direct", "eager")  # generator.decode: the one-token steps (rollout/generation.py)
 INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16")  # evaluate and sample: the weights' dtype
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Llama / Qwen names
 LORA_QUANTIZE = ("4bit",)  # QLoRA

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from collections.abc import Mapping
 
-from grpo_cli.choices import (RECOMPUTE_POINTWISE, ENV_SANDBOXES, GENERATOR_MATMULS, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
+from grpo_cli.choices import (RECOMPUTE_POINTWISE, ENV_SANDBOXES, GENERATOR_DECODES, GENERATOR_MATMULS, GENERATOR_WEIGHTS, FILE_FORMATS, ADVANTAGE_SCALES, ANSWER_EXTRACTS, BEHAVIOURS, DATA_SOURCES,
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
@@ -65,7 +65,7 @@ MAX_TIMEOUT_S = 86400.0  # a deadline past a day is a typo (and past threading.T
 def check_generator(p: Problems, g, model) -> None:
     """generator.name, then the back-end's own rules (generators.Backend.check)."""
     p.choice("generator.name", g.name, tuple(GENERATORS))
-    p.choice("generator.decode", g.decode, ("auto", "static", "direct", "eager"))
+    p.choice("generator.decode", g.decode, GENERATOR_DECODES)
     p.choice("generator.weights", g.weights, GENERATOR_WEIGHTS)
     p.choice("generator.matmul", g.matmul, GENERATOR_MATMULS)
     check = GENERATORS[g.name].check if g.name in GENERATORS else None
