@@ -21,7 +21,7 @@ FAST = ["trainer.steps=2", *SMALL, *SMALL_DATA]
 
 
 class _Timing(frozenset):
-    """The metrics that differ between identical runs: these names, and every efficiency/<phase>."""
+    """The metrics that differ between identical runs or machines: these names, and every efficiency/<phase>."""
 
     def __contains__(self, key) -> bool:
         return super().__contains__(key) or str(key).startswith("efficiency/")
@@ -29,7 +29,7 @@ class _Timing(frozenset):
 
 TIMING = _Timing({"seconds", "gen_s", "score_s", "update_s", "tokens_per_s", "env/seconds", "peak_memory_gib",
                   "memory_gib", "health/memory_growth", "push_s", "wait_s", "env_s", "worker/gen_s",
-                  "worker/score_s"})
+                  "worker/score_s", "gen_floor_s"})
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

@@ -207,3 +207,84 @@ def test_the_machine_probe_leaves_no_memory_behind():
     assert grown["applied"]
     assert grown["kept"] >= 0.95 * grown["probe"], grown  # MiB: the control keeps the probe's whole buffer
     assert grown["returned"] < 8, grown
+
+
+def _rollout(lengths, prompt_lengths, loss_mask, group_size, weight=None):
+    from grpo_cli.update.batch import Rollout
+
+    return Rollout(prompts=["p"] * (len(lengths) // group_size), group_size=group_size,
+                   tokens=torch.zeros(sum(lengths), dtype=torch.long), lengths=torch.tensor(lengths),
+                   prompt_lengths=torch.tensor(prompt_lengths), loss_mask=torch.tensor(loss_mask),
+                   truncated=torch.zeros(len(lengths), dtype=torch.bool),
+                   weight=None if weight is None else torch.tensor(weight, dtype=torch.float32))
+
+
+def test_the_decode_roofline_by_hand():
+    """Two rows after 3-token contexts sample 4 and 2 tokens: the first of each from the prefill, then steps 1-3.
+    Weights 100 bytes, 10 bytes a position, 1 byte/s: step 1 reads 100 + 10 x (4 + 4) = 180 (both rows live), step 2
+    100 + 10 x 5 = 150 and step 3 100 + 10 x 6 = 160 (the first row alone): 490. At 10 FLOPs a token and 1 FLOP/s
+    with nothing to read, the rows' live steps (2 + 1 + 1) x 10 = 40. The longer of the two, step by step."""
+    contexts, lengths = torch.tensor([3, 3]), torch.tensor([4, 2])
+    assert floors.decode_floor(contexts, lengths, 100, 10, 1, 1, 1) == pytest.approx(490)
+    assert floors.decode_floor(contexts, lengths, 0, 0, 1, 10, 1) == pytest.approx(40)
+    assert floors.decode_floor(contexts, lengths, 15, 0, 1, 10, 1) == pytest.approx(20 + 15 + 15)  # mixed bounds
+    assert floors.decode_floor(contexts, torch.tensor([1, 1]), 100, 10, 1, 1, 1) == 0.0  # all from the prefill
+
+
+def test_the_decode_roofline_equals_a_step_by_step_count():
+    """Against a plain loop over steps and rows, on random contexts and lengths."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        contexts, lengths = torch.randint(1, 50, (n,), generator=g), torch.randint(1, 40, (n,), generator=g)
+        weight_bytes, kv_bytes, bandwidth, token_flops, flops = 1e6, 4e3, 1e9, 2e6, 5e9
+        total = 0.0
+        for j in range(1, int(lengths.max())):
+            live = [r for r in range(n) if lengths[r] > j]
+            reads = (weight_bytes + kv_bytes * sum(int(contexts[r]) + j for r in live)) / bandwidth
+            total += max(reads, len(live) * token_flops / flops)
+        assert floors.decode_floor(contexts, lengths, weight_bytes, kv_bytes, bandwidth, token_flops, flops) == \
+            pytest.approx(total, rel=1e-12)
+
+
+def test_an_episode_s_turns_are_its_runs_of_sampled_tokens():
+    """Row 0: a 2-token prompt, 3 sampled, 2 from the environment, 2 sampled; row 1: a 2-token prompt, 1 sampled.
+    A rank's padding row (weight 0) has none."""
+    roll = _rollout([9, 3], [2, 2], [0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 1], 2)
+    contexts, lengths, turns = floors.sampled_runs(roll)
+    assert contexts.tolist() == [2, 7, 2] and lengths.tolist() == [3, 2, 1] and turns.tolist() == [0, 1, 0]
+    padded = _rollout([9, 3, 3, 3], [2, 2, 2, 2], [0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1], 2,
+                      weight=[1, 1, 0, 0])
+    assert floors.sampled_runs(padded)[1].tolist() == [3, 2, 1]
+    # back to back, the last token of one row and the first of the next are two runs
+    contexts, lengths, turns = floors.sampled_runs(_rollout([2, 2], [1, 1], [0, 1, 0, 1], 2))
+    assert lengths.tolist() == [1, 1] and turns.tolist() == [0, 0]
+
+
+def test_a_step_s_generation_floor_comes_from_its_rollout():
+    """The first test's rows (G = 2, one prompt of 3 tokens): decode 490 plus the prompt's prefill once, 2 x 1 x 3
+    FLOPs at 1 FLOP/s: 496. The row carries it, and its efficiency is 496 over its generation seconds."""
+    roll = _rollout([7, 5], [3, 3], [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1], 2)
+    step = floors.StepFloors(params=1, weight_bytes=100, bandwidth=1, flops=1, forwards=0, passes=1, group_size=2,
+                             kv_bytes=10)
+    assert step.generation_floor(roll) == pytest.approx(496)
+    row = {"gen_s": 992.0, "update_s": 1.0, "prompt_tokens": 6, "completion_tokens": 6, "completion_len_max": 4}
+    got = step.efficiency(row, roll)
+    assert got["gen_floor_s"] == pytest.approx(496) and got["efficiency/generation"] == pytest.approx(0.5)
+    assert floors.floor_seconds([{**row, **got}], 1, 100, 1, 1, 0, 1)["generation"] == pytest.approx(496)
+    # A second turn (2 tokens after 9 of context: 4 sampled and 2 of the environment's) decodes apart from the
+    # first: one step, reading 100 + 10 x 10
+    episodes = _rollout([11, 5], [3, 3], [0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 1, 1], 2)
+    assert step.generation_floor(episodes) == pytest.approx(496 + 200)
+
+
+def test_the_keys_and_values_a_position_takes_come_from_the_config():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    assert floors.kv_bytes_per_position(model, 4) == 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head size
+    config.head_dim = 8
+    assert floors.kv_bytes_per_position(model, 2) == 2 * 2 * 2 * 8 * 2
+    assert floors.kv_bytes_per_position(torch.nn.Linear(2, 2), 4) == 0.0  # no config: weights only

@@ -14,19 +14,23 @@ thread count, and cached in ~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). A
 happens before the model loads, while the process is small, and its buffer (64-256 MiB on a CPU) is handed
 back to the kernel after (runtime.returned_when_freed), so it does not stay in the run's memory. Every metrics row carries `efficiency/<phase>` = the
 phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
-- generation: each decode step reads the weights once and computes 2P FLOPs for each live row, so its floor
-  is the longer of the longest completion's tokens x the weights' bytes / bandwidth (a small batch is
-  memory-bound) and the completion tokens x 2P / FLOP/s (a large one is compute-bound: 16 rows of a 135M
-  model on one CPU core), plus the prompts' prefill at 2P FLOPs a token, each distinct prompt once (its G
-  samples share it); FLOP/s in the dtype it samples in (bf16's under generator.weights=bf16);
+- generation: a roofline per decode step. Each turn of the step's rows (an episode's runs of sampled tokens,
+  one turn for single-turn rows) decodes together, every row leaving as soon as it has sampled its last token;
+  each one-token step reads the weights once and each live row's keys and values (its context so far), and
+  computes 2P FLOPs per live row, so its floor is the longer of the two. A batch of 16-32 rows of a 135M model
+  on one CPU core is compute-bound; the same batch's last few rows are memory-bound. Plus each distinct
+  prompt's prefill at 2P FLOPs a token (its G samples share it). FLOP/s in the dtype it samples in (bf16's under
+  generator.weights=bf16). The environment's tokens, prefilled in later turns, are left out (the floor stays
+  below what must be done). The row keeps it as `gen_floor_s`; from a metrics row alone (no rollout), the
+  longer of the whole decode's weight reads and its tokens' FLOPs, without the keys and values;
 - scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for (the
   tokens the forward computes: `forward_tokens`, each prompt once, under trainer.shared_prompts);
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
 - the environment, the push and the wait have none here: the first is the environment's own code, the
   second a copy whose floor depends on the transport, the third the other process's work.
-P is the policy's parameter count. The floors count only weights (no KV cache, no activations), so they
-are optimistic: a ratio near 1 is the hardware's limit, a tiny model's large ratio is per-operation
-overhead, not memory or arithmetic.
+P is the policy's parameter count. Scoring and the update count only weights (no activations), and no phase
+counts attention's FLOPs, so the floors are optimistic: a ratio near 1 is the hardware's limit, a tiny model's
+large ratio is per-operation overhead, not memory or arithmetic.
 """
 
 from __future__ import annotations
@@ -143,6 +147,59 @@ def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float
     return peaks
 
 
+def kv_bytes_per_position(model: torch.nn.Module, element_bytes: float) -> float:
+    """Bytes one position's keys and values take in every layer's cache, from the (text) config; 0 where the
+    config does not give its layers, heads and head size."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
+    if not (isinstance(layers, int) and isinstance(heads, int) and heads):
+        return 0.0
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or getattr(text, "hidden_size", 0) // heads
+    return 2.0 * layers * kv_heads * head_dim * element_bytes
+
+
+def sampled_runs(roll) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every run of sampled tokens in a rollout (its loss mask's runs of 1: an episode's turns, or a row's one
+    completion), in the rows that are real (not a rank's padding): (the tokens before it in its row, its length,
+    which of its row's runs it is), each [runs] long."""
+    lengths = roll.lengths.cpu()
+    sampled = roll.loss_mask.cpu().bool()
+    row = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    position = torch.arange(len(sampled)) - (lengths.cumsum(0) - lengths)[row]
+    if roll.weight is not None:
+        sampled = sampled & (roll.weight.cpu() > 0)[row]
+    starts = sampled & ~torch.cat([sampled.new_zeros(1), sampled[:-1]]) | sampled & (position == 0)
+    ends = sampled & ~torch.cat([sampled[1:], sampled.new_zeros(1)]) | sampled & (position == lengths[row] - 1)
+    first, last = starts.nonzero().squeeze(-1), ends.nonzero().squeeze(-1)
+    owner = row[first]
+    new_row = torch.ones_like(owner, dtype=torch.bool)
+    new_row[1:] = owner[1:] != owner[:-1]
+    index = torch.arange(len(owner))
+    turn = index - torch.cummax(torch.where(new_row, index, 0), 0).values
+    return position[first], last - first + 1, turn
+
+
+def decode_floor(contexts: torch.Tensor, lengths: torch.Tensor, weight_bytes: float, kv_bytes: float,
+                 bandwidth: float, token_flops: float, flops: float) -> float:
+    """The roofline of rows decoding together: row r samples lengths[r] tokens after contexts[r] tokens, the first
+    from the prefill's logits, each later one from a one-token step over the rows still sampling. Step j reads
+    the weights once and, for each such row, the keys and values of its contexts[r] + j positions, and computes
+    `token_flops` per row: the longer of its reads at `bandwidth` and its FLOPs at `flops`, summed over steps."""
+    if not len(lengths) or int(lengths.max()) < 2:
+        return 0.0
+    order = lengths.argsort()
+    lengths, contexts = lengths[order].double(), contexts[order].double()
+    steps = torch.arange(1, int(lengths.max()), dtype=torch.float64)
+    done = torch.searchsorted(lengths, steps, right=True)  # rows whose last token came before this step
+    live = (len(lengths) - done).double()
+    later = torch.cat([contexts.flip(0).cumsum(0).flip(0), contexts.new_zeros(1)])  # contexts of rows from i on
+    positions = later[done] + steps * live
+    reads = (weight_bytes + kv_bytes * positions) / bandwidth
+    return float(torch.maximum(reads, live * token_flops / flops).sum())
+
+
 @dataclass(frozen=True)
 class StepFloors:
     """What a step's floors need (module docstring): the policy's size, the extra forwards and passes the
@@ -156,6 +213,7 @@ class StepFloors:
     passes: int
     group_size: int = 1
     sample_flops: float | None = None  # generation's FLOP/s where it samples in another dtype (generator.weights)
+    kv_bytes: float = 0.0  # one position's keys and values in every layer, in the sampling dtype
 
     @classmethod
     def of(cls, cfg, policy: torch.nn.Module, precision) -> "StepFloors":
@@ -167,21 +225,35 @@ class StepFloors:
                    int(cfg.algo.beta != 0 and not reference_in_worker(cfg)) + int(cfg.algo.num_iterations > 1),
                    cfg.algo.num_iterations,
                    cfg.sampler.group_size,
-                   cached_peaks(device, sampled)[1] if sampled != dtype else None)
+                   cached_peaks(device, sampled)[1] if sampled != dtype else None,
+                   kv_bytes_per_position(policy, torch.finfo(sampled).bits / 8))
 
     def floors(self, rows: list[dict]) -> dict[str, float | None]:
         """floor_seconds of these rows at this run's sizes and peaks."""
         return floor_seconds(rows, self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
                              self.passes, self.group_size, sample_flops=self.sample_flops)
 
-    def efficiency(self, row: dict) -> dict[str, float]:
-        """`efficiency/<phase>`: the phase's floor over its measured seconds in this row. A generation worker's
-        rows (they carry `wait_s`) have the update's alone: their gen_s is the trainer's wait for the worker,
-        not the sampling's time."""
-        floor = self.floors([row])
+    def generation_floor(self, roll) -> float:
+        """The rollout's generation floor (module docstring): each turn's decode roofline and the prompts' prefill."""
+        flops = self.sample_flops or self.flops
+        contexts, lengths, turns = sampled_runs(roll)
+        decode = sum(decode_floor(contexts[turns == k], lengths[turns == k], self.weight_bytes, self.kv_bytes,
+                                  self.bandwidth, 2 * self.params, flops) for k in turns.unique().tolist())
+        firsts = roll.prompt_lengths.cpu()[:: roll.group_size]  # each group's prompt, prefilled once
+        if roll.weight is not None:  # not a rank's padding groups
+            firsts = firsts[roll.weight.cpu().view(-1, roll.group_size).amax(1) > 0]
+        return decode + 2 * self.params * int(firsts.sum()) / flops
+
+    def efficiency(self, row: dict, roll=None) -> dict[str, float]:
+        """`efficiency/<phase>`: the phase's floor over its measured seconds in this row, and with the step's rollout,
+        generation's floor from it (`gen_floor_s`). A generation worker's rows (they carry `wait_s`) have the
+        update's alone: their gen_s is the trainer's wait for the worker, not the sampling's time."""
+        out = {"gen_floor_s": self.generation_floor(roll)} if roll is not None and len(roll.lengths) else {}
+        floor = self.floors([{**row, **out}])
         spent = phase_seconds([row])
         phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")
-        return {f"efficiency/{p}": floor[p] / spent[p] for p in phases if floor[p] is not None and spent[p] > 0}
+        out.update({f"efficiency/{p}": floor[p] / spent[p] for p in phases if floor[p] is not None and spent[p] > 0})
+        return out
 
 
 def phase_seconds(rows: list[dict]) -> dict[str, float]:
@@ -209,8 +281,11 @@ def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth:
         prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
         forward = r.get("forward_tokens", prompt + completion)  # fewer with shared prompts (each computed once)
         # generation prefills each distinct prompt once for its group (generation.prefill)
-        decode = max(r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / sample_flops)
-        gen += decode + 2 * params * prompt / group_size / sample_flops
+        if "gen_floor_s" in r:  # the rollout's roofline (StepFloors.generation_floor)
+            gen += r["gen_floor_s"]
+        else:
+            decode = max(r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / sample_flops)
+            gen += decode + 2 * params * prompt / group_size / sample_flops
         score += forwards * 2 * params * forward / flops
         update += passes * 6 * params * forward / flops
     return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
@@ -234,4 +309,4 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     flops = f"{(f.sample_flops if sampled else f.flops) / 1e9:.0f} GFLOP/s{' (bf16)' if sampled else ''}"
     return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
             f"({spent[top] / len(rows):.3f} s per step against {floor / len(rows):.4f} s at the {f.bandwidth / 1e9:.0f} GB/s "
-            f"and {flops} measured here; weights only, so a small model's ratio is overhead).")
+            f"and {flops} measured here; no activations or attention FLOPs counted, so a small model's ratio is overhead).")
