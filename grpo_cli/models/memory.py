@@ -97,6 +97,13 @@ class Plan:
                 f"{self.per_token / 2**10:.0f} KiB per token, {self.tokens:,} tokens per micro-batch) [GiB]")
 
 
+def kv_sizes(text) -> tuple[int, int]:
+    """(key/value heads, head size) of a decoder's (text) config: the heads where it does not group them, the
+    hidden size over the heads where it does not give a head size."""
+    heads = text.num_attention_heads
+    return getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or text.hidden_size // heads
+
+
 def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
     """The decoder's sizes from its config.json, and exact parameter counts from the model built on the
     meta device (no weights are read or allocated); under LoRA the adapter is added there too."""
@@ -116,13 +123,11 @@ def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
         with torch.device("meta"):
             model = add_adapter(model, lora)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    heads = text.num_attention_heads
     hidden = text.hidden_size
+    kv_heads, head_dim = kv_sizes(text)
     return Shape(layers=text.num_hidden_layers, hidden=hidden,
-                 intermediate=getattr(text, "intermediate_size", None) or 4 * hidden, heads=heads,
-                 kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-                 head_dim=getattr(text, "head_dim", None) or hidden // heads, vocab=text.vocab_size,
-                 parameters=parameters, trainable=trainable)
+                 intermediate=getattr(text, "intermediate_size", None) or 4 * hidden, heads=text.num_attention_heads,
+                 kv_heads=kv_heads, head_dim=head_dim, vocab=text.vocab_size, parameters=parameters, trainable=trainable)
 
 
 def _status_bytes(field: str) -> float:

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from grpo_cli.config import reference_in_worker
+from grpo_cli.models.memory import kv_sizes
 from grpo_cli.models.runtime import returned_when_freed
 
 PHASES = ("generation", "environment", "scoring", "update", "push", "wait")
@@ -155,8 +156,7 @@ def kv_bytes_per_position(model: torch.nn.Module, element_bytes: float) -> float
     layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
     if not (isinstance(layers, int) and isinstance(heads, int) and heads):
         return 0.0
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or getattr(text, "hidden_size", 0) // heads
+    kv_heads, head_dim = kv_sizes(text)
     return 2.0 * layers * kv_heads * head_dim * element_bytes
 
 
