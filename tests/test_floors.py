@@ -288,3 +288,6 @@ def test_the_keys_and_values_a_position_takes_come_from_the_config():
     config.head_dim = 8
     assert floors.kv_bytes_per_position(model, 2) == 2 * 2 * 2 * 8 * 2
     assert floors.kv_bytes_per_position(torch.nn.Linear(2, 2), 4) == 0.0  # no config: weights only
+    wrapper = torch.nn.Module()  # a DDP-wrapped policy holds the model as .module
+    wrapper.module = model
+    assert floors.kv_bytes_per_position(wrapper, 2) == 2 * 2 * 2 * 8 * 2
