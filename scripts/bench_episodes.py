@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from grpo_cli.cli import quiet_libraries
+    from grpo_cli.cli import prepare_libraries
 
-    quiet_libraries()
+    prepare_libraries()
     torch.set_num_threads(1)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"{args.episodes} episodes x {args.turns} tool turns (+1 answer), reset and each call {args.delay:g} s "

@@ -15,6 +15,8 @@ heap still released the update's 2.9 GB between steps, and each update took 9-10
 again; with trimming off, 4.9 s from the third step on, at the same peak RSS (12.9 GB). The price:
 the process's RSS stays at its peak until it exits.
 `GRPO_MALLOC=system` keeps glibc's defaults.
+
+`defer_scipy` keeps transformers from importing scipy for losses a language model never runs (its docstring).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import sys
 from contextlib import contextmanager
 
 import torch
@@ -91,3 +94,40 @@ def prepare_process(threads: int, device: torch.device, local_processes: int = 1
             torch.backends.cuda.enable_mem_efficient_sdp(False)
             torch.backends.cuda.enable_cudnn_sdp(False)
     return set_threads(threads, local_processes)
+
+
+def _linear_sum_assignment(*args, **kwargs):
+    """scipy's, imported on the first call (defer_scipy)."""
+    from scipy.optimize import linear_sum_assignment
+
+    return linear_sum_assignment(*args, **kwargs)
+
+
+def defer_scipy() -> bool:
+    """Import transformers' losses without scipy; True when this call kept scipy out.
+
+    `transformers.modeling_utils` imports every loss of its registry, and the object-detection losses import
+    `scipy.optimize` at import time for their matcher's `linear_sum_assignment`: 36 MiB of resident memory
+    (torch 2.13, transformers 5.24, scipy 1.17) that a language model never uses. Here the losses are imported
+    while transformers' scipy check answers False; then the check is restored, and each loss module it guarded
+    gets a `linear_sum_assignment` that imports scipy's on its first call, so a detection model still trains.
+    Called before anything imports a transformers model (cli's job, the generation worker); later, or without
+    scipy installed, it does nothing."""
+    if "transformers.loss.loss_utils" in sys.modules:
+        return False
+    import transformers.utils as hf_utils
+
+    check = hf_utils.is_scipy_available
+    if not check():
+        return False
+    answer_no = hf_utils.is_scipy_available = lambda: False
+    try:
+        import transformers.loss.loss_utils  # noqa: F401 - the registry imports every loss module
+    finally:
+        hf_utils.is_scipy_available = check
+    for name, module in list(sys.modules.items()):
+        if name.startswith("transformers.loss.") and getattr(module, "is_scipy_available", None) is answer_no:
+            module.is_scipy_available = check
+            if not hasattr(module, "linear_sum_assignment"):
+                module.linear_sum_assignment = _linear_sum_assignment
+    return "scipy" not in sys.modules

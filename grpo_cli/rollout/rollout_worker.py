@@ -249,6 +249,9 @@ def _serve(channel: Channel, opening) -> None:
     held-out prompts and answers ("scores", scores)."""
     import transformers
 
+    from grpo_cli.models.runtime import defer_scipy
+
+    defer_scipy()  # before the model classes are imported
     from grpo_cli.rollout.source import scored_state
     from grpo_cli.update.step import clock, score
 
