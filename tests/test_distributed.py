@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import SMALL, SMALL_DATA, grpo, metric_rows
+from helpers import SMALL, SMALL_DATA, grpo, metric_rows, read_jsonl
 from ranks import start_ranks, torchrun
 
 pytestmark = pytest.mark.slow  # torchrun ranks in processes of their own: make test-slow
@@ -71,6 +71,11 @@ def test_two_ranks_match_one_process_on_the_same_global_batch(strategy, extra, a
     out = torchrun([f"output_dir={tmp_path / 'two'}", *SHORT, "trainer.steps=3", f"trainer.strategy={strategy}", *extra])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert_same_run(tmp_path / "one", tmp_path / "two", atol=atol)
+    # The rows' tokens are both ranks' sum, each rank computing half: the update's floor (its efficiency times
+    # its seconds) is half one process's, at the same one-thread peaks.
+    floors = [[r["efficiency/update"] * r["update_s"] for r in read_jsonl(tmp_path / run / "metrics.jsonl")
+               if "update_s" in r] for run in ("one", "two")]
+    assert len(floors[0]) == 3 and floors[1] == pytest.approx([f / 2 for f in floors[0]], rel=1e-6)
     if any(e.startswith("model.lora") for e in extra):
         a = load_file(tmp_path / "one" / "final" / "adapter" / "adapter_model.safetensors")
         b = load_file(tmp_path / "two" / "final" / "adapter" / "adapter_model.safetensors")

@@ -49,6 +49,20 @@ def test_floors_by_hand():
     assert bf16["generation"] == pytest.approx(0.105) and bf16["update"] == pytest.approx(2 * 6e6 * 2100 / 1e10)
 
 
+def test_ranks_each_compute_their_share_of_the_summed_tokens():
+    """Two data-parallel ranks: the row's tokens are the two ranks' sum, each rank computing half at its own
+    peaks. test_floors_by_hand's row 2 (100 prompt and 150 completion tokens): scoring 2e6 x 125 / 1e10 = 0.025,
+    update 2 x 6e6 x 125 / 1e10 = 0.15, generation max(30 x 4e6 / 1e9, 2e6 x 75 / 1e10) + 2e6 x 50 / 1e10 =
+    0.12 + 0.01; a rollout's gen_floor_s is already one rank's, kept as it is."""
+    got = floors.floor_seconds([ROWS[1]], 10**6, 4e6, 1e9, 1e10, forwards=1, passes=2, ranks=2)
+    assert got["scoring"] == pytest.approx(0.025) and got["update"] == pytest.approx(0.15)
+    assert got["generation"] == pytest.approx(0.13)
+    rolled = floors.floor_seconds([{**ROWS[1], "gen_floor_s": 0.07}], 10**6, 4e6, 1e9, 1e10, 1, 2, ranks=2)
+    assert rolled["generation"] == pytest.approx(0.07)
+    halves = floors.StepFloors(10**6, 4e6, 1e9, 1e10, forwards=1, passes=2, ranks=2).efficiency(ROWS[1])
+    assert halves["efficiency/update"] == pytest.approx(0.15 / 2.0)
+
+
 def test_a_run_that_samples_in_bf16_takes_generation_s_floor_at_bf16_s_peak(monkeypatch):
     """generator.weights=bf16 in an fp32 run: generation reads bf16 weights and computes at bf16's FLOP/s."""
     from types import SimpleNamespace

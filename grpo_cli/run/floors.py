@@ -28,6 +28,8 @@ phase's floor / its measured seconds for generation, scoring and the update (1 i
 - the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
 - the environment, the push and the wait have none here: the first is the environment's own code, the
   second a copy whose floor depends on the transport, the third the other process's work.
+Under data-parallel ranks (DDP, FSDP2) a row's token counts are the ranks' sum and each rank computes its
+share at its own peaks, so the floors are a rank's: the counts divided by the ranks (`StepFloors.ranks`).
 P is the policy's parameter count. Scoring and the update count only weights (no activations), and no phase
 counts attention's FLOPs, so the floors are optimistic: a ratio near 1 is the hardware's limit, a tiny model's
 large ratio is per-operation overhead, not memory or arithmetic.
@@ -215,9 +217,10 @@ class StepFloors:
     group_size: int = 1
     sample_flops: float | None = None  # generation's FLOP/s where it samples in another dtype (generator.weights)
     kv_bytes: float = 0.0  # one position's keys and values in every layer, in the sampling dtype
+    ranks: int = 1  # data-parallel ranks: a row's tokens are summed over them, each rank computing its share
 
     @classmethod
-    def of(cls, cfg, policy: torch.nn.Module, precision) -> "StepFloors":
+    def of(cls, cfg, policy: torch.nn.Module, precision, ranks: int = 1) -> "StepFloors":
         device = next(policy.parameters()).device
         dtype = precision.frozen_dtype  # what generation reads: bf16 under bf16-mixed (autocast's copies)
         sampled = torch.bfloat16 if getattr(cfg.generator, "weights", "full") == "bf16" else dtype  # generator.weights
@@ -227,12 +230,12 @@ class StepFloors:
                    cfg.algo.num_iterations,
                    cfg.sampler.group_size,
                    cached_peaks(device, sampled)[1] if sampled != dtype else None,
-                   kv_bytes_per_position(policy, torch.finfo(sampled).bits / 8))
+                   kv_bytes_per_position(policy, torch.finfo(sampled).bits / 8), ranks)
 
     def floors(self, rows: list[dict]) -> dict[str, float | None]:
         """floor_seconds of these rows at this run's sizes and peaks."""
         return floor_seconds(rows, self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
-                             self.passes, self.group_size, sample_flops=self.sample_flops)
+                             self.passes, self.group_size, sample_flops=self.sample_flops, ranks=self.ranks)
 
     def generation_floor(self, roll) -> float:
         """The rollout's generation floor (module docstring): each turn's decode roofline and the prompts' prefill."""
@@ -273,14 +276,17 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
 
 def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth: float, flops: float,
                   forwards: int, passes: int, group_size: int = 1, *,
-                  sample_flops: float | None = None) -> dict[str, float | None]:
+                  sample_flops: float | None = None, ranks: int = 1) -> dict[str, float | None]:
     """Each phase's floor, summed over the rows (module docstring); None where there is none. `sample_flops`:
-    generation's FLOP/s where it computes in another dtype than the update (default `flops`)."""
+    generation's FLOP/s where it computes in another dtype than the update (default `flops`). `ranks`: the
+    data-parallel ranks the rows' token counts are summed over, each computing its share at the peaks given
+    (a rank's); `gen_floor_s` is already a rank's."""
     sample_flops = sample_flops or flops
     gen = score = update = 0.0
     for r in rows:
         prompt, completion = r.get("prompt_tokens", 0.0), r.get("completion_tokens", 0.0)
-        forward = r.get("forward_tokens", prompt + completion)  # fewer with shared prompts (each computed once)
+        forward = r.get("forward_tokens", prompt + completion) / ranks  # fewer with shared prompts (each once)
+        prompt, completion = prompt / ranks, completion / ranks  # a rank's share
         # generation prefills each distinct prompt once for its group (generation.prefill)
         if "gen_floor_s" in r:  # the rollout's roofline (StepFloors.generation_floor)
             gen += r["gen_floor_s"]

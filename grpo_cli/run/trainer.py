@@ -35,7 +35,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
     """The whole run, on this rank. Returns the summary printed at the end."""
     run = start_run(cfg, Path(run_dir), console, dist, command)
     t, source = cfg.trainer, run.source
-    run.floors = StepFloors.of(cfg, run.policy, run.precision)  # this machine's peaks: probed once, then cached
+    run.floors = StepFloors.of(cfg, run.policy, run.precision, dist.world_size)  # peaks: probed once, cached
     watch, start = Watch(t, console), time.perf_counter()
     health = Health(cfg, console.warn, t.health)  # every rank sees the same reduced rows, so all stop together
     # The reward's and the source's helper processes end with the run, however it ends.
