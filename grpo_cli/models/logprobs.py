@@ -187,6 +187,11 @@ def lm_config(model):
     return getattr(getattr(model, "module", model), "config", None)
 
 
+def text_config(config):
+    """The decoder's part of a config: its text config where it has one (a vision-language model's), else itself."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def can_pack(model) -> bool:
     """Whether `model`'s forward can take packed rows: an attention that reads position-id restarts, and
     a head whose logits are not transformed after it (those models go through their own full forward)."""

@@ -39,7 +39,7 @@ import torch
 
 from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError
-from grpo_cli.models.logprobs import CHUNK_LOGITS
+from grpo_cli.models.logprobs import CHUNK_LOGITS, text_config
 from grpo_cli.models.packed import MIN_WEIGHTS
 from grpo_cli.models.packer import largest_micro_batch
 from grpo_cli.models.recompute import recompute_wanted
@@ -112,7 +112,7 @@ def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
     from grpo_cli.models.loading import resolve_path
 
     config = AutoConfig.from_pretrained(resolve_path(path), trust_remote_code=trust_remote_code)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     parameters = sum(p.numel() for p in model.parameters())

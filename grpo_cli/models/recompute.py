@@ -33,6 +33,8 @@ import types
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
+from grpo_cli.models.logprobs import text_config
+
 # what is kept: the outputs of matrix products (a linear layer is mm, or addmm with a bias; bmm for batched ones)
 KEPT = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default]
 NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -72,8 +74,7 @@ def recompute_wanted(setting, hidden_size: int) -> bool:
 
 def wanted(model: torch.nn.Module, setting) -> bool:
     """recompute_wanted for `model`, by its (text) config's hidden size."""
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(getattr(model, "config", None))
     return recompute_wanted(setting, getattr(text, "hidden_size", None) or 0)
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from grpo_cli.config import reference_in_worker
-from grpo_cli.models.logprobs import lm_config
+from grpo_cli.models.logprobs import lm_config, text_config
 from grpo_cli.models.memory import kv_sizes
 from grpo_cli.models.runtime import returned_when_freed
 
@@ -154,8 +154,7 @@ def cached_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, float
 def kv_bytes_per_position(model: torch.nn.Module, element_bytes: float) -> float:
     """Bytes one position's keys and values take in every layer's cache, from the (text) config, read through a
     DDP wrapper; 0 where the config does not give its layers, heads and head size."""
-    config = lm_config(model)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(lm_config(model))
     layers, heads = getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None)
     if not (isinstance(layers, int) and isinstance(heads, int) and heads):
         return 0.0
