@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import os
 import sys
 from contextlib import contextmanager
@@ -111,9 +112,9 @@ def defer_scipy() -> bool:
     (torch 2.13, transformers 5.24, scipy 1.17) that a language model never uses. Here the losses are imported
     while transformers' scipy check answers False; then the check is restored, and each loss module it guarded
     gets a `linear_sum_assignment` that imports scipy's on its first call, so a detection model still trains.
-    Called before anything imports a transformers model (cli's job, the generation worker); later, or without
-    scipy installed, it does nothing."""
-    if "transformers.loss.loss_utils" in sys.modules:
+    Called before anything imports a transformers model (cli's job, the generation worker); later, without
+    scipy installed, or with a transformers that has no loss registry, it does nothing."""
+    if "transformers.loss.loss_utils" in sys.modules or importlib.util.find_spec("transformers.loss") is None:
         return False
     import transformers.utils as hf_utils
 
