@@ -90,6 +90,8 @@ def _drop_empty_run_dir() -> None:
 def _job(command: str, cfg) -> object:
     global _job_started, _error
     _job_started = True
+    from grpo_cli.models.runtime import prepare_libraries
+
     prepare_libraries()  # here, not before Hydra: --help and --cfg never pay for importing transformers
     rank = _dist.rank if _dist is not None else 0
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -168,18 +170,6 @@ def _entry(command: str):
         return _run(command, cfg)
 
     return entry
-
-
-def prepare_libraries() -> None:
-    """transformers as a job wants it: quiet (our progress bar is the one that matters; its per-load bars are
-    noise here), and its losses imported without scipy (runtime.defer_scipy), before any model class is."""
-    from transformers.utils import logging as hf_logging
-
-    from grpo_cli.models.runtime import defer_scipy
-
-    defer_scipy()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 def main(argv: list[str] | None = None) -> object:

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from grpo_cli.cli import prepare_libraries
+    from grpo_cli.models.runtime import prepare_libraries
 
     prepare_libraries()
     torch.set_num_threads(1)

@@ -16,7 +16,8 @@ again; with trimming off, 4.9 s from the third step on, at the same peak RSS (12
 the process's RSS stays at its peak until it exits.
 `GRPO_MALLOC=system` keeps glibc's defaults.
 
-`defer_scipy` keeps transformers from importing scipy for losses a language model never runs (its docstring).
+`prepare_libraries` sets transformers up as a job and the generation worker want it: quiet, and without scipy
+for losses a language model never runs (`defer_scipy`).
 """
 
 from __future__ import annotations
@@ -132,3 +133,14 @@ def defer_scipy() -> bool:
             if not hasattr(module, "linear_sum_assignment"):
                 module.linear_sum_assignment = _linear_sum_assignment
     return "scipy" not in sys.modules
+
+
+def prepare_libraries() -> None:
+    """transformers as a job (cli) and the generation worker want it, before any model class is imported: quiet
+    (the trainer's console is the one that shows what the run does; transformers' per-load bars and warnings are
+    noise here), and its losses imported without scipy (defer_scipy)."""
+    from transformers.utils import logging as hf_logging
+
+    defer_scipy()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

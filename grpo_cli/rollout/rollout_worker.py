@@ -247,15 +247,12 @@ def _serve(channel: Channel, opening) -> None:
     order: ("weights", version, layout) takes a push; ("sample", step) runs the chain for that step with
     the weights held and answers ("scored", step, state); ("evaluate", part, settings, first) scores
     held-out prompts and answers ("scores", scores)."""
-    import transformers
+    from grpo_cli.models.runtime import prepare_libraries
 
-    from grpo_cli.models.runtime import defer_scipy
-
-    defer_scipy()  # before the model classes are imported
+    prepare_libraries()  # as the trainer's job does, before the model classes are imported
     from grpo_cli.rollout.source import scored_state
     from grpo_cli.update.step import clock, score
 
-    transformers.utils.logging.disable_progress_bar()  # the trainer's console shows what the run does
     spec, tokenizer, prompts, factory, address = opening
     from grpo_cli.rollout.generators import register_generator
 
