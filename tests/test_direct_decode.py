@@ -141,3 +141,21 @@ def test_a_model_it_does_not_take_decodes_eagerly_and_an_explicit_ask_warns(tiny
     with torch.no_grad():
         cache = getattr(tiny(input_ids=ids, use_cache=True), generation.cache_kwarg(tiny))
     assert isinstance(generation.decode_steps(tiny, cache, mask, position, 4, "auto"), DirectSteps)  # a CPU
+
+
+def test_the_prefill_keeps_one_row_a_prompt_and_the_buffers_get_every_rows_copy(tiny_model, tiny_dir):
+    """prefill_rows runs and keeps each distinct prompt once (PADDED has a twin: 5 of 6), naming each of the
+    6 x G rows' source; DirectSteps gathers those into its buffers, equal to the cache prefill() spreads."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa")
+    ids = encode_prompts(tok, PADDED, False)
+    cache, logits, mask, position, source = generation.prefill_rows(model, ids, 3, tok.pad_token_id)
+    assert cache.layers[0].keys.shape[0] == 5 and mask.shape[0] == logits.shape[0] == 18
+    assert source.tolist() == [r for r in (0, 1, 2, 3, 0, 4) for _ in range(3)]
+    spread, spread_logits, spread_mask, spread_position = generation.prefill(model, ids, 3, tok.pad_token_id)
+    assert torch.equal(logits, spread_logits) and torch.equal(mask, spread_mask) and torch.equal(position, spread_position)
+    steps = DirectSteps(model, cache, mask, position, 4, 0.75, source=source)
+    width = mask.shape[1]
+    for mine, theirs in zip(steps.layers, spread.layers):
+        assert mine.keys.shape[2] == width + 4  # room for the 4 new tokens
+        assert torch.equal(mine.keys[:, :, :width], theirs.keys) and torch.equal(mine.values[:, :, :width], theirs.values)

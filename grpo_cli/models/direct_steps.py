@@ -60,10 +60,13 @@ class DirectSteps:
             return "sharded embeddings (the model's own forward gathers them)"
         return None
 
-    def __init__(self, model, prefill_cache, mask: Tensor, position: Tensor, max_new_tokens: int, drop_at: float):
-        """`prefill_cache`: the eager prefill's cache, one row per decode row; `mask` its [rows, prompt] 0/1
-        attention mask; `position` each row's next position id; `drop_at` the live share of the rows at or
-        below which finished rows leave (each drop copies the cache), as for eager steps."""
+    def __init__(self, model, prefill_cache, mask: Tensor, position: Tensor, max_new_tokens: int, drop_at: float,
+                 source: Tensor | None = None):
+        """`prefill_cache`: the eager prefill's cache, one row per decode row, or per distinct prompt with
+        `source` each decode row's row of it (a group's G samples share their prompt's, copied straight into
+        the buffers); `mask` the rows' [rows, prompt] 0/1 attention mask; `position` each row's next position
+        id; `drop_at` the live share of the rows at or below which finished rows leave (each drop copies the
+        cache), as for eager steps."""
         self.drop_at = drop_at
         hf = hf_model(model)
         self.inner, self.head = hf.model, hf.get_output_embeddings()
@@ -75,17 +78,21 @@ class DirectSteps:
         self.allowed = mask.bool()
         self.padded = not bool(self.allowed.all())
         self.position = position.clone()
-        self._grow()
+        self._grow(source)
 
-    def _grow(self) -> None:
-        """Room for up to ROOM more tokens (never past the cap) in every layer's buffers and the mask."""
-        room = min(ROOM, self.remaining)
+    def _grow(self, source: Tensor | None = None) -> None:
+        """Room for up to ROOM more tokens (never past the cap) in every layer's buffers and the mask; `source`
+        (the first call's) each row's row of the prefill's buffers, gathered a layer at a time, so the copy
+        spread to every row never exists beside the buffers."""
+        room, rows, n = min(ROOM, self.remaining), self.allowed.shape[0], self.filled
         self.remaining -= room
         for layer in self.layers:
-            k, v = layer.keys, layer.values
-            keys = k.new_empty(k.shape[0], k.shape[1], self.filled + room, k.shape[3])
-            values = v.new_empty(v.shape[0], v.shape[1], self.filled + room, v.shape[3])
-            keys[:, :, : self.filled], values[:, :, : self.filled] = k[:, :, : self.filled], v[:, :, : self.filled]
+            k, v = layer.keys[:, :, :n], layer.values[:, :, :n]
+            if source is not None:
+                k, v = k.index_select(0, source), v.index_select(0, source)
+            keys = k.new_empty(rows, k.shape[1], n + room, k.shape[3])
+            values = v.new_empty(rows, v.shape[1], n + room, v.shape[3])
+            keys[:, :, :n], values[:, :, :n] = k, v
             layer.keys, layer.values = keys, values
         allowed = self.allowed.new_zeros(self.allowed.shape[0], self.filled + room)
         allowed[:, : self.filled] = self.allowed[:, : self.filled]

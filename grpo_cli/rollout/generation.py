@@ -159,38 +159,47 @@ class EagerSteps:
 def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
     """Each distinct prompt's forward once, its cache copied to every row that decodes from it (G per
     prompt): (cache, [rows, vocab] next-token logits, [rows, width] attention mask, [rows] next position)."""
+    cache, logits, mask, position, source = prefill_rows(model, prompt_ids, group_size, pad_id)
+    if source is not None:
+        cache.batch_select_indices(source)
+    return cache, logits, mask, position
+
+
+def prefill_rows(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
+    """As `prefill`, but the cache keeps one row per distinct prompt: (cache, logits, mask, position, source),
+    `source` each decode row's cache row (None when they are the same rows), so a decode that copies the
+    cache into buffers of its own (DirectSteps) copies it once, not twice."""
     device = next(model.parameters()).device
-    n, G = len(prompt_ids), group_size
     firsts, rows_of = distinct_rows(prompt_ids)  # each distinct prompt runs once
     ids, mask = left_pad([list(prompt_ids[i]) for i in firsts], pad_id, device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache, logits = getattr(out, cache_kwarg(model)), out.logits[:, -1]
-    if len(firsts) < n:  # the same prompt on several rows (an episode's first turn: its group's G copies)
-        index = torch.tensor(rows_of, device=device)
-        cache.batch_select_indices(index)
-        logits, mask, positions = logits[index], mask[index], positions[index]
-    if G > 1:
-        cache.batch_repeat_interleave(G)
-        logits, mask = logits.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
-    return cache, logits, mask, positions[:, -1].repeat_interleave(G) + 1
+    cache, logits, source = getattr(out, cache_kwarg(model)), out.logits[:, -1], None
+    if len(firsts) < len(prompt_ids) or group_size > 1:  # a prompt on several rows: its G samples, its twins
+        source = torch.tensor(rows_of, device=device).repeat_interleave(group_size)
+        logits, mask, positions = logits[source], mask[source], positions[source]
+    return cache, logits, mask, positions[:, -1] + 1, source
 
 
-def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str):
+def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str,
+                 source: Tensor | None = None):
     """The one-token steps decoding runs, by `kind` (generator.decode): static (a static cache, each step
     a CUDA graph replay on CUDA, where the model allows it), direct (the model's layers called directly over
-    a cache with room, where the model allows it), eager, or auto (static on CUDA, direct elsewhere)."""
+    a cache with room, where the model allows it), eager, or auto (static on CUDA, direct elsewhere).
+    `source`: each row's row of `cache` (prefill_rows), None when the rows are the cache's."""
     chosen = ("static" if mask.device.type == "cuda" else "direct") if kind == "auto" else kind
-    if chosen == "eager":
-        return EagerSteps(model, cache, mask, position)
-    steps = DirectSteps if chosen == "direct" else StaticSteps
-    reason = steps.reason_unsupported(model)
+    steps = {"eager": EagerSteps, "direct": DirectSteps}.get(chosen, StaticSteps)
+    reason = None if steps is EagerSteps else steps.reason_unsupported(model)
     if reason is not None:
         if kind != "auto":
             warnings.warn(f"generator.decode={kind}, but {reason}: decoding eagerly", RuntimeWarning, stacklevel=2)
-        return EagerSteps(model, cache, mask, position)
+        steps = EagerSteps
     if steps is DirectSteps:
-        return DirectSteps(model, cache, mask, position, max_new_tokens, DROP_FINISHED_AT)
+        return DirectSteps(model, cache, mask, position, max_new_tokens, DROP_FINISHED_AT, source=source)
+    if source is not None:
+        cache.batch_select_indices(source)
+    if steps is EagerSteps:
+        return EagerSteps(model, cache, mask, position)
     return StaticSteps(model, cache, mask, position, max_new_tokens, graphs=mask.device.type == "cuda")
 
 
@@ -208,10 +217,10 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
     n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
     every = read_eos_every or (1 if device.type == "cpu" else READ_EOS_EVERY)
     found = turns.lookup(prompt_ids) if turns is not None and G == 1 else None  # each row's kept prefix
-    cache, logits, mask, position = (prefill_after(model, prompt_ids, found, pad_id, cache_kwarg(model))
-                                     if found and any(found) else prefill(model, prompt_ids, G, pad_id))
-    stepper = decode_steps(model, cache, mask, position, T, steps) if T > 1 else None
-    del cache, mask, position  # the steps hold what they need: a static cache frees the prefill's
+    cache, logits, mask, position, source = ((*prefill_after(model, prompt_ids, found, pad_id, cache_kwarg(model)), None)
+                                             if found and any(found) else prefill_rows(model, prompt_ids, G, pad_id))
+    stepper = decode_steps(model, cache, mask, position, T, steps, source) if T > 1 else None
+    del cache, mask, position, source  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
     noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device, T)
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
