@@ -305,3 +305,25 @@ def test_the_keys_and_values_a_position_takes_come_from_the_config():
     wrapper = torch.nn.Module()  # a DDP-wrapped policy holds the model as .module
     wrapper.module = model
     assert floors.kv_bytes_per_position(wrapper, 2) == 2 * 2 * 2 * 8 * 2
+
+
+def test_the_generation_floor_is_the_slowest_rank_s_as_its_seconds_are():
+    """A row's gen_s is the slowest rank's; its floor is then the largest rank's too (all_max), not this rank's
+    rollout's: 496 here, 700 on another rank, so 700 over 1,400 s. A rank with no rows still joins the collective."""
+    roll = _rollout([7, 5], [3, 3], [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1], 2)
+    step = floors.StepFloors(params=1, weight_bytes=100, bandwidth=1, flops=1, forwards=0, passes=1, group_size=2,
+                             kv_bytes=10)
+    row = {"gen_s": 1400.0, "update_s": 1.0, "prompt_tokens": 6, "completion_tokens": 6, "completion_len_max": 4}
+    seen = []
+
+    def other_rank_700(value):
+        seen.append(value)
+        return max(value, 700.0)
+
+    got = step.efficiency(row, roll, other_rank_700)
+    assert seen == [pytest.approx(496)]
+    assert got["gen_floor_s"] == 700.0 and got["efficiency/generation"] == pytest.approx(0.5)
+    assert step.efficiency(row, roll, lambda v: v)["gen_floor_s"] == pytest.approx(496)  # one process: its own
+    assert step.efficiency(row, None, lambda v: (seen.append(v), 700.0)[1])["gen_floor_s"] == 700.0
+    assert seen[-1] == -1.0  # this rank had no rollout: it still called the collective
+    assert "gen_floor_s" not in step.efficiency(row, None, lambda v: v)

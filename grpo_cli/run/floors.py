@@ -247,11 +247,17 @@ class StepFloors:
             firsts = firsts[roll.weight.cpu().view(-1, roll.group_size).amax(1) > 0]
         return decode + 2 * self.params * int(firsts.sum()) / flops
 
-    def efficiency(self, row: dict, roll=None) -> dict[str, float]:
+    def efficiency(self, row: dict, roll=None, all_max=None) -> dict[str, float]:
         """`efficiency/<phase>`: the phase's floor over its measured seconds in this row, and with the step's rollout,
         generation's floor from it (`gen_floor_s`). A generation worker's rows (they carry `wait_s`) have the
-        update's alone: their gen_s is the trainer's wait for the worker, not the sampling's time."""
-        out = {"gen_floor_s": self.generation_floor(roll)} if roll is not None and len(roll.lengths) else {}
+        update's alone: their gen_s is the trainer's wait for the worker, not the sampling's time. `all_max`
+        (Dist.all_max; every rank calls it) makes that floor the largest rank's: the row's gen_s is the slowest
+        rank's, and that rank's rollout is not this one."""
+        floor = self.generation_floor(roll) if roll is not None and len(roll.lengths) else None
+        if all_max is not None:
+            floor = all_max(-1.0 if floor is None else floor)
+            floor = None if floor < 0 else floor
+        out = {"gen_floor_s": floor} if floor is not None else {}
         floor = self.floors([{**row, **out}])
         spent = phase_seconds([row])
         phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")

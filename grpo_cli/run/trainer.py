@@ -52,7 +52,7 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
                 row.update(source.update(run.policy, step))  # the source samples the coming steps with this update
                 wall = dist.all_max(time.perf_counter() - t_step)  # the step's wall time, every wait included
                 row.update(seconds=wall, tokens_per_s=row["completion_tokens"] / max(wall, 1e-9))
-                row.update(run.floors.efficiency(row, roll))  # efficiency/<phase>: its floor over its seconds
+                row.update(run.floors.efficiency(row, roll, dist.all_max))  # efficiency/<phase>: floor over seconds
                 watch.updates(step, row)
                 lr = run.scheduler.get_last_lr()[0]  # 3.
                 run.scheduler.step()
