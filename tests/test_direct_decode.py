@@ -159,3 +159,32 @@ def test_the_prefill_keeps_one_row_a_prompt_and_the_buffers_get_every_rows_copy(
     for mine, theirs in zip(steps.layers, spread.layers):
         assert mine.keys.shape[2] == width + 4  # room for the 4 new tokens
         assert torch.equal(mine.keys[:, :, :width], theirs.keys) and torch.equal(mine.values[:, :, :width], theirs.values)
+
+
+def test_a_bf16_decode_on_a_cpu_takes_the_direct_path_with_float32_attention(tiny_model, tiny_dir, monkeypatch):
+    """Under bf16-mixed the hf generator on a CPU attends in float32 (packed.float32_attention), a kernel of
+    another name: generator.decode=auto still takes the direct steps there (it took eager ones, silently), and
+    they sample the eager steps' tokens and log-probs bitwise."""
+    from types import SimpleNamespace
+
+    from grpo_cli.models.precision import Precision
+
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa")
+    chosen, real = [], generation.decode_steps
+
+    def spy(*args, **kwargs):
+        steps = real(*args, **kwargs)
+        chosen.append((type(steps).__name__, model.config._attn_implementation))
+        return steps
+
+    monkeypatch.setattr(generation, "decode_steps", spy)
+    sampling = Sampling(max_new_tokens=8, temperature=1.2)
+    rolls = [generation.HFGenerator(tok, SimpleNamespace(decode=kind, matmul="auto", weights="full"),
+                                    precision=Precision("bf16-mixed", "cpu"))
+             .generate(model, PADDED, 3, sampling, seeds=list(range(6)), with_logprobs=True) for kind in ("auto", "eager")]
+    from grpo_cli.models.packed import FLOAT32_SDPA
+
+    assert chosen == [("DirectSteps", FLOAT32_SDPA), ("EagerSteps", FLOAT32_SDPA)]
+    assert torch.equal(rolls[0].tokens, rolls[1].tokens) and torch.equal(rolls[0].sampler_logp, rolls[1].sampler_logp)
+    assert len(set(rolls[0].completions)) > 3  # varied completions, not one answer sampled 18 times

@@ -25,12 +25,16 @@ import inspect
 import torch
 from torch import Tensor
 
+from grpo_cli.models.packed import FLOAT32_SDPA
 from grpo_cli.models.static_cache import attention_unsupported, hf_model
 
 # Model types whose causal-LM forward is embed -> rotary -> decoder layers -> norm -> head, with nothing else:
 # each checked bitwise against the model's own forward in tests/test_direct_decode.py.
 DIRECT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 ROOM = 256  # new tokens of room the buffers get at a time: a batch that stops early never holds the whole cap
+# Attention kernels that take sdpa's boolean mask: sdpa, and sdpa in float32 (packed.float32_attention, which a bf16
+# decode on a CPU runs in)
+SDPA_KERNELS = ("sdpa", FLOAT32_SDPA)
 
 
 class _Layer:
@@ -50,7 +54,7 @@ class DirectSteps:
         model_type = getattr(hf.config, "model_type", None)
         if model_type not in DIRECT_MODEL_TYPES:
             return f"model type {model_type!r} (the direct path takes {', '.join(DIRECT_MODEL_TYPES)})"
-        reason = attention_unsupported(hf.config, "direct")
+        reason = attention_unsupported(hf.config, "direct", SDPA_KERNELS)
         if reason is not None:
             return reason
         inner = getattr(hf, "model", None)
@@ -70,7 +74,7 @@ class DirectSteps:
         self.drop_at = drop_at
         hf = hf_model(model)
         self.inner, self.head = hf.model, hf.get_output_embeddings()
-        self.additive = (getattr(hf.config, "_attn_implementation", None) or "eager") != "sdpa"
+        self.additive = (getattr(hf.config, "_attn_implementation", None) or "eager") not in SDPA_KERNELS
         params = inspect.signature(type(self.inner.layers[0]).forward).parameters
         self.kwarg = next(n for n in ("cache", "past_key_values", "past_key_value") if n in params)
         self.filled, self.remaining = mask.shape[1], max_new_tokens

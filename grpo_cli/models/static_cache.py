@@ -42,11 +42,12 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(type(hf_model(model)).forward).parameters else "past_key_values"
 
 
-def attention_unsupported(config, path: str) -> str | None:
+def attention_unsupported(config, path: str, sdpa: tuple[str, ...] = ("sdpa",)) -> str | None:
     """Why a decode path that passes its own mask and cache (`path`: static, direct) cannot take a model of
-    this config: an attention kernel other than SDPA or eager, or sliding-window layers; None if it can."""
+    this config: an attention kernel other than SDPA (the names in `sdpa`) or eager, or sliding-window layers;
+    None if it can."""
     attn = getattr(config, "_attn_implementation", None) or "eager"
-    if attn not in ("sdpa", "eager"):
+    if attn not in (*sdpa, "eager"):
         return f"attention {attn!r} (the {path} path takes sdpa or eager)"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
