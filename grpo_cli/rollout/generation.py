@@ -5,7 +5,8 @@ The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a reg
 (generators.py, which builds it).
 
 `HFGenerator` samples with the model's own forward and KV cache:
-- each distinct prompt is prefilled once and its cache repeated for its G completions;
+- each distinct prompt is prefilled once and its cache copied to its G completions' rows (on the direct
+  path straight into the decode's buffers, so a long prompt's cache is never held twice at G rows);
 - sampling is exactly softmax(logits / temperature) after optional top-k / top-p, with no other
   processing (no repetition penalty from a model's generation_config), so the trainer's log-probs
   describe the distribution the tokens came from;
