@@ -98,8 +98,8 @@ class DirectSteps:
             values = v.new_empty(rows, v.shape[1], n + room, v.shape[3])
             keys[:, :, :n], values[:, :, :n] = k, v
             layer.keys, layer.values = keys, values
-        allowed = self.allowed.new_zeros(self.allowed.shape[0], self.filled + room)
-        allowed[:, : self.filled] = self.allowed[:, : self.filled]
+        allowed = self.allowed.new_zeros(rows, n + room)
+        allowed[:, :n] = self.allowed[:, :n]
         self.allowed = allowed
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
