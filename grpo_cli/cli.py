@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> object:
         raise
     finally:
         if _dist is not None:
-            from grpo_cli.rollout.generators import close_all
+            from grpo_cli.generate.base import close_all
 
             close_all()  # an engine sharing the process group (vLLM) goes before it
             _dist.close()

@@ -48,11 +48,15 @@ from rich.table import Table
 from grpo_cli.update import step as step_fn  # a loop below names its counter `step`
 from grpo_cli.run import build as run_setup
 from grpo_cli.choices import PRECISIONS
+from grpo_cli.models.policies import Policies
+from grpo_cli.rewards import Judge
+from grpo_cli.sample.metrics import PHASES
+from grpo_cli.sample.settings import StepSettings
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
-from grpo_cli.rollout.data import PromptBatch, PromptOrder, arithmetic_problems
+from grpo_cli.data.tasks import PromptBatch, PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generation import group_seed
-from grpo_cli.rollout.generators import make_generator
+from grpo_cli.sample.rollout import group_seed
+from grpo_cli.generate.base import make_generator
 from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer, resolve_device
 from grpo_cli.models.lora import adapter_disabled, add_adapter
@@ -191,11 +195,11 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         # reference is the base with the adapter off (no second copy)
         cfg.model.lora.r = opts["lora"]
         policy = add_adapter(policy.to(precision.frozen_dtype), cfg.model.lora)
-        policies = step_fn.Policies(policy, (lambda: adapter_disabled(policy)) if cfg.algo.beta else None)
+        policies = Policies(policy, (lambda: adapter_disabled(policy)) if cfg.algo.beta else None)
     else:  # the reference: the initial policy in the compute dtype, only when used
         policy = policy.to(precision.param_dtype)
         reference = copy.deepcopy(policy).to(precision.frozen_dtype).requires_grad_(False) if cfg.algo.beta else None
-        policies = step_fn.Policies.of(policy, reference)
+        policies = Policies.of(policy, reference)
     generator = make_generator(GeneratorConfig(name=opts["generator"]), tokenizer, chat_template=False,
                                precision=precision, device=device, seed=cfg.trainer.seed)
     params = sum(p.numel() for p in policy.parameters())
@@ -204,7 +208,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     optimizer, scheduler = run_setup.build_optimizer(policy, cfg.optimizer, warmup + repeats)
 
     rows = []
-    profiler, settings = None, step_fn.StepSettings.of(cfg, reward_fn)
+    profiler, settings = None, StepSettings.of(cfg, Judge(cfg.reward, reward_fn))
     source = LocalSource(generator, policies, reward_fn, settings, precision=precision)  # the trainer's rollout stage
     # grpo_step synchronises CUDA at each phase boundary itself.
     for step in range(warmup + repeats):
@@ -261,8 +265,8 @@ def phase_costs(events, steps: int, top: int) -> dict[str, list[tuple[str, float
     step: each operator's own time (CPU, plus the CUDA kernels it launched) is billed to the phase
     whose range it started in. By time, not by parent: on CUDA the autograd engine runs backward on a
     thread of its own, outside the update's range in the call tree but inside it in time."""
-    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events if e.name in step_fn.PHASES]
-    per: dict[str, dict[str, float]] = {phase: {} for phase in step_fn.PHASES}
+    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events if e.name in PHASES]
+    per: dict[str, dict[str, float]] = {phase: {} for phase in PHASES}
     for e in events:
         if e.name in per:
             continue

@@ -80,7 +80,8 @@ def sync(device: str) -> None:
 
 
 def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: int) -> tuple[float, torch.Tensor]:
-    from grpo_cli.rollout.generation import Sampling, decode
+    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.generate.hf import decode
 
     sampling = Sampling(max_new_tokens=new_tokens, temperature=1.0)
     sync(device)
@@ -95,7 +96,7 @@ def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: i
 def step_ms(model, prompts, device: str, steps: int = 32) -> float:
     """The model's part of a static decode step alone: ms per graph replay (a static-cache forward on a CPU),
     with none of the host's sampling work around it."""
-    from grpo_cli.rollout.generation import decode_steps, prefill
+    from grpo_cli.generate.hf import decode_steps, prefill
 
     cache, _, mask, position = prefill(model, prompts, 1, 0)
     stepper = decode_steps(model, cache, mask, position, steps + 1, "static")

@@ -25,7 +25,7 @@ INPUTS = Path(__file__).resolve().parents[1] / "tests" / "inputs"
 def replaying(turns: int):
     """A generator class whose turn k (counted by the tool results in the context) calls look(k) while
     k < turns, then answers "done"."""
-    from grpo_cli.rollout.generation import HFGenerator
+    from grpo_cli.generate.hf import HFGenerator
 
     class Replaying(HFGenerator):
         def complete(self, model, contexts, sampling, seeds=None, *, with_logprobs=False):
@@ -54,9 +54,10 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
 
     from grpo_cli.config import EnvConfig, TrainConfig
     from grpo_cli.models.loading import load_model, load_tokenizer
-    from grpo_cli.rollout.environments import environment
-    from grpo_cli.rollout.generation import Sampling
-    from grpo_cli.rollout.generators import GENERATORS, make_generator, register_generator
+    from grpo_cli.episodes.environments import environment
+    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+    from grpo_cli.episodes.driver import with_env
 
     sleepy_env.DELAY, sleepy_env.JITTER = delay, jitter
     os.environ["SLEEPY_DELAY"], os.environ["SLEEPY_JITTER"] = str(delay), str(jitter)  # for environment workers
@@ -68,7 +69,7 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
         env = EnvConfig(factory="sleepy_env:Sleepy", fn_dir=str(INPUTS), max_turns=turns + 1, max_tokens=2048,
                         concurrency=concurrency, workers=workers, sandbox=sandbox)
         spec = environment(env)
-        gen = make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu", env=spec)
+        gen = with_env(make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu"), spec, tokenizer, chat_template=True)
         groups = max(1, episodes // 4)
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{i}="}], tools=spec.schemas,
                                                  tokenize=False, add_generation_prompt=True) for i in range(groups)]

@@ -38,7 +38,8 @@ def measure(calls: int, completions: int, isolation: str | None) -> dict:
     """In this process: the median single call and one step's scoring."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from grpo_cli.rewards.code import Sandbox, parse_tests
+    from grpo_cli.sandbox.program import Sandbox
+    from grpo_cli.rewards.code import parse_tests
 
     sandbox = Sandbox(2, 512, 1024, 16, *([isolation] if isolation else []))
     tests = [parse_tests([t], 0, "tests")[0] for t in TESTS]
@@ -58,7 +59,7 @@ def measure_env(calls: int, sandbox: str) -> dict:
     """In this process: an environment worker's start (the first episode's environment made) and the median
     round trip of a tool call (the demo's add), env.sandbox `sandbox`."""
     from grpo_cli.config import EnvConfig
-    from grpo_cli.rollout.environments import environment
+    from grpo_cli.episodes.environments import environment
 
     spec = environment(EnvConfig(tools=["grpo_cli.demo.tools:add"], workers=1, sandbox=sandbox))
     start = time.perf_counter()

@@ -97,7 +97,7 @@ def usage() -> dict:
 
 def default_prompts(steps: int) -> list[dict]:
     """grpo-cli's prompts for steps 1..steps, in order (32 per step): TRL reads them unshuffled."""
-    from grpo_cli.rollout.data import PromptOrder, arithmetic_problems
+    from grpo_cli.data.tasks import PromptOrder, arithmetic_problems
 
     train = arithmetic_problems(49, 200, 0)["train"]
     order = PromptOrder(len(train), 32, 0)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from grpo_cli.rollout.data import link_problems, long_addition_problems
+from grpo_cli.data.tasks import link_problems, long_addition_problems
 
 # experiment -> (grpo sample's settings for the base model, as the preset sets them; its held-out rows)
 DEMOS = {

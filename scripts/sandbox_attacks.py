@@ -31,7 +31,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grpo_cli.rewards.code import Sandbox, parse_tests, scratch_prefix  # noqa: E402
+from grpo_cli.sandbox.program import Sandbox, scratch_prefix  # noqa: E402
+from grpo_cli.rewards.code import parse_tests  # noqa: E402
 
 OUTCOMES = ("contained", "escaped", "leaked", "harmed", "forged", "left behind")
 LEAK = ("import re\ndef leak(b):\n    b = b if isinstance(b, bytes) else str(b).encode()\n"

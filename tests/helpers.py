@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_cli.rollout.generation import HFGenerator, Sampling
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling
 
 # A run small enough for a test: 4 prompts x G = 4 per step, no held-out scoring, plain log lines.
 SMALL = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",

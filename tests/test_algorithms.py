@@ -7,18 +7,20 @@ import torch
 from grpo_cli.run import build as run_setup
 from grpo_cli.rollout import source
 from grpo_cli.update import step
+from grpo_cli.rewards import Judge
+from grpo_cli.sample.settings import StepSettings
 from grpo_cli.run import trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.rewards import build_reward
 from grpo_cli.models.distributed import SINGLE
-from grpo_cli.rollout.generation import HFGenerator
-from grpo_cli.update.policies import RunPolicies
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.models.policies import RunPolicies
 from grpo_cli.models.precision import Precision
-from grpo_cli.update.batch import Rollout
-from grpo_cli.rollout.data import PromptBatch
-from grpo_cli.update.step import Policies
+from grpo_cli.sample.rollout import Rollout
+from grpo_cli.data.tasks import PromptBatch
+from grpo_cli.models.policies import Policies
 
 
 def small_config(**algo) -> TrainConfig:
@@ -55,7 +57,7 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
 
     monkeypatch.setattr(step, "policy_loss", recording)
     batch = PromptBatch(["1+2=", "3+4=", "5+5=", "9+8="], ["3", "7", "10", "17"], seeds=[0, 1, 2, 3])
-    reward, settings = build_reward(cfg.reward), step.StepSettings.of(cfg, build_reward(cfg.reward))
+    reward, settings = build_reward(cfg.reward), StepSettings.of(cfg, Judge(cfg.reward, build_reward(cfg.reward)))
     scored = source.LocalSource(HFGenerator(tok), Policies.of(policy), reward, settings).sample(batch)
     step.grpo_step(Policies.of(policy), optimizer, scored, settings)
     steps = {int(s["step"]) for s in optimizer.state.values()}
@@ -133,7 +135,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
                2: PromptBatch(["good2=", "good3=", "flat4=", "good4="], list("efgh"), [2] * 4)}
     roll, answers, metrics = source.collect(
         HFGenerator(tok), policy, PromptBatch(["flat0=", "good0=", "flat5=", "flat6="], list("wxyz"), [0] * 4), reward,
-        step.StepSettings.of(cfg, reward), refill=lambda r: batches[r],
+        StepSettings.of(cfg, Judge(cfg.reward, reward)), refill=lambda r: batches[r],
     )
     stats = metrics.reduce(SINGLE)
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]

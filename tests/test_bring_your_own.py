@@ -11,13 +11,14 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from grpo_cli.rollout import source
-from grpo_cli.update import step
+from grpo_cli.rewards import Judge
+from grpo_cli.sample.settings import StepSettings
 from grpo_cli.demo import tiny
 from helpers import SMALL, grpo, grpo_process, read_jsonl
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generation import HFGenerator
-from grpo_cli.rollout.data import PromptBatch
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.data.tasks import PromptBatch
 from grpo_cli.rewards import build_reward
 
 OWN_DATA = ["trainer.steps=2", *SMALL, "trainer.save_every=1000"]  # the data is the test's own files
@@ -225,7 +226,7 @@ def test_collect_gives_rewards_columns_per_completion_and_keeps_the_terms_of_kep
     policy, tok = load_model("builtin:tiny", device="cpu"), load_tokenizer("builtin:tiny")
     refills = {1: PromptBatch(["3+3=", "4+4="], ["6", "8"], [2, 3], {"level": [0, 1]})}  # level 0: flat, dropped
     roll, answers, _ = source.collect(HFGenerator(tok), policy, PromptBatch(["1+1=", "2+2="], ["2", "4"], [0, 1], {"level": [1, 0]}),
-                                    reward, step.StepSettings.of(cfg, reward), refill=refills.get)
+                                    reward, StepSettings.of(cfg, Judge(cfg.reward, reward)), refill=refills.get)
     assert roll.prompts == ["1+1=", "4+4="] and answers == ["2", "8"]
     assert roll.extra["reward_terms"]["python"].tolist() == [[0.0, 1.0, 0.0, 1.0]] * 2
     assert roll.extra["reward_terms"]["length"].tolist() == [[0.0] * 4] * 2

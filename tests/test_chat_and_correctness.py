@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from helpers import grpo
 from grpo_cli.config import RewardConfig
 from grpo_cli.rollout.scoring import Draws, greedy_scores, pass_at_k, sampled_scores
-from grpo_cli.rollout.generation import HFGenerator
+from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.rewards import Judge, build_reward
 
 # One step with held-out scoring on: what a chat run prints and writes.

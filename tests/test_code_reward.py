@@ -21,7 +21,8 @@ from sandbox_attacks import SPAWN, processes_with  # noqa: E402 - the processes 
 from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import build_reward
-from grpo_cli.rewards.code import extract_program, parse_tests, scratch_prefix
+from grpo_cli.rewards.code import extract_program, parse_tests
+from grpo_cli.sandbox.program import scratch_prefix
 
 ADD_IO = [{"input": "3 4\n", "output": "7\n"}, {"input": "10 -2\n", "output": "8\n"}, {"input": "0 0\n", "output": "0\n"}]
 ADD_ASSERTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(5, 5) == 10"]
@@ -35,7 +36,7 @@ def fenced(program: str) -> str:
 def isolation() -> str:
     """"os" where the kernel allows the sandbox's namespaces; else "process", which the tests below that
     need "os" skip, saying why, and the others run with."""
-    from grpo_cli.rewards.code import Sandbox
+    from grpo_cli.sandbox.program import Sandbox
 
     try:
         Sandbox(1, 256, 64, 16).check()
@@ -131,7 +132,7 @@ def test_bad_tests_are_named_with_the_row_and_the_fix():
 
 
 def test_every_built_in_code_problems_reference_program_passes_its_tests_in_the_sandbox():
-    from grpo_cli.rollout.code_tasks import code_problems
+    from grpo_cli.data.code_tasks import code_problems
 
     data = code_problems()
     rows = [r for split in ("train", "test") for r in data[split]]
@@ -192,11 +193,11 @@ def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_
     import subprocess
     import sys
 
-    from grpo_cli.rewards.code import Sandbox
+    from grpo_cli.sandbox.program import Sandbox
 
     marker = "62.4043"
     program = daemon(marker).replace("print(7)", "import time\ntime.sleep(30)")
-    trainer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom grpo_cli.rewards.code import Sandbox\n"
+    trainer = subprocess.Popen([sys.executable, "-c", "import sys\nfrom grpo_cli.sandbox.program import Sandbox\n"
                                 "Sandbox(20, 256, 64, 16).passes(sys.argv[1], 'io', '', '7')", program])
     deadline = time.monotonic() + 30
     while not processes_with(marker) and time.monotonic() < deadline:
@@ -262,8 +263,8 @@ def test_as_root_each_test_runs_as_a_user_of_its_own_whose_process_limit_is_its_
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    from grpo_cli.rewards.code import Sandbox
-    from grpo_cli.rewards.sandbox_os import NOBODY, OWN_IDS
+    from grpo_cli.sandbox.program import Sandbox
+    from grpo_cli.sandbox.namespaces import NOBODY, OWN_IDS
 
     skip_without_os_isolation()
     if os.getuid() != 0 or not shutil.which("setpriv"):
@@ -303,7 +304,7 @@ def test_as_an_unprivileged_user_the_process_limit_counts_the_test_s_processes_a
 
     user = unprivileged_user()
     as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
-    script = ("import sys; sys.path[:0] = sys.argv[1:3]\nfrom grpo_cli.rewards.code import Sandbox\n"
+    script = ("import sys; sys.path[:0] = sys.argv[1:3]\nfrom grpo_cli.sandbox.program import Sandbox\n"
               "from sandbox_attacks import SPAWN\ns = Sandbox(5, 256, 64, 8)\ns.check()\n"
               "p = SPAWN + \"import sys, time\\nfor _ in range(int(sys.stdin.read())):\\n    spawn('/bin/sleep', '1')\\n"
               "time.sleep(0.5)\\nprint('ok')\"\nprint(s.run(p, ('io', '4', 'ok\\n')), s.run(p, ('io', '10', 'ok\\n'))[0])")
@@ -340,16 +341,16 @@ def test_stdout_replaced_by_the_program_neither_hangs_nor_breaks_the_trainer(nam
 
 
 def test_where_the_kernel_refuses_namespaces_the_run_stops_in_one_sentence_and_process_mode_runs():
-    """A process whose system call filter refuses unshare and mount (sandbox_os's own filter, installed
+    """A process whose system call filter refuses unshare and mount (the namespaces module's own filter, installed
     first) stands for a kernel that refuses them: the check names the refusal and the fix; with
     reward.sandbox=process, chosen explicitly, tests run."""
     import subprocess
     import sys
 
-    from grpo_cli.rewards.code import CHILD
+    from grpo_cli.sandbox.program import CHILD
 
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); import sandbox_os; sandbox_os.seccomp()\n"
-              "from grpo_cli.errors import GrpoError\nfrom grpo_cli.rewards.code import Sandbox\n"
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import namespaces; namespaces.seccomp()\n"
+              "from grpo_cli.errors import GrpoError\nfrom grpo_cli.sandbox.program import Sandbox\n"
               "try:\n    Sandbox(1, 256, 64, 16).check()\nexcept GrpoError as e:\n    print(e)\n"
               "s = Sandbox(1, 256, 64, 16, 'process')\ns.check()\nprint(s.passes('print(7)', 'io', '', '7\\n'))")
     run = subprocess.run([sys.executable, "-c", script, str(CHILD.parent)], capture_output=True, text=True)

@@ -140,7 +140,7 @@ ASSERT_FORMS = [
 
 @pytest.mark.parametrize("program, tests", ASSERT_FORMS)
 def test_right_programs_pass_through_the_sandbox_in_every_form(program, tests):
-    from grpo_cli.rewards.code import Sandbox
+    from grpo_cli.sandbox.program import Sandbox
 
     sandbox = Sandbox(2, 256, 64, 16)
     parsed = parse_tests(tests, 0, "tests")

@@ -15,8 +15,8 @@ import torch
 from helpers import metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig
 from grpo_cli.models.loading import load_model
-from grpo_cli.rollout.environments import EnvSpec
-from grpo_cli.rollout.generation import Sampling
+from grpo_cli.episodes.environments import EnvSpec
+from grpo_cli.sample.rollout import Sampling
 from grpo_cli.run.console import Console
 from test_episodes import INPUTS, Scripted, call, episode_generator, qwen_dir, scripted, small_cfg  # noqa: F401
 
@@ -96,7 +96,7 @@ def test_a_run_with_concurrent_jittered_calls_resumes_bitwise(qwen_dir, scripted
     random order: the weights, the metrics rows and the transcripts."""
     from safetensors.torch import load_file
 
-    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.registry import load_function
     from grpo_cli.run.trainer import train
 
     module = sys.modules[load_function("sleepy_env.py:Sleepy", str(INPUTS)).__module__]

@@ -1,4 +1,4 @@
-"""Decoding through the model's layers directly (grpo_cli/models/direct_steps.py) samples bitwise what decoding
+"""Decoding through the model's layers directly (grpo_cli/generate/direct_steps.py) samples bitwise what decoding
 through the model's forward samples: the same tokens and the same sampling log-probs, for SDPA and eager
 attention, with padded and unpadded rows, rows leaving the batch, the cache growing, under bf16 autocast, and for
 each model type it takes (checked against the forward's logits step by step)."""
@@ -8,10 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.models import direct_steps
-from grpo_cli.models.direct_steps import DirectSteps
-from grpo_cli.rollout import generation
-from grpo_cli.rollout.generation import Sampling, completion_mask, decode, encode_prompts, eos_token_ids
+from grpo_cli.generate import direct_steps
+from grpo_cli.generate.direct_steps import DirectSteps
+from grpo_cli.generate import hf as generation
+from grpo_cli.sample.rollout import Sampling, completion_mask
+from grpo_cli.generate.hf import decode, eos_token_ids
+from grpo_cli.data.prompts import encode_prompts
 
 PADDED = ["3+4=", "12+30=", "7+7=", "50+25=", "3+4=", "1+1="]  # lengths differ: rows are left-padded
 SAME_LENGTH = ["3+4=", "5+2=", "9+1=", "1+1="]
@@ -183,7 +185,7 @@ def test_a_bf16_decode_on_a_cpu_takes_the_direct_path_with_float32_attention(tin
     rolls = [generation.HFGenerator(tok, SimpleNamespace(decode=kind, matmul="auto", weights="full"),
                                     precision=Precision("bf16-mixed", "cpu"))
              .generate(model, PADDED, 3, sampling, seeds=list(range(6)), with_logprobs=True) for kind in ("auto", "eager")]
-    from grpo_cli.models.packed import FLOAT32_SDPA
+    from grpo_cli.generate.packed import FLOAT32_SDPA
 
     assert chosen == [("DirectSteps", FLOAT32_SDPA), ("EagerSteps", FLOAT32_SDPA)]
     assert torch.equal(rolls[0].tokens, rolls[1].tokens) and torch.equal(rolls[0].sampler_logp, rolls[1].sampler_logp)

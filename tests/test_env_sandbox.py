@@ -1,4 +1,4 @@
-"""Environment workers confined by the kernel (env.sandbox=os, grpo_cli/rollout/env_sandbox.py): a tool that
+"""Environment workers confined by the kernel (env.sandbox=os, grpo_cli/sandbox/env.py): a tool that
 does what model-written code in it could do reads no secret, writes nothing outside, reaches no network and
 cannot touch the trainer; a worker that forges a message cannot run code in the trainer (procs/subprocesses.py:
 plain data only), while an unconfined worker's message can, the control; nothing is left behind; the transcripts
@@ -24,8 +24,8 @@ from grpo_cli.config import EnvConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.procs import subprocesses
 from grpo_cli.procs.subprocesses import plain_loads, to_plain
-from grpo_cli.rewards.sandbox_os import OWN_IDS
-from grpo_cli.rollout.environments import environment
+from grpo_cli.sandbox.namespaces import OWN_IDS
+from grpo_cli.episodes.environments import environment
 from test_env_workers import bench_episodes, workers_alive
 
 TOOLS = '''
@@ -134,9 +134,9 @@ def open_tool(where: Path, sandbox: str):
 
 
 def sandbox_runs_here() -> None:
-    from grpo_cli.rewards import sandbox_os
+    from grpo_cli.sandbox import namespaces as sandbox_os
 
-    probe = subprocess.run([sys.executable, "-c", "from grpo_cli.rewards import sandbox_os as s; s.namespaces()"],
+    probe = subprocess.run([sys.executable, "-c", "from grpo_cli.sandbox import namespaces as s; s.namespaces()"],
                            capture_output=True, text=True)
     if probe.returncode:
         pytest.skip(f"the kernel refuses namespaces here: {probe.stderr.strip().splitlines()[-1]}")
@@ -218,7 +218,7 @@ def test_nothing_is_left_behind_after_close_or_a_killed_worker(tools):
     """A daemon the tool starts in its own session ends with its worker; a killed worker's scratch directory
     is swept; after close no worker and no scratch directory of this process's workers remain."""
     sandbox_runs_here()
-    from grpo_cli.rewards.code import scratch_prefix
+    from grpo_cli.sandbox.program import scratch_prefix
 
     spec, attempt = open_tool(tools, "os")
     try:
@@ -275,11 +275,11 @@ def test_a_refusing_kernel_is_one_sentence(tools):
     """The kernel's refusal, simulated by the sandbox's own filter installed first (it refuses unshare): the
     worker's start ends with the sentence naming env.sandbox=none."""
     code = textwrap.dedent(f"""
-        from grpo_cli.rewards import sandbox_os
+        from grpo_cli.sandbox import namespaces as sandbox_os
         sandbox_os.seccomp()
         from grpo_cli.config import EnvConfig
         from grpo_cli.errors import GrpoError
-        from grpo_cli.rollout.environments import environment
+        from grpo_cli.episodes.environments import environment
         spec = environment(EnvConfig(tools=["attack_tool.py:probe"], fn_dir={str(tools)!r}, workers=1, sandbox="os"))
         try:
             spec.new({{}}, 1)
@@ -319,7 +319,7 @@ def test_as_an_unprivileged_user_the_confined_tool_reads_no_root_only_file(tools
         import os
         os.environ["GRPO_TEST_SECRET"] = {str(secret)!r}
         from grpo_cli.config import EnvConfig
-        from grpo_cli.rollout.environments import environment
+        from grpo_cli.episodes.environments import environment
         spec = environment(EnvConfig(tools=["attack_tool.py:probe"], fn_dir={str(tools)!r}, workers=1, sandbox="os"))
         tool = spec.tools_of(spec.new({{}}, 1))["probe"]
         for what in ("whoami", "secret_outside"):
@@ -373,7 +373,7 @@ def test_a_forged_error_or_malformed_message_stops_the_worker_not_the_run(tools)
 def test_a_tool_whose_directory_is_your_home_is_refused_and_a_module_s_directory_is_shown(tools, monkeypatch):
     """The worker is shown the directory of each module it imports, never your whole home (where a tool file
     lying in it would have put ~/.ssh in view of an unprivileged user's worker)."""
-    from grpo_cli.rollout.env_sandbox import readable
+    from grpo_cli.sandbox.env import readable
 
     assert str(tools) in readable({"tools": ["attack_tool.py:probe"], "fn_dir": str(tools)})
     assert os.getcwd() not in readable({"tools": ["grpo_cli.demo.tools:add"], "fn_dir": None})

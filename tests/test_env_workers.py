@@ -1,4 +1,4 @@
-"""Environments in helper processes (env.workers, grpo_cli/rollout/env_worker.py): the same transcripts and
+"""Environments in helper processes (env.workers, grpo_cli/episodes/worker.py): the same transcripts and
 metrics as in the training process, at any concurrency and for environments that draw from the shared random
 generators; a crash, a call stuck in native code or a memory blow-up is an error the model reads, the run goes
 on, and no worker outlives the run."""
@@ -15,9 +15,9 @@ import pytest
 from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig
 from grpo_cli.models.loading import load_model
-from grpo_cli.rollout import environments
+from grpo_cli.episodes import environments
 environment = environments.environment
-from grpo_cli.rollout.generation import Sampling
+from grpo_cli.sample.rollout import Sampling
 from grpo_cli.run.console import Console
 from test_episodes import INPUTS, Scripted, call, qwen_dir, scripted, small_cfg  # noqa: F401 - fixtures
 
@@ -34,7 +34,7 @@ def workers_alive(parent: int | None = None) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"grpo_cli.rollout.env_worker" in cmd \
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"grpo_cli.episodes.worker" in cmd \
                 and stat.rsplit(")", 1)[1].split()[0] != "Z":
             alive.append(int(pid))
     return alive
@@ -86,13 +86,13 @@ def test_an_environment_bound_to_the_shared_generator_runs_concurrently_in_worke
 def generator(model_dir, env: EnvConfig):
     from grpo_cli.config import TrainConfig
     from grpo_cli.models.loading import load_tokenizer
-    from grpo_cli.rollout.generators import make_generator
+    from grpo_cli.generate.base import make_generator
+    from grpo_cli.episodes.driver import with_env
 
     tokenizer = load_tokenizer(str(model_dir))
     settings = TrainConfig().generator
     settings.name = "scripted"
-    return make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu",
-                          env=environment(env)), tokenizer
+    return with_env(make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu"), environment(env), tokenizer, chat_template=True), tokenizer
 
 
 def test_a_trl_environment_trains_the_same_in_workers(qwen_dir, scripted, tmp_path):

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (grpo_cli/rollout/episodes.py): token-exact trajectories, environment tokens outside the
+"""Multi-turn episodes (grpo_cli/episodes/driver.py): token-exact trajectories, environment tokens outside the
 loss, one forward per episode, TRL-style tools and environments unchanged, failures as observations.
 
 Most tests drive a small random Llama whose tokenizer and chat template follow Qwen2.5's tool format
@@ -21,15 +21,17 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig, TrainConfig
 from grpo_cli.run.console import Console
-from grpo_cli.rollout.environments import EnvSpec
-from grpo_cli.rollout.tool_formats import parse_hermes
+from grpo_cli.episodes.environments import EnvSpec
+from grpo_cli.episodes.tool_formats import parse_hermes
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generation import HFGenerator, Sampling
-from grpo_cli.rollout.generators import GENERATORS, make_generator, register_generator
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling
+from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+from grpo_cli.episodes.driver import with_env
 from grpo_cli.models.logprobs import token_logprobs
 from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.algo.objective import LossInputs, policy_loss
-from grpo_cli.rewards.python_fn import load_function
+from grpo_cli.registry import load_function
 
 INPUTS = __import__("pathlib").Path(__file__).parent / "inputs"
 
@@ -118,7 +120,7 @@ def episode_generator(model_dir, env: EnvConfig, generator="scripted"):
     settings = TrainConfig().generator
     settings.name = generator
     spec = EnvSpec(env, str(INPUTS))
-    return make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu", env=spec), tokenizer, spec
+    return with_env(make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu"), spec, tokenizer, chat_template=True), tokenizer, spec
 
 
 def test_hermes_calls_are_parsed_and_malformed_ones_are_errors_not_exceptions():
@@ -197,7 +199,8 @@ def test_environment_tokens_get_no_gradient_and_model_tokens_do(qwen_dir, script
 def test_contexts_shared_by_several_rows_are_prefilled_once_and_continue_as_if_alone():
     """complete() with the same context on several rows (a group's first turn) prefills it once and copies
     its cache: each row's continuation, seeded by its own seed, equals that context continued alone."""
-    from grpo_cli.rollout.generation import HFGenerator, Sampling
+    from grpo_cli.generate.hf import HFGenerator
+    from grpo_cli.sample.rollout import Sampling
 
     tok, model = load_tokenizer("builtin:tiny"), load_model("builtin:tiny", device="cpu")
     a, b = tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]
@@ -467,7 +470,7 @@ def test_a_50_mb_tool_result_is_cut_before_it_is_rendered_or_tokenized(qwen_dir,
     settings = TrainConfig().generator
     settings.name = "scripted"
     spec = EnvSpec(EnvConfig(tools=["big.py:big"], max_tokens=256), str(tmp_path))
-    gen = make_generator(settings, tok, chat_template=True, precision=None, device="cpu", env=spec)
+    gen = with_env(make_generator(settings, tok, chat_template=True, precision=None, device="cpu"), spec, tok, chat_template=True)
     model = load_model(str(qwen_dir), device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "go"}], tools=spec.schemas, tokenize=False,
                                      add_generation_prompt=True)

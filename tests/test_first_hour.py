@@ -29,7 +29,7 @@ def conversational_jsonl(path: Path, rows: int = 8) -> Path:
 
 def test_conversational_prompts_are_rendered_by_the_chat_template_system_message_included(chat_dir, tmp_path):
     from grpo_cli.config import DataConfig
-    from grpo_cli.rollout.data import load_data
+    from grpo_cli.data.tasks import load_data
     from grpo_cli.models.loading import load_tokenizer
 
     file = conversational_jsonl(tmp_path / "chat.jsonl")

@@ -224,7 +224,7 @@ def test_the_machine_probe_leaves_no_memory_behind():
 
 
 def _rollout(lengths, prompt_lengths, loss_mask, group_size, weight=None):
-    from grpo_cli.update.batch import Rollout
+    from grpo_cli.sample.rollout import Rollout
 
     return Rollout(prompts=["p"] * (len(lengths) // group_size), group_size=group_size,
                    tokens=torch.zeros(sum(lengths), dtype=torch.long), lengths=torch.tensor(lengths),

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from grpo_cli.models.distributed import SINGLE
-from grpo_cli.update.metrics import StepMetrics
+from grpo_cli.sample.metrics import StepMetrics
 from grpo_cli.algo.objective import LossInputs, policy_loss, sampler_correction_weight
 from grpo_cli.update.step import record_mismatch
-from grpo_cli.rollout.vllm_engine import fingerprint, full_weights
+from grpo_cli.generate.vllm import fingerprint, full_weights
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -137,7 +137,7 @@ def test_a_registered_back_end_checks_its_own_settings_and_names_what_it_needs()
     rest of the config, and `check_available` names the missing library, without importing the factory."""
     from grpo_cli.config import TrainConfig
     from grpo_cli.errors import GrpoError
-    from grpo_cli.rollout.generators import GENERATORS, check_available, register_generator
+    from grpo_cli.generate.base import GENERATORS, check_available, register_generator
     from grpo_cli.run.checks import check_train
 
     def check(p, g, model):
@@ -181,7 +181,8 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
     its greedy completions equal generator.weights=full's."""
     from grpo_cli.config import GeneratorConfig
     from grpo_cli.models.loading import load_model, load_tokenizer
-    from grpo_cli.rollout.generation import HFGenerator, Sampling
+    from grpo_cli.generate.hf import HFGenerator
+    from grpo_cli.sample.rollout import Sampling
 
     skip_where_bf16_is_slow()
     model, tok = load_model(str(tiny_dir), device="cpu"), load_tokenizer(str(tiny_dir))
@@ -211,7 +212,7 @@ def test_bf16_sampling_where_bf16_is_slow_is_one_sentence(monkeypatch, tiny_dir)
     from grpo_cli.config import GeneratorConfig
     from grpo_cli.errors import GrpoError
     from grpo_cli.models.loading import load_tokenizer
-    from grpo_cli.rollout import generation
+    from grpo_cli.generate import hf as generation
 
     monkeypatch.setattr(generation, "decode_ratio", lambda device: 38.5)  # an AVX2 CPU emulating bf16
     with pytest.raises(GrpoError, match=r"generator.weights=bf16 would sample slower than fp32 on this cpu "

@@ -13,7 +13,8 @@ MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 12
 MAX_MODULE_LINES = 450
 # The stages, bottom up: a package imports only from those before it and from the shared root modules.
-STAGES = ("procs", "models", "algo", "rewards", "update", "rollout", "demo", "run", "commands")
+STAGES = ("procs", "sandbox", "sample", "models", "algo", "rewards", "data", "generate", "episodes", "rollout", "update",
+          "demo", "run", "commands")
 SHARED = ("errors", "choices", "registry", "config", "conf")
 
 

@@ -9,16 +9,18 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grpo_cli.update import step
+from grpo_cli.sample.settings import StepSettings
+from grpo_cli.models.forward import score
 from grpo_cli.cli import main
 from grpo_cli.config import LoraConfig, TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generation import HFGenerator, Sampling
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling
 from grpo_cli.models.logprobs import token_logprobs
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, adapter_state
 from grpo_cli.models.loading import load_model, load_tokenizer
-from grpo_cli.update.policies import RunPolicies, load_policy
+from grpo_cli.models.policies import RunPolicies, load_policy
 from grpo_cli.models.precision import Precision
 from grpo_cli.run.trainer import train
 from helpers import SMALL, SMALL_DATA, generate, grpo, metric_rows
@@ -71,9 +73,9 @@ def test_the_reference_under_lora_is_the_base_model_even_after_the_adapter_has_m
     policies = RunPolicies(cfg, Precision("fp32"), policy)
     assert policies.reference is None  # no second model is loaded
     with policies.roles().reference() as reference:
-        got = step.score(reference, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
-    want = step.score(base, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
-    moved = step.score(policy, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32"))
+        got = score(reference, roll, 1.0, StepSettings.of(cfg), Precision("fp32"))
+    want = score(base, roll, 1.0, StepSettings.of(cfg), Precision("fp32"))
+    moved = score(policy, roll, 1.0, StepSettings.of(cfg), Precision("fp32"))
     m = roll.loss_mask.bool()
     assert torch.allclose(got[m], want[m], atol=1e-6)
     assert not torch.allclose(moved[m], want[m], atol=1e-3)  # with the adapter on, the policy differs

@@ -10,7 +10,8 @@ import torch
 
 from grpo_cli.config import TrainConfig
 from grpo_cli.errors import GrpoError
-from grpo_cli.models.memory import ALLOCATOR_SLACK, CUDA_SLACK, GIB, Shape, fit, model_shape, plan
+from grpo_cli.models.memory import ALLOCATOR_SLACK, CUDA_SLACK, GIB, Shape, model_shape
+from grpo_cli.run.plan import fit, plan
 from helpers import FAST, grpo_process, read_jsonl
 
 SHAPE = Shape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=10, parameters=1000,

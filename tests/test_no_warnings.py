@@ -51,7 +51,7 @@ def test_in_the_suite_a_warning_from_grpo_cli_code_is_an_error_and_a_listed_noti
     import warnings
 
     with pytest.raises(RuntimeWarning, match="from our code"):
-        warnings.warn_explicit("from our code", RuntimeWarning, "generation.py", 1, module="grpo_cli.rollout.generation")
+        warnings.warn_explicit("from our code", RuntimeWarning, "generation.py", 1, module="grpo_cli.generate.hf")
     with warnings.catch_warnings(record=True) as seen:
         warnings.warn_explicit("`is_gradient_checkpointing` is deprecated", FutureWarning, "m.py", 1, module="peft.x")
         warnings.warn_explicit("another notice", FutureWarning, "m.py", 1, module="peft.x")

@@ -1,4 +1,4 @@
-"""Decoding on a CPU with oneDNN-packed weights (grpo_cli/models/packed.py, generator.matmul): the packed
+"""Decoding on a CPU with oneDNN-packed weights (grpo_cli/generate/packed.py, generator.matmul): the packed
 product against a float64 one, which layers it takes and leaves, the modules restored after, and the
 generator's tokens and sampling log-probs against torch's own product."""
 
@@ -9,10 +9,11 @@ import types
 import pytest
 import torch
 
-from grpo_cli.models import packed
-from grpo_cli.models.packed import MIN_WEIGHTS, has_packable, packed_linears
-from grpo_cli.rollout import generation
-from grpo_cli.rollout.generation import HFGenerator, Sampling
+from grpo_cli.generate import packed
+from grpo_cli.generate.packed import MIN_WEIGHTS, has_packable, packed_linears
+from grpo_cli.generate import hf as generation
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling
 
 pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch has no oneDNN packed-linear ops on the CPU")
 
@@ -188,7 +189,7 @@ def test_a_bf16_decode_samples_the_same_tokens_packed_as_under_autocasts_own_pro
 def test_float32_attention_is_sdpa_in_float32_with_the_padding_mask_and_is_restored(tiny_dir):
     """packed.float32_attention: in float32 the same logits as the model's own sdpa, left padding masked; under
     bf16 autocast closer to the float32 model than autocast's bf16 sdpa; the config restored, also on an error."""
-    from grpo_cli.models.packed import float32_attention
+    from grpo_cli.generate.packed import float32_attention
 
     model = _wide_model(tiny_dir)
     ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(0))

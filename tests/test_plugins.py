@@ -11,8 +11,8 @@ import pytest
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generation import HFGenerator
-from grpo_cli.rollout.generators import GENERATORS, register_generator
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.generate.base import GENERATORS, register_generator
 from grpo_cli.algo.losses import POLICY_LOSSES, register_loss
 from grpo_cli.run.trainer import train
 
@@ -82,7 +82,7 @@ def test_a_generator_and_a_loss_registered_outside_the_package_train_end_to_end(
 
 
 def test_a_generator_missing_a_member_of_the_protocol_is_refused_when_built(plugins):
-    from grpo_cli.rollout.generators import make_generator
+    from grpo_cli.generate.base import make_generator
 
     class NoCapabilities:  # generates, but declares none of the capabilities the step asks
         def __init__(self, tokenizer, settings, **placement):
@@ -95,7 +95,7 @@ def test_a_generator_missing_a_member_of_the_protocol_is_refused_when_built(plug
 
     register_generator("incomplete", NoCapabilities)
     try:
-        with pytest.raises(TypeError, match="does not have every member of grpo_cli.rollout.generators.Generator"):
+        with pytest.raises(TypeError, match="does not have every member of grpo_cli.generate.base.Generator"):
             make_generator(type("S", (), {"name": "incomplete"})(), None, chat_template=False, precision=None,
                            device="cpu")
     finally:

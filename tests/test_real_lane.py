@@ -46,7 +46,7 @@ def test_a_real_instruct_model_trains_in_the_precision_auto_picks_and_its_comple
 def test_chat_prompts_encode_to_apply_chat_template_s_ids_with_the_real_tokenizer():
     from transformers import AutoTokenizer
 
-    from grpo_cli.rollout.generation import HFGenerator
+    from grpo_cli.generate.hf import HFGenerator
 
     tok = AutoTokenizer.from_pretrained(MODEL)
     messages = [{"role": "system", "content": "Reply with only the number."}, {"role": "user", "content": "What is 2 + 3?"}]

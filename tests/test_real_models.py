@@ -17,17 +17,21 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_cli.run import build as run_setup
 from grpo_cli.update import step
+from grpo_cli.sample.settings import StepSettings
+from grpo_cli.models.forward import score
 from grpo_cli.run import trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.models.distributed import SINGLE
 from grpo_cli.errors import GrpoError
-from grpo_cli.update.metrics import StepMetrics
-from grpo_cli.rollout.generation import HFGenerator, Sampling, encode_prompts, eos_token_ids
+from grpo_cli.sample.metrics import StepMetrics
+from grpo_cli.generate.hf import HFGenerator, eos_token_ids
+from grpo_cli.sample.rollout import Sampling
+from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.models.logprobs import enable_logprob_forward, token_logprobs
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
 from grpo_cli.algo.objective import LossInputs, group_advantages, policy_loss
-from grpo_cli.update.policies import RunPolicies
+from grpo_cli.models.policies import RunPolicies
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr
 from helpers import floats, generate
 from ranks import run_ranks
@@ -71,7 +75,7 @@ def test_bf16_mixed_at_lr_1e_6_changes_nearly_every_fp32_master_weight_in_one_st
         optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 1)
         before = weights(policy)
         policy.train()
-        skipped, _ = step.optimise(policy, optimizer, roll, step.StepSettings.of(cfg), Precision(name))
+        skipped, _ = step.optimise(policy, optimizer, roll, StepSettings.of(cfg), Precision(name))
         assert not skipped
         after = weights(policy)
         changed[name] = (sum(int((after[n] != before[n]).sum()) for n in before)
@@ -93,7 +97,7 @@ def test_bf16_mixed_loss_and_gradients_agree_with_fp32_within_bf16_tolerance():
     roll = rollout(fp32, tok, cfg)
     # ratios scattered around 1 (some clipped), so the loss is not zero by the advantages' symmetry
     noise = torch.empty(roll.completion_mask.shape).uniform_(-0.4, 0.4, generator=torch.Generator().manual_seed(0))
-    roll.old_logp = step.score(fp32, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32")) + roll.from_grid(noise)
+    roll.old_logp = score(fp32, roll, 1.0, StepSettings.of(cfg), Precision("fp32")) + roll.from_grid(noise)
     grads, losses = {}, {}
     for name in ("fp32", "bf16-mixed"):
         model = copy.deepcopy(fp32).train()
@@ -247,7 +251,7 @@ def test_an_update_with_a_non_finite_loss_is_skipped_and_the_weights_stay_finite
     roll.advantages[3] = float("nan")
     optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 1)
     before = weights(policy)
-    skipped, grad_norm = step.optimise(policy, optimizer, roll, step.StepSettings.of(cfg), Precision("fp32"))
+    skipped, grad_norm = step.optimise(policy, optimizer, roll, StepSettings.of(cfg), Precision("fp32"))
     assert skipped and not math.isfinite(grad_norm)
     after = weights(policy)
     assert all(torch.equal(before[n], after[n]) for n in before)
@@ -284,7 +288,7 @@ def test_constant_norm_divides_by_sampler_max_new_tokens_not_the_batch_s_longest
     assert roll.completion_len < cfg.sampler.max_new_tokens  # the tiny model ends its answers early
     optimizer, _ = run_setup.build_optimizer(policy, cfg.optimizer, 1)
     record = StepMetrics()
-    step.optimise(policy, optimizer, roll, step.StepSettings.of(cfg), Precision("fp32"), record=record)
+    step.optimise(policy, optimizer, roll, StepSettings.of(cfg), Precision("fp32"), record=record)
     # on-policy, mu = 1: every ratio is 1, so the loss is -sum_i A_i |o_i| / (B * max_new_tokens)
     lengths = roll.completion_mask.sum(1).double()
     want = float(-(roll.advantages.double() * lengths).sum() / (len(lengths) * cfg.sampler.max_new_tokens))
@@ -430,7 +434,7 @@ def test_chat_template_prompt_ids_equal_apply_chat_template_s_with_one_bos():
 
 def test_the_data_pipeline_renders_chat_prompts_that_encode_to_apply_chat_template_s_ids():
     from grpo_cli.config import DataConfig
-    from grpo_cli.rollout.data import load_data
+    from grpo_cli.data.tasks import load_data
 
     tok = chat_tokenizer()
     cfg = DataConfig(name="arithmetic", max_operand=9, num_test=5, chat_template=True, system_prompt="there",

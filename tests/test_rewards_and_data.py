@@ -7,7 +7,7 @@ import pytest
 from grpo_cli.demo import tiny
 from grpo_cli.run.checks import Problems, check_data, check_reward
 from grpo_cli.config import DataConfig, RewardConfig
-from grpo_cli.rollout.data import PromptOrder, arithmetic_problems, load_data, long_addition_problems
+from grpo_cli.data.tasks import PromptOrder, arithmetic_problems, load_data, long_addition_problems
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import BUILDERS, build_reward, checked, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, extract_answer, is_correct
@@ -447,7 +447,7 @@ def test_an_empty_split_is_named(tmp_path):
         load_data(cfg)
     from datasets import Dataset
 
-    from grpo_cli.rollout.data import prepare
+    from grpo_cli.data.tasks import prepare
 
     with pytest.raises(GrpoError, match="The 'test' split of data=files is empty"):
         prepare(Dataset.from_dict({"question": [], "answer": []}), "test", files_config(), None, print)

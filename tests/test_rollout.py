@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from grpo_cli.models.logprobs import token_logprobs
-from grpo_cli.update.batch import completion_mask
+from grpo_cli.sample.rollout import completion_mask
 from helpers import generate
 
 
@@ -117,7 +117,7 @@ def test_greedy_decoding_equals_transformers_generate(tiny_model):
 
 
 def test_top_k_and_top_p_keep_the_expected_tokens():
-    from grpo_cli.rollout.generation import _filter
+    from grpo_cli.generate.hf import _filter
 
     scores = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     kept = lambda s: (s > float("-inf")).int().tolist()  # noqa: E731
@@ -139,7 +139,7 @@ def _padded_three_rows():
     """Three rows of a padded batch, worked by hand: prompts of 2, 1 and 2 tokens left-padded to P = 2,
     completions of 3, 1 and 2 tokens right-padded to T = 3 (pad 0); row 2's middle token is the
     environment's (attention 1, loss mask 0)."""
-    from grpo_cli.update.batch import Rollout
+    from grpo_cli.sample.rollout import Rollout
 
     ids = torch.tensor([[11, 12, 21, 22, 23], [0, 13, 24, 0, 0], [14, 15, 25, 26, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
@@ -165,7 +165,7 @@ def test_a_rollout_s_rows_are_flat_and_its_padded_view_is_the_padded_batch_it_ca
 
 
 def test_picking_groups_and_joining_rollouts_moves_whole_rows_without_re_padding():
-    from grpo_cli.update.batch import concat_rollouts
+    from grpo_cli.sample.rollout import concat_rollouts
 
     roll, *_ = _padded_three_rows()
     roll.group_size = 1
@@ -186,7 +186,8 @@ def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
     """A row that ended may stay in the decode batch (rows leave it only in bulk); what it draws after
     its EOS must not keep the batch decoding: the last step is the longest completion's EOS. (Before the
     fix, three of these six batches of the built-in tiny model decoded three steps past it.)"""
-    from grpo_cli.rollout.generation import Sampling, decode, eos_token_ids
+    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.generate.hf import decode, eos_token_ids
 
     model, tok = tiny_model
     prompts = [tok(p)["input_ids"] for p in ["3+4=", "12+30=", "7+7=", "40+2=", "99+99=", "5+5=", "123+4=", "1+1="]]
@@ -202,7 +203,7 @@ def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
 
 
 def test_a_rollout_in_flight_stored_padded_by_an_older_version_loads_as_the_same_flat_rows():
-    from grpo_cli.update.metrics import StepMetrics
+    from grpo_cli.sample.metrics import StepMetrics
     from grpo_cli.rollout.source import ScoredRollout, scored_from_state, scored_state
 
     roll, ids, attention, action, sampler = _padded_three_rows()

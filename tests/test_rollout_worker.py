@@ -160,7 +160,7 @@ def worker_pid(trainer: subprocess.Popen) -> int | None:
     children = Path(f"/proc/{trainer.pid}/task/{trainer.pid}/children")
     for pid in children.read_text().split() if children.exists() else []:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"grpo_cli.rollout.rollout_worker" in cmdline:
+        if b"grpo_cli.rollout.worker" in cmdline:
             return int(pid)
     return None
 
@@ -233,7 +233,7 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     from types import SimpleNamespace
 
     from grpo_cli.rollout.source import LocalSource, WorkerSource
-    from grpo_cli.update.step import Policies
+    from grpo_cli.models.policies import Policies
 
     class Worker:
         received: dict = {}
@@ -268,7 +268,7 @@ def test_a_trainer_killed_while_its_generation_worker_starts_takes_the_worker_al
     import time
 
     code = ("import os, signal, sys\nfrom grpo_cli.procs.subprocesses import Helper\n"
-            "h = Helper('grpo_cli.rollout.rollout_worker', None, name='the generation worker')\n"
+            "h = Helper('grpo_cli.rollout.worker', None, name='the generation worker')\n"
             "print(h.process.pid, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid = int(trainer.stdout.readline())
@@ -310,7 +310,7 @@ def test_a_damaged_rollout_in_a_checkpoint_is_sampled_again_and_said(changes, da
     from types import SimpleNamespace
 
     from grpo_cli.rollout.source import WorkerSource
-    from grpo_cli.update.step import Policies
+    from grpo_cli.models.policies import Policies
 
     class Worker:
         def restore(self, state):
@@ -348,7 +348,7 @@ def test_the_worker_scores_the_kl_reference_and_the_trainer_holds_none(extra, tm
     base with the adapter off): equal, token by token, to each row scored alone here from the initial model
     (float64 log-softmax), at every step while the policy moves away; the trainer loads no reference and the
     step scores none. With generator.score_reference=false the trainer scores it, to the same numbers."""
-    from grpo_cli.update.policies import RunPolicies
+    from grpo_cli.models.policies import RunPolicies
 
     seen, real_step = [], trainer_module.grpo_step
 
@@ -386,7 +386,7 @@ def test_a_checkpoint_rollout_without_the_reference_is_sampled_again_when_the_wo
     from types import SimpleNamespace
 
     from grpo_cli.rollout.source import WorkerSource
-    from grpo_cli.update.step import Policies
+    from grpo_cli.models.policies import Policies
 
     class Worker:
         def restore(self, state):

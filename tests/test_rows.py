@@ -8,7 +8,7 @@ import sys
 import pytest
 from datasets import Dataset
 
-from grpo_cli.rollout.rows import Rows
+from grpo_cli.data.rows import Rows
 
 COLUMNS = {"prompt": ["1+2=", "3+4=", "5+6=", "7+8="], "answer": ["3", "7", "11", "15"], "a": [1, 3, 5, 7],
            "links": [[1, 2], [3], [], [4, 5, 6]]}

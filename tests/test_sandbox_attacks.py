@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import sandbox_attacks as attacks  # noqa: E402
 
 from grpo_cli.errors import GrpoError  # noqa: E402
-from grpo_cli.rewards.code import Sandbox  # noqa: E402
+from grpo_cli.sandbox.program import Sandbox  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_as_an_unprivileged_user_the_program_cannot_read_a_root_only_file(tmp_pa
     secret.chmod(0o600)
     os.chmod(tmp_path, 0o755)
     repo = str(Path(__file__).resolve().parents[1])
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from grpo_cli.rewards.code import Sandbox\n"
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from grpo_cli.sandbox.program import Sandbox\n"
               "s = Sandbox(1, 256, 64, 16)\ns.check()\n"
               "program = 'try:\\n    print(open(%r).read())\\nexcept OSError as e:\\n    print(type(e).__name__)' % sys.argv[2]\n"
               "print(s.run(program, ('io', '', 'grpo-secret-0123456789abcdef\\n'))[0], "
@@ -124,7 +124,7 @@ def test_the_filter_s_system_call_numbers_are_the_kernel_headers(machine, header
     than the header, or absent on that architecture) is listed, not guessed."""
     import re
 
-    from grpo_cli.rewards.sandbox_os import NUMBERS
+    from grpo_cli.sandbox.namespaces import NUMBERS
 
     if not os.path.exists(header):
         pytest.skip(f"{header} is not installed (the linux-libc-dev package holds it)")

@@ -1,4 +1,4 @@
-"""Decoding over a static KV cache (grpo_cli/models/static_cache.py) samples exactly what eager decoding
+"""Decoding over a static KV cache (grpo_cli/generate/static_cache.py) samples exactly what eager decoding
 samples: the same tokens and the same sampling log-probs, with finished rows leaving the batch, for SDPA
 and eager attention, and on CUDA with each step replayed as a CUDA graph (run there by `make gpu-check`;
 on a machine without CUDA those cases skip, saying so)."""
@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.models.direct_steps import DirectSteps
-from grpo_cli.models.static_cache import StaticSteps
-from grpo_cli.rollout import generation
+from grpo_cli.generate.direct_steps import DirectSteps
+from grpo_cli.generate.static_cache import StaticSteps
+from grpo_cli.generate import hf as generation
 from helpers import with_batch_sizes
-from grpo_cli.rollout.generation import HFGenerator, Sampling, completion_mask, decode, encode_prompts, eos_token_ids
+from grpo_cli.generate.hf import HFGenerator, decode, eos_token_ids
+from grpo_cli.sample.rollout import Sampling, completion_mask
+from grpo_cli.data.prompts import encode_prompts
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                  reason="CUDA graphs need a CUDA device"))]
@@ -182,7 +184,7 @@ def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(ti
 def test_noise_drawn_ahead_is_exactly_the_one_step_draws_and_survives_rows_leaving():
     """_Noise draws `ahead` steps per group at once: on CPU the very numbers one draw per group and step give
     (each group's own generator, [G, vocab] a step), also as rows and whole groups leave."""
-    from grpo_cli.rollout.generation import _Noise
+    from grpo_cli.generate.hf import _Noise
 
     G, V, seeds = 3, 11, [5, 6, 7, 8]
     noise = _Noise(seeds, G, V, "cpu", steps=10)
@@ -236,7 +238,7 @@ def test_a_capture_that_fails_decodes_without_graphs_and_says_so(tiny_model, tin
     """Graphs are an optimisation: where capturing a step fails (an op a graph cannot hold, on some
     transformers), the steps warn and run over the same static cache without them, with eager's tokens.
     Simulated on CPU by asking for graphs with no CUDA: the capture's first CUDA call fails."""
-    from grpo_cli.models import static_cache
+    from grpo_cli.generate import static_cache
 
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa", "cpu")

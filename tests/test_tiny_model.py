@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.demo import tiny
-from grpo_cli.rollout.data import arithmetic_problems
+from grpo_cli.data.tasks import arithmetic_problems
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_path
 from grpo_cli.rewards.exact_match import extract_answer, is_correct
 from helpers import generate

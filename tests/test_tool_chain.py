@@ -10,7 +10,7 @@ from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import DataConfig
 from grpo_cli.demo import tiny_chain, tiny_tools
 from grpo_cli.demo.tools import Links
-from grpo_cli.rollout.data import LETTERS, link_problems
+from grpo_cli.data.tasks import LETTERS, link_problems
 from grpo_cli.run.checks import Problems, check_data
 
 

@@ -1,4 +1,4 @@
-"""Tool-call formats (grpo_cli/rollout/tool_formats.py): each format rendered by a chat template that
+"""Tool-call formats (grpo_cli/episodes/tool_formats.py): each format rendered by a chat template that
 writes it, parsed back to the same calls (parallel calls, nested JSON arguments), malformed calls as
 errors the model reads, the format detected from the template, and the pre-flight round trip.
 
@@ -17,10 +17,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from grpo_cli.config import EnvConfig, TrainConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.loading import load_model, load_tokenizer
-from grpo_cli.rollout.environments import EnvSpec
-from grpo_cli.rollout.generation import HFGenerator, Sampling
-from grpo_cli.rollout.generators import GENERATORS, make_generator, register_generator
-from grpo_cli.rollout.tool_formats import TOOL_FORMATS, detect_format, resolve_format, round_trip
+from grpo_cli.episodes.environments import EnvSpec
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling
+from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+from grpo_cli.episodes.driver import with_env
+from grpo_cli.episodes.tool_formats import TOOL_FORMATS, detect_format, resolve_format, round_trip
 from helpers import grpo
 
 INPUTS = Path(__file__).parent / "inputs"
@@ -211,7 +213,7 @@ def test_an_episode_calls_the_tool_in_the_models_own_format(name, call, tmp_path
         settings = TrainConfig().generator
         settings.name = "writes"
         spec = EnvSpec(EnvConfig(tools=["trl_env.py:add"]), str(INPUTS))
-        gen = make_generator(settings, tok, chat_template=True, precision=None, device="cpu", env=spec)
+        gen = with_env(make_generator(settings, tok, chat_template=True, precision=None, device="cpu"), spec, tok, chat_template=True)
         prompt = tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tools=spec.schemas, tokenize=False,
                                          add_generation_prompt=True)
         (ep,) = gen.generate(load_model(str(tmp_path / name), device="cpu"), [prompt], 1, Sampling(128, greedy=True)).episodes
@@ -221,7 +223,7 @@ def test_an_episode_calls_the_tool_in_the_models_own_format(name, call, tmp_path
         spec = EnvSpec(EnvConfig(tools=["trl_env.py:add"], tool_format="hermes"), str(INPUTS))
         with pytest.raises(GrpoError, match=r"env.tool_format=hermes cannot read the model's tool calls: the chat "
                                             r"template writes a call as .*, which parsed back as no call"):
-            make_generator(settings, tok, chat_template=True, precision=None, device="cpu", env=spec)
+            with_env(make_generator(settings, tok, chat_template=True, precision=None, device="cpu"), spec, tok, chat_template=True)
     finally:
         GENERATORS.pop("writes")
 

@@ -11,8 +11,8 @@ from helpers import grpo, metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.loading import load_model, load_tokenizer
-from grpo_cli.rollout.episodes import Episode
-from grpo_cli.rollout.generation import Sampling
+from grpo_cli.episodes.driver import Episode
+from grpo_cli.sample.rollout import Sampling
 from grpo_cli.run.console import Console
 from test_episodes import (INPUTS, QWEN_TEMPLATE, Scripted, call, episode_generator, qwen_dir, scripted,  # noqa: F401
                            small_cfg)
@@ -67,7 +67,7 @@ def test_an_environment_that_scores_is_the_whole_reward_unless_a_reward_is_named
     """reward=auto (the default) with an environment that has get_reward(): its term alone, as TRL scores with
     an environment_factory and no reward_funcs; the answer column adds nothing. Naming a reward adds it."""
     from grpo_cli.config import RewardConfig
-    from grpo_cli.rollout.environments import EnvSpec, reward_with
+    from grpo_cli.episodes.environments import EnvSpec, reward_with
 
     spec = EnvSpec(EnvConfig(factory="trl_env.py:Counter"), str(INPUTS))
     assert list(reward_with(RewardConfig(), spec).terms) == ["Counter"]
@@ -84,7 +84,7 @@ def test_data_none_trains_an_environment_that_writes_its_own_prompts(qwen_dir, s
     """data=none: every prompt is an empty user message, as TRL's placeholder; reset() gets it (and no answer
     column) and its text is the observation; the environment's reward is the only term; each episode,
     held-out ones included, draws its own task."""
-    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.registry import load_function
     from grpo_cli.run.trainer import train
 
     doubling = load_function("trl_env.py:Doubling", str(INPUTS))
@@ -119,7 +119,7 @@ def test_no_data_and_no_reward_mistakes_are_one_sentence_before_any_model_loads(
 def test_a_dict_of_environments_gives_each_row_its_own_with_its_own_tools_and_reward(qwen_dir, scripted, tmp_path):
     """TRL's dict of environment factories: each row's `environment` column picks its environment; its prompt
     shows that environment's tools alone; each class that scores is its own term, scoring its episodes only."""
-    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.registry import load_function
     from grpo_cli.run.trainer import train
 
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1), "environment": "count" if i % 2 else "double"} for i in range(8)]
@@ -145,7 +145,7 @@ def test_a_dict_of_environments_gives_each_row_its_own_with_its_own_tools_and_re
 
 
 def test_several_environments_are_checked_as_one_sentence_each(tmp_path):
-    from grpo_cli.rollout.environments import environment
+    from grpo_cli.episodes.environments import environment
 
     both = environment(EnvConfig(factory={"count": "trl_env.py:Counter", "double": "trl_env.py:Doubling"},
                                  fn_dir=str(INPUTS)))
@@ -160,7 +160,7 @@ def test_several_environments_are_checked_as_one_sentence_each(tmp_path):
 def test_the_python_api_takes_a_dict_of_environment_factories():
     from grpo_cli.api import _env_overrides
     from grpo_cli.commands.compose import compose_config
-    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.registry import load_function
 
     counter, doubling = (load_function(f"trl_env.py:{n}", str(INPUTS)) for n in ("Counter", "Doubling"))
     (override,) = _env_overrides(None, {"count": counter, "double": doubling})

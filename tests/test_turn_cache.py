@@ -1,4 +1,4 @@
-"""Keys and values kept between an episode's turns (grpo_cli/rollout/turn_cache.py): a second turn started
+"""Keys and values kept between an episode's turns (grpo_cli/generate/turn_cache.py): a second turn started
 from the first turn's kept rows samples what re-prefilling the whole context samples, running only the
 environment's tokens through the model."""
 
@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_cli.rollout.generation import HFGenerator, Sampling, encode_prompts
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling
+from grpo_cli.data.prompts import encode_prompts
 from helpers import with_batch_sizes
 
 PROMPTS = ["3+4=", "12+30=", "7+7=", "50+25=", "3+4=", "1+1="]
@@ -95,7 +97,7 @@ def test_a_context_that_does_not_extend_the_last_turn_is_prefilled_whole(tiny_mo
 def test_prefill_counts_come_from_the_session_s_last_lookup_once():
     """count_prefill: tokens reused and breaks only from a lookup this turn ran; a generator that ignores the
     session (a scripted one) counts none, never a break; a group's shared first context is counted once."""
-    from grpo_cli.rollout.turn_cache import TurnCache, count_prefill
+    from grpo_cli.generate.turn_cache import TurnCache, count_prefill
 
     eps = [SimpleNamespace(kv_reused=0, prefix_breaks=0, context_tokens=0) for _ in range(3)]
     turns = TurnCache()
@@ -146,7 +148,7 @@ def test_identical_contexts_run_once_and_sample_what_whole_prefills_sample(tiny_
 
 
 def test_distinct_rows_names_each_row_s_first_twin():
-    from grpo_cli.rollout.turn_cache import distinct_rows
+    from grpo_cli.generate.turn_cache import distinct_rows
 
     assert distinct_rows([[1, 2], [3], [1, 2], [], [3], [1]]) == ([0, 1, 3, 5], [0, 1, 0, 2, 1, 3])
     assert distinct_rows([[4], [5]]) == ([0, 1], [0, 1]) and distinct_rows([]) == ([], [])
@@ -155,7 +157,7 @@ def test_distinct_rows_names_each_row_s_first_twin():
 def test_row_kv_takes_a_row_s_held_positions_in_order_with_or_without_holes():
     """A row's kept keys are its attended slots, the first n of them: a left-padded row's are one run (taken as
     a slice), a resumed row's have a hole at the seam (taken by index). Worked by hand on numbered slots."""
-    from grpo_cli.rollout.turn_cache import row_kv
+    from grpo_cli.generate.turn_cache import row_kv
 
     slots = torch.arange(2 * 1 * 6 * 1, dtype=torch.float32).view(2, 1, 6, 1)  # [rows, heads, slots, dim]
     layer = SimpleNamespace(keys=slots, values=-slots)

@@ -21,16 +21,20 @@ if importlib.util.find_spec("vllm") is None:
 
 from grpo_cli.run import build as run_setup
 from grpo_cli.update import step  # noqa: E402
+from grpo_cli.rewards import Judge
+from grpo_cli.sample.settings import StepSettings
+from grpo_cli.models.forward import score
 from grpo_cli.config import GeneratorConfig, TrainConfig  # noqa: E402
-from grpo_cli.rollout.generation import HFGenerator, Sampling  # noqa: E402
+from grpo_cli.generate.hf import HFGenerator
+from grpo_cli.sample.rollout import Sampling  # noqa: E402
 from grpo_cli.models.loading import load_model, load_tokenizer  # noqa: E402
 from grpo_cli.models.precision import Precision  # noqa: E402
 from grpo_cli.rewards import build_reward  # noqa: E402
-from grpo_cli.update.batch import concat_rollouts  # noqa: E402
-from grpo_cli.rollout.data import PromptBatch  # noqa: E402
+from grpo_cli.sample.rollout import concat_rollouts  # noqa: E402
+from grpo_cli.data.tasks import PromptBatch  # noqa: E402
 from grpo_cli.rollout.source import LocalSource  # noqa: E402
-from grpo_cli.update.step import Policies  # noqa: E402
-from grpo_cli.rollout.vllm_engine import VLLMGenerator  # noqa: E402
+from grpo_cli.models.policies import Policies  # noqa: E402
+from grpo_cli.generate.vllm import VLLMGenerator  # noqa: E402
 from helpers import grpo_process  # noqa: E402
 
 TOL = 1e-4  # nats per token, fp32 engine against the fp32 trainer
@@ -71,14 +75,14 @@ def fixed_completions(model, tok):
 def trainer_logprobs(model, roll) -> list[list[float]]:
     cfg = TrainConfig()
     cfg.trainer.micro_batch_size = 64  # the trainer's own scoring, packed as in a run
-    logp = roll.completion_grid(step.score(model, roll, 1.0, step.StepSettings.of(cfg), Precision("fp32")))
+    logp = roll.completion_grid(score(model, roll, 1.0, StepSettings.of(cfg), Precision("fp32")))
     return [row[: int(n)] for row, n in zip(logp.tolist(), roll.completion_mask.sum(1).tolist())]
 
 
 def one_step(policy, engine, optimizer, batch, cfg) -> dict:
     """A training step as the loop runs it: the rollout source samples with the engine, the step updates,
     the source pushes the update to the engine."""
-    reward, settings = build_reward(cfg.reward), step.StepSettings.of(cfg, build_reward(cfg.reward))
+    reward, settings = build_reward(cfg.reward), StepSettings.of(cfg, Judge(cfg.reward, build_reward(cfg.reward)))
     source = LocalSource(engine, Policies.of(policy), reward, settings)
     row, _ = step.grpo_step(Policies.of(policy), optimizer, source.sample(batch), settings)
     source.update(policy, 1)
@@ -227,9 +231,10 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     the first training problems on which the base model calls its tool greedily (it rarely does), and as
     many on which it answers directly."""
     from grpo_cli.config import EnvConfig
-    from grpo_cli.rollout.data import long_addition_problems
-    from grpo_cli.rollout.environments import EnvSpec
-    from grpo_cli.rollout.generators import make_generator
+    from grpo_cli.data.tasks import long_addition_problems
+    from grpo_cli.episodes.environments import EnvSpec
+    from grpo_cli.generate.base import make_generator
+    from grpo_cli.episodes.driver import with_env
 
     tokenizer = load_tokenizer("builtin:tiny-tools")
     model = load_model("builtin:tiny-tools", device="cpu")
@@ -239,8 +244,8 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
                                              add_generation_prompt=True) for p in users]
 
     def episodes(name, chosen):
-        gen = make_generator(GeneratorConfig(name=name, kv_cache_gib=0.0625), tokenizer, chat_template=True,
-                             precision=Precision("fp32"), device="cpu", env=spec)
+        gen = with_env(make_generator(GeneratorConfig(name=name, kv_cache_gib=0.0625), tokenizer, chat_template=True,
+                                      precision=Precision("fp32"), device="cpu"), spec, tokenizer, chat_template=True)
         try:
             return gen.generate(model, chosen, 1, Sampling(80, greedy=True)).episodes
         finally:

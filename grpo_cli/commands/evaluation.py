@@ -49,7 +49,7 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
 
 
 def evaluation_split(cfg, tokenizer, console, tools=None):
-    from grpo_cli.rollout.data import load_data
+    from grpo_cli.data.tasks import load_data
 
     data = load_data(cfg.data, tokenizer, log=console.warn, tools=tools)
     if cfg.split not in data:
@@ -71,9 +71,10 @@ def short_names(paths: list[str]) -> list[str]:
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.rollout.data import answer_column, check_answers
-    from grpo_cli.rollout.environments import environment, reward_with
-    from grpo_cli.rollout.generators import check_available, make_generator
+    from grpo_cli.data.tasks import answer_column, check_answers
+    from grpo_cli.episodes.environments import environment, reward_with
+    from grpo_cli.generate.base import check_available, make_generator
+    from grpo_cli.episodes.driver import with_env
     from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
     from grpo_cli.models.precision import DTYPES, Precision
     from grpo_cli.models.runtime import prepare_process
@@ -99,9 +100,8 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         console.print(f"model {len(rows) + 1}/{len(targets)}: {path}", highlight=False)
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-        generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
-                                   device=resolve_device(cfg.model.device), seed=cfg.seed, env=env,
-                                   system_prompt=cfg.data.system_prompt)
+        generator = with_env(make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
+                                   device=resolve_device(cfg.model.device), seed=cfg.seed), env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console, env.schemas_for if env else None)
         check_answers(split.column_names, cfg.data, reward_fn, cfg.reward.correct)

@@ -11,12 +11,13 @@ from rich.table import Table
 from grpo_cli.run.checkpoint import list_checkpoints
 from grpo_cli.run.checks import check_sample
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
-from grpo_cli.rollout.environments import environment, reward_with
+from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
+from grpo_cli.episodes.environments import environment, reward_with
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.runtime import prepare_process
-from grpo_cli.rollout.generation import Sampling, group_seed
-from grpo_cli.rollout.generators import check_available, generate, make_generator
+from grpo_cli.sample.rollout import Sampling, group_seed
+from grpo_cli.generate.base import check_available, generate, make_generator
+from grpo_cli.episodes.driver import with_env
 from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
 from grpo_cli.models.precision import DTYPES, Precision
@@ -78,10 +79,9 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
     for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer, env.schemas_for if env else None)):
         row["rendered"] = text
-    generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template,
+    generator = with_env(make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template,
                                precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
-                               device=resolve_device(cfg.model.device), seed=cfg.seed, env=env,
-                               system_prompt=cfg.data.system_prompt)
+                               device=resolve_device(cfg.model.device), seed=cfg.seed), env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
     sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k, greedy=cfg.greedy)
 
     rows, G = [], 1 if cfg.greedy else s.group_size

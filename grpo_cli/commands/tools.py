@@ -6,7 +6,7 @@ named as there (model=..., model.path=..., env.tool_format=...); only the tokeni
 from __future__ import annotations
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.tool_formats import TOOL_FORMATS, ignores_tools, parsed_back, rendered_call, resolve_format
+from grpo_cli.episodes.tool_formats import TOOL_FORMATS, ignores_tools, parsed_back, rendered_call, resolve_format
 
 
 def run_tools(cfg, console) -> dict:

@@ -27,7 +27,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from grpo_cli.rollout.data import arithmetic_problems
+from grpo_cli.data.tasks import arithmetic_problems
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 # Digits and operators for arithmetic, plus letters and punctuation so tagged answer formats

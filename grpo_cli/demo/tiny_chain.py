@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from grpo_cli.demo import tiny, tiny_tools
-from grpo_cli.rollout.data import LETTERS, link_problems
+from grpo_cli.data.tasks import LETTERS, link_problems
 
 
 def call_text(key: str) -> str:

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from grpo_cli.demo import tiny
-from grpo_cli.rollout.data import long_addition_problems
+from grpo_cli.data.tasks import long_addition_problems
 
 CHARS = tiny.CHARS + list("{}[]")
 # One Jinja template for the whole conversation: the user's text as it is, the assistant's text and

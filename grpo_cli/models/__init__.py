@@ -1,1 +1,1 @@
-"""Models and their forward: loading, the hub, LoRA, precision, data parallelism, threads, token log-probs, the packer, the memory planner."""
+"""Models and their forward: loading, the hub, LoRA, precision, data parallelism, threads, the packer, token log-probs, the policies by role."""

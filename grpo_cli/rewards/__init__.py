@@ -168,7 +168,7 @@ class Reward:
 def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
     """(logged name, reward, reward.fn) of every term: `reward.terms` under combo, else `reward.name`; a
     list in `reward.fn` makes one term per function, named after it (TRL's `reward_funcs`)."""
-    from grpo_cli.rewards.python_fn import function_name
+    from grpo_cli.registry import function_name
 
     out: list[tuple[str, str, Optional[str]]] = []
     names = list(cfg.terms) if cfg.name == "combo" else [] if cfg.name == "none" else [cfg.name]
@@ -187,7 +187,7 @@ def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
 def load_user_rewards(cfg) -> None:
     """Import every python reward function the config names (a GrpoError for one that cannot be had), in
     well under a second: the run checks them before it loads any model."""
-    from grpo_cli.rewards.python_fn import load_function
+    from grpo_cli.registry import load_function
 
     for _, kind, spec in term_specs(cfg):
         if kind == "python" and spec:
@@ -198,7 +198,8 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
     """The dataset columns the reward reads are there and readable (reward=code: every row's tests), before
     any model loads, and every python reward takes what a call passes. `rows`: a prepared split (Rows), the
     `split` named in the sentence."""
-    from grpo_cli.rewards.python_fn import check_signature, load_function
+    from grpo_cli.rewards.python_fn import check_signature
+    from grpo_cli.registry import load_function
 
     for _, kind, spec in term_specs(cfg):
         if kind == "python" and spec:
@@ -209,7 +210,8 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
         shown = ", ".join(sorted(c for c in rows.column_names if not c.startswith("_")))
         raise GrpoError(f"reward=code reads each row's tests from the dataset column {cfg.tests_field!r}, which this "
                         f"data does not have (its columns: {shown}); set reward.tests_field, or use data with tests.")
-    from grpo_cli.rewards.code import Sandbox, parse_tests
+    from grpo_cli.sandbox.program import Sandbox
+    from grpo_cli.rewards.code import parse_tests
 
     for i, tests in enumerate(rows[cfg.tests_field]):
         parse_tests(tests, i, f"{cfg.tests_field} ({split} split)")

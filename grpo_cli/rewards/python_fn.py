@@ -39,82 +39,8 @@ holds each episode's environment instance, as TRL passes them.
 
 from __future__ import annotations
 
-import importlib
-import os
-import re
-import sys
-
 from grpo_cli.errors import GrpoError
-
-
-def is_file_spec(spec: str) -> bool:
-    """`my_rewards.py:score` or `dir/rewards.py:score`: a file, not a module name."""
-    return spec.partition(":")[0].endswith(".py") or "/" in spec.partition(":")[0]
-
-
-def function_name(spec: str) -> str:
-    """The function's own name, which its term is logged under when reward.fn lists several."""
-    module, sep, attr = spec.partition(":")
-    return attr if sep else spec.rpartition(".")[2]
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    """(module or file, function) of `mypkg.rewards:score`, `mypkg.rewards.score` or `my_rewards.py:score`."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep and not is_file_spec(spec):
-        module_name, _, attr = spec.rpartition(".")
-    return module_name, attr
-
-
-def load_function(spec: str, base: str | None = None, key: str = "reward.fn"):
-    """The callable `spec` names, or a GrpoError saying why it cannot be had (naming the config `key`).
-    `base` (reward.fn_dir, else the current directory) is where a relative file path and a module beside
-    the user's files are found."""
-    base = os.path.abspath(base or os.getcwd())
-    module_name, attr = split_spec(spec)
-    if not module_name or not attr:
-        raise GrpoError(f"{key}={spec!r} names no function; write it as mypkg.rewards:score or my_rewards.py:score.")
-    if is_file_spec(spec):
-        module = _import_file(spec, os.path.join(base, os.path.expanduser(module_name)), key)
-    else:
-        if base not in sys.path:  # `grpo` run beside my_rewards.py finds it, and so do evaluate and sample later
-            sys.path.append(base)
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:  # a missing module or one that fails on import: both are the user's to fix
-            raise GrpoError(
-                f"{key}={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH or in "
-                f"{base}, or name the file ({key}=path/to/{module_name.rpartition('.')[2]}.py:{attr})."
-            ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise GrpoError(f"{key}={spec!r}: {module_name!r} has no function {attr!r}.")
-    return fn
-
-
-def _import_file(spec: str, path: str, key: str = "reward.fn"):
-    """The module in the file `path`, imported once under its own name (its directory on sys.path, so it can
-    import the files beside it)."""
-    import importlib.util
-
-    path = os.path.normpath(path)
-    if not os.path.isfile(path):
-        raise GrpoError(f"{key}={spec!r}: there is no file {path}; give the path to your file "
-                        "(relative to the directory grpo runs in).")
-    name = "grpo_reward_" + re.sub(r"\W", "_", path)
-    if name in sys.modules:
-        return sys.modules[name]
-    if os.path.dirname(path) not in sys.path:
-        sys.path.append(os.path.dirname(path))
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise GrpoError(f"{key}={spec!r}: {path} fails on import ({type(e).__name__}: {e}); fix the file.") from None
-    return module
+from grpo_cli.registry import load_function
 
 
 def parameters(fn) -> tuple[set[str], bool]:

@@ -1,1 +1,1 @@
-"""The rollout stage: the rollout source and its worker, generators, episodes and environments, prompts and their data, held-out scores."""
+"""The rollout stage's one door: the rollout source, its worker process, and held-out scores."""

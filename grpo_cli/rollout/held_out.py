@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from grpo_cli.models.distributed import SINGLE, Dist
 from grpo_cli.rewards import Judge
-from grpo_cli.rollout.data import answer_column
+from grpo_cli.data.tasks import answer_column
 from grpo_cli.rollout.scoring import Draws, greedy_scores, sampled_scores
 
 

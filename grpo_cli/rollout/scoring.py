@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.rollout.generation import Sampling, group_seed
-from grpo_cli.rollout.generators import generate
+from grpo_cli.sample.rollout import Sampling, group_seed
+from grpo_cli.generate.base import generate
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, normalise
 

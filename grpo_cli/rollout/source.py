@@ -28,18 +28,21 @@ from typing import Callable, Protocol
 import torch
 from torch.profiler import record_function
 
-from grpo_cli.rollout.data import PromptBatch
+from grpo_cli.data.tasks import PromptBatch
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
-from grpo_cli.rollout.episodes import Episode, episode_metrics
+from grpo_cli.episodes.driver import Episode, episode_metrics
 from grpo_cli.errors import SourceLost
-from grpo_cli.rollout.generators import generate
+from grpo_cli.generate.base import generate
 from grpo_cli.rollout.held_out import part_scores
-from grpo_cli.update.metrics import StepMetrics
+from grpo_cli.sample.metrics import StepMetrics
 from grpo_cli.algo.objective import flat_groups
 from grpo_cli.models.precision import Precision
 from grpo_cli.rewards import score_batch
-from grpo_cli.update.batch import ROW_FIELDS, TOKEN_FIELDS, Rollout, concat_rollouts
-from grpo_cli.update.step import PHASES, Policies, StepSettings, clock, score
+from grpo_cli.sample.rollout import ROW_FIELDS, TOKEN_FIELDS, Rollout, concat_rollouts
+from grpo_cli.models.forward import score
+from grpo_cli.models.policies import Policies
+from grpo_cli.sample.metrics import PHASES, clock
+from grpo_cli.sample.settings import StepSettings
 
 
 @dataclass

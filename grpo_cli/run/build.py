@@ -24,28 +24,29 @@ from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, 
                                      write_config)
 from grpo_cli.run.checks import check_train, env_active
 from grpo_cli.run.console import Console, MetricsLog
-from grpo_cli.rollout.data import PromptOrder, answer_column, check_answers, load_data
-from grpo_cli.rollout.prompts import USER_PROMPT
+from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
+from grpo_cli.data.prompts import USER_PROMPT
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
-from grpo_cli.rollout.environments import environment, reward_with
-from grpo_cli.rollout.env_notes import env_notes
+from grpo_cli.episodes.environments import environment, reward_with
+from grpo_cli.episodes.notes import env_notes
 from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError, SourceLost, first_line
-from grpo_cli.rollout.generators import check_available, make_generator
+from grpo_cli.generate.base import check_available, make_generator
+from grpo_cli.episodes.driver import with_env
 from grpo_cli.rollout.held_out import HeldOut
-from grpo_cli.rollout.generation import encode_prompts
+from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.models.lora import merged_copy
-from grpo_cli.models.memory import planned
+from grpo_cli.run.plan import planned
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
-from grpo_cli.update.policies import RunPolicies, load_policy
+from grpo_cli.models.policies import RunPolicies, load_policy
 from grpo_cli.update.schedules import schedule
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.run.publish import check_push, push, write_model_card
-from grpo_cli.rollout import rollout_worker
-from grpo_cli.rewards import check_reward_columns, load_user_rewards
+from grpo_cli.rollout import worker as rollout_worker
+from grpo_cli.rewards import Judge, check_reward_columns, load_user_rewards
 from grpo_cli.models.runtime import prepare_process
 from grpo_cli.rollout.source import LocalSource, RolloutSource, WorkerSource
-from grpo_cli.update.step import StepSettings
+from grpo_cli.sample.settings import StepSettings
 from grpo_cli.run.trackers import check_trackers, open_trackers
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
@@ -295,7 +296,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
-    settings = replace(StepSettings.of(cfg, reward_fn), max_tokens=plan.budget)
+    settings = replace(StepSettings.of(cfg, Judge(cfg.reward, reward_fn)), max_tokens=plan.budget)
     user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
                  if USER_PROMPT in train_rows.column_names else {})
     run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
@@ -343,9 +344,9 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
     local = None
     if worker_device is None or cfg.algo.behaviour != "current":
-        generator = make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
+        generator = with_env(make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
                                    precision=run.precision, device=resolve_device(cfg.model.device),
-                                   world_size=dist.world_size, seed=t.seed, env=env, system_prompt=cfg.data.system_prompt)
+                                   world_size=dist.world_size, seed=t.seed), env, run.tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
         local = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
                             dist=dist, prompts=run.prompts, warn=run.console.warn)
     if worker_device is None:

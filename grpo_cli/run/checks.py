@@ -17,13 +17,13 @@ from grpo_cli.choices import (RECOMPUTE_POINTWISE, ENV_SANDBOXES, GENERATOR_DECO
                               INFERENCE_PRECISIONS, KL_ESTIMATORS, LORA_QUANTIZE, PRECISIONS, RATIO_LEVELS,
                               REWARD_EXTRACTS, CORRECT_RULES, SANDBOXES, OBJECTIVES, SAMPLER_CORRECTIONS, SCHEDULERS, STD_KINDS, STRATEGIES)
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generators import GENERATORS
-from grpo_cli.rollout.tool_formats import TOOL_FORMATS
+from grpo_cli.generate.base import GENERATORS
+from grpo_cli.episodes.tool_formats import TOOL_FORMATS
 from grpo_cli.run.health import HEALTH_MODES
 from grpo_cli.algo.advantages import ADVANTAGES
 from grpo_cli.algo.losses import AGGREGATIONS, POLICY_LOSSES
 from grpo_cli.rewards import ANSWER_READERS, ENVIRONMENT_REWARDS, REWARDS, term_specs
-from grpo_cli.rewards.python_fn import is_file_spec
+from grpo_cli.registry import is_file_spec
 from grpo_cli.run.trackers import TRACKERS
 
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")

@@ -13,7 +13,8 @@ from pathlib import Path
 from grpo_cli.choices import FILE_FORMATS
 from grpo_cli.models.paths import local_problem
 from grpo_cli.rewards import term_specs
-from grpo_cli.rewards.python_fn import is_file_spec, split_spec
+from grpo_cli.registry import is_file_spec
+from grpo_cli.registry import split_spec
 from grpo_cli.run.checks import Problems
 
 

@@ -23,11 +23,11 @@ from rich.markup import escape
 
 from grpo_cli.run.console import Console
 from grpo_cli.models.distributed import SINGLE, Dist
-from grpo_cli.errors import GrpoError
 from grpo_cli.run.health import Health, stop_run
 from grpo_cli.run.floors import StepFloors
-from grpo_cli.run.build import Run, finish_run, resume_command, start_run
-from grpo_cli.update.step import completion_rows, grpo_step, shown_group
+from grpo_cli.run.build import finish_run, resume_command, start_run
+from grpo_cli.update.step import grpo_step
+from grpo_cli.run.observers import Watch, log_step
 from grpo_cli.run.stopping import GracefulStop, Stopped
 
 
@@ -80,44 +80,3 @@ def announcer(console: Console):
         console.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint "
                      "(press Ctrl-C again to stop at once)")
     return announce
-
-
-def log_step(run: Run, step: int, row: dict, roll) -> None:
-    """The metrics row (every trainer.log_every steps and the last), the console line, and every
-    trainer.log_completions_every steps (and the last) a sample of completions to completions.jsonl and the
-    screen."""
-    t = run.cfg.trainer
-    if step % t.log_every == 0 or step == t.steps:
-        run.metrics.write(row)
-    run.console.step(row)
-    due = step % t.log_completions_every == 0 or step == t.steps if t.log_completions_every else False
-    if due and t.log_completions_groups:  # the last step too: a short run still leaves a sample
-        sample = completion_rows(step, roll, t.log_completions_groups, run.user_text)
-        for r in sample:
-            run.samples_log.write(r)
-        show = shown_group(sample, roll.group_size)
-        prompt, answer = show[0]["prompt"], show[0]["answer"]  # data=none: no prompt (reset() writes each), no answer
-        what = (f"completions of {prompt!r}" if prompt else "episodes") + (f" (answer {answer})" if answer != "" else "")
-        run.console.completions(show, f"step {step}: {what}; {len(sample)} in completions.jsonl")
-
-
-class Watch:
-    """Non-finite updates between steps: skipped with a warning; trainer.nonfinite_patience in a row stop
-    the run (the other health checks: health.py)."""
-
-    def __init__(self, trainer, console: Console):
-        self.t, self.console = trainer, console
-        self.skipped = 0
-
-    def updates(self, step: int, row: dict) -> None:
-        self.skipped = self.skipped + 1 if row["skipped"] else 0
-        if row["skipped"]:
-            self.console.warn(f"step {step}: the loss or gradient was not finite, so this update was skipped "
-                              f"({self.skipped} in a row; the run stops at trainer.nonfinite_patience="
-                              f"{self.t.nonfinite_patience}).")
-        if self.skipped >= self.t.nonfinite_patience:
-            raise GrpoError(
-                f"{self.skipped} updates in a row had a non-finite loss or gradient (step {step}), so training "
-                "stopped with the weights of the last finite update; lower optimizer.lr, check that the reward "
-                "is bounded, or resume from the last checkpoint with resume=auto."
-            )

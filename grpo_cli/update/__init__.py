@@ -1,1 +1,1 @@
-"""The update: the flat rollout batch, one GRPO step on it, the policies by role, a step's metrics."""
+"""The update: one GRPO step on a scored rollout, and the learning-rate schedules."""

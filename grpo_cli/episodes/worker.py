@@ -1,5 +1,5 @@
 """Environments in helper processes (`env.workers=N`): each episode's environment instance, its tools and
-the standalone `env.tools` live in one of N environment workers (`python -m grpo_cli.rollout.env_worker
+the standalone `env.tools` live in one of N environment workers (`python -m grpo_cli.episodes.worker
 FD`, a subprocesses.Helper), so an environment that crashes, hangs in native code, leaks or draws from
 the shared random generators is confined to its process.
 
@@ -30,8 +30,8 @@ from grpo_cli.procs.subprocesses import Channel, serve, to_plain
 
 # ---- the worker's end -------------------------------------------------------------------------------
 def _answer(fn, args, kwargs, timeout: float, seed: int | None, memory_gib: float) -> tuple[str, object]:
-    from grpo_cli.rollout.env_random import seeded
-    from grpo_cli.rollout.environments import Timeout, call_with_timeout
+    from grpo_cli.episodes.rng import seeded
+    from grpo_cli.episodes.environments import Timeout, call_with_timeout
 
     try:
         with seeded(seed) if seed is not None else nullcontext():
@@ -55,10 +55,10 @@ def _serve(channel: Channel, settings) -> None:
     cfg, memory_gib = settings
     confined = cfg.get("sandbox") == "os"
     if confined:
-        from grpo_cli.rollout.env_sandbox import confine
+        from grpo_cli.sandbox.env import confine
 
         confine(cfg, channel.conn.fileno())
-    from grpo_cli.rollout.environments import environment
+    from grpo_cli.episodes.environments import environment
 
     spec = environment(OmegaConf.create(cfg), schemas=False)  # a GrpoError goes back as ("error", sentence)
     if spec is None:

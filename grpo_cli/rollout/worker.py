@@ -1,7 +1,7 @@
 """The rollout stage in a process of its own, overlapped with training (`trainer.max_staleness`,
 `generator.*`; docs/math.md, "Stale sampling").
 
-The worker (`python -m grpo_cli.rollout.rollout_worker FD`, a subprocesses.Helper) is built from a small frozen
+The worker (`python -m grpo_cli.rollout.worker FD`, a subprocesses.Helper) is built from a small frozen
 `WorkerSpec`, never the run's config: its own model copy on its own device (`generator.device`) and
 threads (`generator.threads`), the run's generator, environment and reward, and the training split's
 prompt order. It runs the whole chain of source.LocalSource: prompts, generation or episodes, rewards,
@@ -34,7 +34,7 @@ import torch
 
 from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError, SourceLost
-from grpo_cli.rollout.generators import GENERATORS
+from grpo_cli.generate.base import GENERATORS
 from grpo_cli.procs.subprocesses import Channel, Helper, how_it_ended, serve
 from grpo_cli.procs.transport import START_TIMEOUT_S, GlooTransport
 
@@ -85,7 +85,7 @@ class RolloutWorker:
                             "a 'module:attribute' string, or set trainer.max_staleness=0 and generator.worker=false.") from None
         self.device, self.timeout_s = device, timeout_s
         self.transport = GlooTransport(timeout_s)
-        self.helper = Helper("grpo_cli.rollout.rollout_worker", (spec, tokenizer, prompts, factory, self.transport.address),
+        self.helper = Helper("grpo_cli.rollout.worker", (spec, tokenizer, prompts, factory, self.transport.address),
                              name="the generation worker", lost=WorkerDied, timeout_key="generator.timeout_s")
         self.ready = None  # the shapes of the worker's trainable tensors, once it has loaded its model
         self.requested: deque[int] = deque()  # steps asked for and not yet answered, in order
@@ -192,7 +192,7 @@ def worker_device(cfg, trainer_device: torch.device, rank: int) -> torch.device:
 def _sampler(spec: WorkerSpec):
     """The worker's model and the tensors a push fills, in the trainer's order."""
     from grpo_cli.models.loading import load_model, resolve_device
-    from grpo_cli.update.policies import load_policy
+    from grpo_cli.models.policies import load_policy
     from grpo_cli.models.precision import training_precision
     from grpo_cli.models.runtime import prepare_process
 
@@ -216,7 +216,7 @@ def _reference(spec: WorkerSpec, model, precision):
     model's base with its adapter off under LoRA, else a frozen copy of the initial weights; None when the
     trainer scores it."""
     from grpo_cli.models.lora import adapter_disabled
-    from grpo_cli.update.policies import frozen_model
+    from grpo_cli.models.policies import frozen_model
 
     if not spec.reference:
         return None
@@ -228,16 +228,17 @@ def _reference(spec: WorkerSpec, model, precision):
 
 def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     """The rollout chain of this process: source.LocalSource with the run's generator, environment and reward."""
-    from grpo_cli.rollout.environments import environment, reward_with
-    from grpo_cli.rollout.generators import make_generator
+    from grpo_cli.episodes.environments import environment, reward_with
+    from grpo_cli.generate.base import make_generator
+    from grpo_cli.episodes.driver import with_env
     from grpo_cli.rewards import Judge
     from grpo_cli.rollout.source import LocalSource
-    from grpo_cli.update.step import Policies
+    from grpo_cli.models.policies import Policies
 
     env = environment(spec.env)
     reward_fn = reward_with(spec.reward, env)  # an environment that scores episodes is one more reward term
-    generator = make_generator(spec.generator, tokenizer, chat_template=spec.chat_template, precision=precision,
-                               device=device, seed=spec.seed, env=env, system_prompt=spec.system_prompt)
+    generator = with_env(make_generator(spec.generator, tokenizer, chat_template=spec.chat_template, precision=precision,
+                               device=device, seed=spec.seed), env, tokenizer, chat_template=spec.chat_template, system_prompt=spec.system_prompt)
     settings = replace(spec.settings, judge=Judge(spec.reward, reward_fn))
     return LocalSource(generator, Policies.of(model), reward_fn, settings, precision=precision, prompts=prompts)
 
@@ -251,10 +252,11 @@ def _serve(channel: Channel, opening) -> None:
 
     prepare_libraries()  # as the trainer's job does, before the model classes are imported
     from grpo_cli.rollout.source import scored_state
-    from grpo_cli.update.step import clock, score
+    from grpo_cli.models.forward import score
+    from grpo_cli.sample.metrics import clock
 
     spec, tokenizer, prompts, factory, address = opening
-    from grpo_cli.rollout.generators import register_generator
+    from grpo_cli.generate.base import register_generator
 
     register_generator(spec.generator.name, pickle.loads(factory))  # found on the trainer's sys.path
     model, trainable, precision, device = _sampler(spec)

@@ -7,8 +7,20 @@ vector, exchanges it in a single collective (one host sync on one process), and 
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
+
+PHASES = ("grpo/generation", "grpo/scoring", "grpo/update")  # the step's phases, as timed (gen_s, score_s, update_s)
+
+
+def clock(device: torch.device) -> float:
+    """Wall time after the device's queued work: without the sync, CUDA phases bill each other."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
 
 
 class StepMetrics:

@@ -30,14 +30,16 @@ from typing import Any, Callable
 
 import torch
 
-from grpo_cli.rollout.env_random import global_draws, seeded
-from grpo_cli.rollout.environments import (EnvSpec, RemoteMethod, Timeout, call_with_timeout, content_parts,
+from grpo_cli.episodes.rng import global_draws, seeded
+from grpo_cli.episodes.environments import (EnvSpec, RemoteMethod, Timeout, call_with_timeout, content_parts,
                                            reset_arguments, step_result, text_of)
-from grpo_cli.rollout.tool_formats import resolve_format, round_trip
+from grpo_cli.episodes.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
-from grpo_cli.rollout.generation import Sampling, eos_token_ids, group_seed
-from grpo_cli.rollout.turn_cache import count_prefill
-from grpo_cli.update.batch import Rollout
+from grpo_cli.generate.base import replace_live
+from grpo_cli.sample.rollout import Sampling, group_seed
+from grpo_cli.generate.hf import eos_token_ids
+from grpo_cli.generate.turn_cache import count_prefill
+from grpo_cli.sample.rollout import Rollout
 
 
 # ---- episodes ---------------------------------------------------------------------------------------
@@ -133,6 +135,15 @@ class EnvTokens:
         except Exception as e:  # the template's own failure, e.g. it has no tool role
             raise GrpoError(f"The model's chat template cannot render a tool call and its result ({type(e).__name__}: "
                             f"{e}); use a model whose template supports tools, or a step environment.") from None
+
+
+def with_env(generator, env, tokenizer, *, chat_template: bool, system_prompt: str | None = None):
+    """`generator` driven turn by turn through `env` (an environments.EnvSpec), or as it is without one."""
+    if env is None:
+        return generator
+    episodes = EpisodeGenerator(generator, env, tokenizer, chat_template=chat_template, system_prompt=system_prompt)
+    replace_live(generator, episodes)  # closed by the episode driver, with its environment workers
+    return episodes
 
 
 class EpisodeGenerator:
@@ -268,7 +279,7 @@ class EpisodeGenerator:
 
     def _prompt_with(self, prompt: str, row: dict, text: str) -> list[int]:
         """The prompt's ids with `text` appended to its last user message (reset()'s observation)."""
-        from grpo_cli.rollout.prompts import USER_PROMPT, chat_messages
+        from grpo_cli.data.prompts import USER_PROMPT, chat_messages
         from grpo_cli.rewards import PROMPT_MESSAGES
 
         if not self.chat_template:

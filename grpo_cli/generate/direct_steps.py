@@ -25,8 +25,8 @@ import inspect
 import torch
 from torch import Tensor
 
-from grpo_cli.models.packed import FLOAT32_SDPA
-from grpo_cli.models.static_cache import attention_unsupported, hf_model
+from grpo_cli.generate.packed import FLOAT32_SDPA
+from grpo_cli.generate.static_cache import attention_unsupported, hf_model
 
 # Model types whose causal-LM forward is embed -> rotary -> decoder layers -> norm -> head, with nothing else:
 # each checked bitwise against the model's own forward in tests/test_direct_decode.py.

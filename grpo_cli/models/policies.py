@@ -14,11 +14,32 @@ Frozen models are stored in the compute dtype: nothing updates them.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable, ContextManager
+
+import torch
 
 from grpo_cli.config import reference_in_worker
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, load_adapter
 from grpo_cli.models.loading import load_model
-from grpo_cli.update.step import Policies
+
+
+@dataclass
+class Policies:
+    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None
+    when beta = 0) and the behaviour policy that samples (None on-policy, where the policy samples).
+    A reference or behaviour is a context-manager factory yielding the model to run: a separate frozen
+    model, or, under LoRA, the policy itself with its adapter off or a lagged adapter swapped in."""
+
+    policy: torch.nn.Module
+    reference: Callable[[], ContextManager] | None = None
+    behaviour: Callable[[], ContextManager] | None = None
+
+    @classmethod
+    def of(cls, policy, reference=None, behaviour=None) -> "Policies":
+        """From plain models: each role runs its own model."""
+        scope = lambda model: (lambda: nullcontext(model)) if model is not None else None  # noqa: E731
+        return cls(policy, scope(reference), scope(behaviour))
 
 
 def load_policy(m, precision, resume_from=None):

@@ -10,6 +10,7 @@ that want rectangles.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -201,3 +202,9 @@ def completion_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor,
     first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, T, dtype=torch.long))
     mask = torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]
     return mask.long(), ~has_eos
+
+
+def group_seed(*parts: int | str) -> int:
+    """A 63-bit seed from its parts (run seed, step, prompt index, ...), stable across processes."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 
-from grpo_cli.rollout.rows import Rows
+from grpo_cli.data.rows import Rows
 
 ASK = "Write a Python function {signature} that {task}. Reply with only the function, in a ```python block."
 WORDS = ["apple", "river", "stone", "garden", "yellow", "planet", "window", "silver", "forest", "candle"]

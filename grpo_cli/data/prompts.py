@@ -118,3 +118,10 @@ def check_conversations(rows: list[dict], cfg, where: str) -> None:
             raise GrpoError(f"Row {i} of {where} is not a list of chat messages with text content like the others "
                             f"({str(value)[:60]!r}); give every row's {cfg.prompt_field!r} as [{{\"role\": ..., "
                             "\"content\": ...}, ...].")
+
+
+def encode_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[list[int]]:
+    """Token ids of each prompt, special tokens added once: a chat-rendered prompt already holds them
+    (its ids are exactly apply_chat_template(..., tokenize=True)'s); a plain prompt gets the
+    tokenizer's own (BOS, where it has one)."""
+    return tokenizer(list(prompts), add_special_tokens=not chat_template)["input_ids"]

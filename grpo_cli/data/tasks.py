@@ -21,11 +21,11 @@ import torch
 
 from grpo_cli.choices import FILE_FORMATS
 from grpo_cli.errors import GrpoError, first_line
-from grpo_cli.rollout.generation import group_seed
+from grpo_cli.sample.rollout import group_seed
 from grpo_cli.rewards import ANSWER_READERS, PROMPT_MESSAGES  # PROMPT_MESSAGES: where rewards read chat prompts
 from grpo_cli.rewards.exact_match import extract_answer
-from grpo_cli.rollout.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
-from grpo_cli.rollout.rows import Rows
+from grpo_cli.data.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
+from grpo_cli.data.rows import Rows
 
 OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 to 5 signs)
 
@@ -261,7 +261,7 @@ def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
     if cfg.max_prompt_length is not None:
         if tokenizer is None:
             raise GrpoError("data.max_prompt_length needs the model's tokenizer to count tokens.")
-        from grpo_cli.rollout.generation import encode_prompts  # the same ids generation will see
+        from grpo_cli.data.prompts import encode_prompts  # the same ids generation will see
 
         lengths = [len(ids) for ids in encode_prompts(tokenizer, columns[cfg.prompt_field], cfg.chat_template)]
         keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
@@ -303,7 +303,7 @@ def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
     elif cfg.name == "links":
         data = link_problems(cfg.hops, cfg.num_train, cfg.num_test, cfg.seed)
     elif cfg.name == "code":
-        from grpo_cli.rollout.code_tasks import code_problems
+        from grpo_cli.data.code_tasks import code_problems
 
         data = code_problems(cfg.num_test, cfg.seed)
     elif cfg.name == "none":

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.procs.subprocesses import Helper, HelperLost
-from grpo_cli.rollout.env_random import bound_globally, episode_generators, hand_generators, thread_generators
+from grpo_cli.episodes.rng import bound_globally, episode_generators, hand_generators, thread_generators
 
 
 # ---- the environment a config names -----------------------------------------------------------------
@@ -97,7 +97,7 @@ class EnvSpec:
     workers = None  # EnvWorkers (below) with env.workers > 0
 
     def __init__(self, cfg, base: str | None = None, schemas: bool = True):
-        from grpo_cli.rewards.python_fn import load_function
+        from grpo_cli.registry import load_function
 
         thread_generators()  # before the environment's modules are imported, so their random functions follow
         self.cfg = cfg
@@ -257,7 +257,7 @@ class EnvWorkers:
         self.settings = ({**settings, "workers": 0}, memory_gib)
         self.confined = settings.get("sandbox") == "os"  # env_sandbox.py: read as plain data, output unshown
         if self.confined:
-            from grpo_cli.rewards.code import sweep_stale
+            from grpo_cli.sandbox.program import sweep_stale
 
             sweep_stale()  # the scratch directories of workers killed with an earlier run
         self.timeout_s = float(cfg.timeout_s)
@@ -271,7 +271,7 @@ class EnvWorkers:
         helper = self.helpers[slot]
         if helper is None or not helper.alive():
             self.lives[slot] += 1
-            helper = Helper("grpo_cli.rollout.env_worker", self.settings, name=f"environment worker {slot}",
+            helper = Helper("grpo_cli.episodes.worker", self.settings, name=f"environment worker {slot}",
                             lost=EnvWorkerLost, timeout_key="env.timeout_s", plain=self.confined)
             helper.receive(120, "starting (importing the environment)")
             self.helpers[slot] = helper
@@ -330,7 +330,7 @@ class EnvWorkers:
                 helper.close(grace_s=2.0)
         self.helpers = [None] * len(self.helpers)
         if self.confined:
-            from grpo_cli.rewards.code import sweep_stale
+            from grpo_cli.sandbox.program import sweep_stale
 
             sweep_stale()  # a worker killed (a deadline, a forged message) could not remove its scratch directory
 
@@ -364,7 +364,7 @@ def call_with_timeout(fn: Callable, args: tuple, kwargs: dict, timeout: float, s
 def reset_arguments(row: dict) -> dict:
     """What reset(**row) gets: the dataset row's columns, the prompt as the user wrote it (chat messages on
     conversational data, as TRL passes the example) rather than rendered by the chat template."""
-    from grpo_cli.rollout.prompts import USER_PROMPT
+    from grpo_cli.data.prompts import USER_PROMPT
     from grpo_cli.rewards import PROMPT_MESSAGES
 
     args = {k: v for k, v in row.items() if not k.startswith("_")}

@@ -16,15 +16,14 @@ The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a reg
 - rows that have finished are dropped from the batch as it shrinks, so a few long completions do not
   keep every short one's rows computing;
 - on CUDA (generator.decode=auto) each token's forward runs over a static KV cache as one CUDA graph
-  replay (grpo_cli/models/static_cache.py), with the same tokens and log-probs as the eager steps.
+  replay (grpo_cli/generate/static_cache.py), with the same tokens and log-probs as the eager steps.
 - on a CPU (generator.matmul=auto) the large linear layers multiply by weights packed once per generation for
-  oneDNN (grpo_cli/models/packed.py), in float32, or in bf16 under bf16 autocast, where that measures faster:
+  oneDNN (grpo_cli/generate/packed.py), in float32, or in bf16 under bf16 autocast, where that measures faster:
   a few rows against a large weight is where torch's own product is slowest.
 """
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from contextlib import contextmanager, nullcontext
 
@@ -32,13 +31,14 @@ import torch
 from torch import Tensor
 
 from grpo_cli.models.memory import noise_steps_ahead
-from grpo_cli.models.packed import float32_attention, has_packable, packed_linears, packing_helps
+from grpo_cli.generate.packed import float32_attention, has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
-from grpo_cli.models.direct_steps import DirectSteps
-from grpo_cli.models.static_cache import StaticSteps, cache_kwarg
-from grpo_cli.rollout.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
-from grpo_cli.update.batch import Rollout, Sampling, completion_mask  # noqa: F401 (Sampling: generation's settings)
+from grpo_cli.generate.direct_steps import DirectSteps
+from grpo_cli.generate.static_cache import StaticSteps, cache_kwarg
+from grpo_cli.generate.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
+from grpo_cli.data.prompts import encode_prompts
+from grpo_cli.sample.rollout import Rollout, Sampling, completion_mask
 
 NEG_INF = float("-inf")
 # Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
@@ -51,12 +51,6 @@ DROP_FINISHED_AT = 0.75
 READ_EOS_EVERY = 8
 
 
-def group_seed(*parts: int | str) -> int:
-    """A 63-bit seed from its parts (run seed, step, prompt index, ...), stable across processes."""
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
 def eos_token_ids(model, tokenizer) -> list[int]:
     """Every end-of-sequence id the model's generation config lists (e.g. <|im_end|> and <|endoftext|>),
     and the tokenizer's."""
@@ -64,13 +58,6 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
     ids.append(tokenizer.eos_token_id)
     return sorted({int(i) for i in ids if i is not None})
-
-
-def encode_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[list[int]]:
-    """Token ids of each prompt, special tokens added once: a chat-rendered prompt already holds them
-    (its ids are exactly apply_chat_template(..., tokenize=True)'s); a plain prompt gets the
-    tokenizer's own (BOS, where it has one)."""
-    return tokenizer(list(prompts), add_special_tokens=not chat_template)["input_ids"]
 
 
 def _filter(scores: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -404,7 +391,7 @@ class HFGenerator(PromptIds):
             model.train(was_training)
 
     def _packs(self, model, precision: Precision) -> torch.dtype | None:
-        """The dtype this decode multiplies packed weights in (generator.matmul; grpo_cli/models/packed.py), or
+        """The dtype this decode multiplies packed weights in (generator.matmul; grpo_cli/generate/packed.py), or
         None: a model with large enough float32 linear layers, packed in bf16 under bf16 autocast, on a CPU
         where that is faster, unless `packed` asks for it regardless; never in a dtype this CPU's oneDNN lacks."""
         dtype = torch.bfloat16 if precision.mixed else torch.float32

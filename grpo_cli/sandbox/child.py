@@ -34,7 +34,7 @@ import resource
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sandbox_os  # noqa: E402 - rewards/sandbox_os.py, beside this file (-I leaves it off the path)
+import namespaces as sandbox_os  # noqa: E402 - namespaces.py, beside this file (-I leaves it off the path)
 
 del sys.path[0]  # the program imports from the standard library only
 

@@ -25,9 +25,10 @@ import sys
 import tempfile
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards import sandbox_os
-from grpo_cli.rewards.python_fn import is_file_spec, split_spec
-from grpo_cli.rewards.code import scratch_prefix  # the code reward's test directories' names: one sweep finds both
+from grpo_cli.sandbox import namespaces as sandbox_os
+from grpo_cli.registry import is_file_spec
+from grpo_cli.registry import split_spec
+from grpo_cli.sandbox.program import scratch_prefix  # the code reward's test directories' names: one sweep finds both
 
 SCRATCH_MIB = 256
 PROCESSES = 256  # the worker's threads count: one per call in flight, and the calls a timeout abandoned

@@ -4,7 +4,7 @@ and a chat template that ignores `tools=`."""
 
 from __future__ import annotations
 
-from grpo_cli.rollout.tool_formats import ignores_tools
+from grpo_cli.episodes.tool_formats import ignores_tools
 
 
 def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:
@@ -26,7 +26,7 @@ def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:
 def context_note(cfg, model, tokenizer, prompts: list[str], chat_template: bool) -> str | None:
     """A warning when the longest prompt plus env.max_tokens runs past the model's positions (an episode
     that long is scored where the model was never trained), or None."""
-    from grpo_cli.rollout.generation import encode_prompts
+    from grpo_cli.data.prompts import encode_prompts
 
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not positions or not prompts:

@@ -154,3 +154,24 @@ def float32_attention(model: torch.nn.Module):
         yield True
     finally:
         config._attn_implementation = "sdpa"
+
+
+def packed_weight_bytes(shape, element_bytes: int = 4) -> int:
+    """The copies a CPU's decode packs (models/packed.py), float32 or bf16 (`element_bytes`): each projection and
+    the head of at least packed.MIN_WEIGHTS elements (an upper bound: generator.matmul=auto packs only where it
+    measured faster)."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_layer = [shape.hidden * q, shape.hidden * kv, shape.hidden * kv, q * shape.hidden]  # q, k, v, o
+    per_layer += [shape.hidden * shape.intermediate] * 3  # gate, up, down
+    large = sum(n for n in per_layer if n >= MIN_WEIGHTS) * shape.layers
+    head = shape.vocab * shape.hidden
+    return element_bytes * (large + (head if head >= MIN_WEIGHTS else 0))
+
+
+def decode_copies(settings, shape, *, device_type: str, weight_bytes: int, act_bytes: int) -> dict[str, float]:
+    """The hf back-end's memory beside the KV cache (run/plan.py): on a CPU, the packed copies decoding multiplies
+    by (generator.matmul), bf16 ones under bf16 autocast."""
+    if device_type != "cpu" or settings.matmul == "plain" or weight_bytes != 4 or not packed_weight_bytes(shape):
+        return {}
+    in_bf16 = settings.weights == "bf16" or act_bytes == 2
+    return {"packed weights": packed_weight_bytes(shape, 2 if in_bf16 else 4)}

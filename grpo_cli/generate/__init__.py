@@ -1,0 +1,1 @@
+"""Generation: the generator protocol and registry, hf with its decode steps, vllm."""
