@@ -78,11 +78,9 @@ def child(args) -> dict:
     B, T, P = len(lens), max(lens), PROMPT_LEN
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(3, config.vocab_size, (B, P + T), generator=g)
-    completion_mask = (torch.arange(T)[None, :] < torch.tensor(lens)[:, None]).long()
-    attention = torch.cat([torch.ones(B, P, dtype=torch.long), completion_mask], 1)
-    roll = Rollout.from_padded([str(i) for i in range(args.prompts)], args.group_size, (ids * attention).to(device),
-                               attention.to(device), completion_mask.to(device),
-                               torch.zeros(B, dtype=torch.bool, device=device), advantages=torch.randn(B, generator=g).to(device))
+    roll = Rollout.of_rows([str(i) for i in range(args.prompts)], args.group_size, [row[:P].tolist() for row in ids],
+                           [row[P : P + n].tolist() for row, n in zip(ids, lens)], truncated=[False] * B, device=device,
+                           advantages=torch.randn(B, generator=g).to(device))
     cfg = TrainConfig()
     cfg.sampler.max_new_tokens, cfg.trainer.micro_batch_size = args.max_new_tokens, args.micro_batch
     cfg.trainer.packing, cfg.trainer.max_tokens_per_micro_batch = args.packing == "on", args.budget
@@ -108,7 +106,7 @@ def child(args) -> dict:
     optimise(policy, optimizer, roll, settings, precision, with_entropy=True)
     sync()
     t2 = time.perf_counter()
-    real = int(attention.sum())
+    real = int(roll.lengths.sum())
     return {"score_s": t1 - t0, "update_s": t2 - t1, "peak_score_mib": peak_score / 2**20,
             "peak_mib": peak() / 2**20, "base_mib": base / 2**20, "real_tokens": real,
             "padded_tokens": B * (P + T), "lengths": lens}

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.sample.rollout import Sampling
@@ -113,3 +114,110 @@ def with_batch_sizes(model, fn):
         return fn(), seen
     finally:
         hook.remove()
+
+
+# --- padded views of flat data, for tests that state a case as rectangles ------------------------------------
+
+
+def rollout_from_padded(prompts, group_size, input_ids, attention_mask, completion_mask, truncated,
+                        sampler_logp=None, **rest):
+    """A flat Rollout from padded rows: `input_ids`/`attention_mask` [B, P+T] (each row's real tokens contiguous: a
+    left-padded prompt, then T columns right-padded), `completion_mask` and `sampler_logp` [B, T]."""
+    from grpo_cli.sample.rollout import Rollout
+
+    T = completion_mask.shape[1]
+    real = attention_mask.bool()
+    prompt_ids, after, sampled, logps = [], [], [], []
+    for b in range(input_ids.shape[0]):
+        n_after = int(real[b, -T:].sum())
+        ids = input_ids[b][real[b]].tolist()
+        prompt_ids.append(ids[: len(ids) - n_after])
+        after.append(ids[len(ids) - n_after :])
+        sampled.append(completion_mask[b, :n_after].long().tolist())
+        if sampler_logp is not None:
+            logps.append(sampler_logp[b, :n_after].tolist())
+    truncated = truncated.tolist() if hasattr(truncated, "tolist") else list(truncated)
+    return Rollout.of_rows(prompts, group_size, prompt_ids, after, truncated=truncated, sampled=sampled,
+                           logps=logps if sampler_logp is not None else None, device=input_ids.device, **rest)
+
+
+def padded(roll):
+    """(input_ids, attention_mask, completion_mask) of a flat rollout: prompts left-padded, what follows them
+    right-padded to the longest, the loss mask on those columns."""
+    from grpo_cli.models.forward import padded_view
+
+    ids, mask, index, valid = padded_view(roll)
+    return ids, mask, torch.where(valid, roll.loss_mask[index], 0).long()
+
+
+def grid(roll, values):
+    """Per-token `values` [N] of a flat rollout on its padded columns after each prompt: [rows, T], 0 where none."""
+    from grpo_cli.models.forward import padded_view
+
+    _, _, index, valid = padded_view(roll)
+    return torch.where(valid, values[index], torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def flat_inputs(logp, old_logp, advantages, mask, **settings):
+    """policy_loss's inputs from rectangles: [B, T] per-token tensors and [B] advantages, every cell a token of
+    its row (off the mask where `mask` is 0)."""
+    from grpo_cli.algo.objective import LossInputs
+
+    B, T = logp.shape
+    segments = torch.arange(B).repeat_interleave(T)
+    flat = {k: (v.reshape(-1) if isinstance(v, torch.Tensor) and v.shape == (B, T) else v) for k, v in settings.items()}
+    return LossInputs(logp.reshape(-1), old_logp.reshape(-1), advantages.repeat_interleave(T), mask.reshape(-1),
+                      segments, num_segments=B, **flat)
+
+
+def token_logprobs(model, input_ids, attention_mask, completion_len, *, temperature=1.0, with_entropy=False,
+                   entropy_grad=False, chunk_tokens=None, packing=False):
+    """The last `completion_len` tokens of padded rows scored through the package's forward, padded or (with
+    `packing`, where the model can) packed in one micro-batch: ([B, T], [B, T] or None), 0 where a row has none."""
+    from grpo_cli.models.logprobs import LogProbRequest, can_pack, one_bin, packed_logprobs, padded_logprobs
+
+    request = LogProbRequest(completion_len, temperature, with_entropy or entropy_grad, entropy_grad, chunk_tokens)
+    if not (packing and can_pack(model)):
+        return padded_logprobs(model, input_ids, attention_mask, request)
+    roll, packed = pack_rows(input_ids, attention_mask, completion_len, one_bin=one_bin(model))
+    logp, entropy = packed_logprobs(model, packed, request)
+
+    def on_grid(values):  # differentiably, 0 where a row has no token
+        out = torch.zeros(roll.tokens.shape, dtype=values.dtype, device=values.device).index_put((packed.index,), values)
+        return grid(roll, out)
+
+    return on_grid(logp), None if entropy is None else on_grid(entropy)
+
+
+def pack_rows(input_ids, attention_mask, completion_len, *, one_bin=False):
+    """Padded rows (each row's real tokens contiguous, its last `completion_len` columns scored) as a flat rollout
+    and one packed micro-batch of it: (rollout, Packed)."""
+    from grpo_cli.models.packer import pack, packed_inputs
+
+    B = input_ids.shape[0]
+    roll = rollout_from_padded([""] * B, 1, input_ids, attention_mask, attention_mask[:, -completion_len:], [False] * B)
+    mb = pack(roll.lengths.tolist(), layout="one_bin" if one_bin else "bins", batch_rows=max(B, 1))[0]
+    return roll, packed_inputs(roll.tokens, roll.offsets.tolist(), roll.lengths.tolist(), roll.prompt_lengths.tolist(), mb)
+
+
+def scored_cells(packed, offsets, prompt_lengths):
+    """(row, column after its prompt) of each token a packed micro-batch scores, from `packed.index`."""
+    index = packed.index.cpu()
+    starts = torch.tensor(offsets)
+    row = torch.searchsorted(starts, index, right=True) - 1
+    return row, index - starts[row] - torch.tensor(prompt_lengths)[row]
+
+
+def on_grid(values, row, col, shape):
+    """Flat `values` at (row, col) of a zero tensor of `shape`, differentiably."""
+    return values.new_zeros(shape).index_put((row.to(values.device), col.to(values.device)), values)
+
+
+def from_grid(roll, values):
+    """Values on a flat rollout's padded columns after each prompt ([rows, T]) as per-token values [N]."""
+    from grpo_cli.models.forward import padded_view
+
+    _, _, index, valid = padded_view(roll)
+    out = torch.zeros(roll.tokens.shape, dtype=values.dtype, device=values.device)
+    out[index[valid]] = values[valid]
+    return out

@@ -3,6 +3,7 @@
 import json
 
 import torch
+from helpers import padded
 
 from grpo_cli.run import build as run_setup
 from grpo_cli.rollout import source
@@ -140,17 +141,17 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():
     stats = metrics.reduce(SINGLE)
     assert roll.prompts == ["good0=", "good1=", "good2=", "good3="] and answers == ["x", "a", "e", "f"]
     assert (roll.rewards.amax(1) != roll.rewards.amin(1)).all()
-    assert roll.input_ids.shape[0] == 16 and len(roll.completions) == 16
+    assert padded(roll)[0].shape[0] == 16 and len(roll.completions) == 16
     assert abs(stats["dropped_frac"] - (1 - 4 / 12)) < 1e-12  # 12 groups sampled (8 flat, the last good one unused)
     # what is logged describes everything sampled, not the kept (mixed by construction) groups
     assert abs(stats["zero_var_frac"] - 7 / 12) < 1e-6 and abs(stats["reward_mean"] - 5 * 0.5 / 12) < 1e-6
 
 
 def test_mask_truncated_removes_cut_off_completions_from_the_loss():
-    roll = Rollout.from_padded(["p"], 2, torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long),
-                               torch.tensor([[1, 1], [1, 1]]), torch.tensor([False, True]), completions=["a", "b"])
-    assert step.loss_mask(roll, False).tolist() == [[1, 1], [1, 1]]
-    assert step.loss_mask(roll, True).tolist() == [[1, 1], [0, 0]]
+    roll = Rollout.of_rows(["p"], 2, [[7], [7]], [[3, 4], [5, 6]], truncated=[False, True], completions=["a", "b"])
+    rows = roll.row_of_token()
+    assert step.loss_mask(roll, False, rows).tolist() == [0, 1, 1, 0, 1, 1]  # the prompts' tokens never enter it
+    assert step.loss_mask(roll, True, rows).tolist() == [0, 1, 1, 0, 0, 0]
 
 
 def test_every_preset_trains_two_steps_and_logs_entropy_and_both_kls(tmp_path):

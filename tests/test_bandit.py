@@ -17,12 +17,12 @@ import itertools
 import math
 
 import torch
+from helpers import flat_inputs
 
 from grpo_cli.algo.objective import (
     AGGREGATIONS,
     RATIO_LEVELS,
     group_advantages,
-    LossInputs,
     policy_loss,
     token_kl,
 )
@@ -58,7 +58,7 @@ def loss_grad(theta, actions, advantages, old_logp=None, ref_logp=None, **kw):
     ref = None if ref_logp is None else ref_logp[idx].view(-1, 1)
     mask = torch.ones(len(actions), 1, dtype=torch.bool)
     adv = torch.as_tensor(advantages, dtype=DT).view(-1)
-    loss, metrics = policy_loss(LossInputs(logp, old, adv, mask, ref_logp=ref, **kw))
+    loss, metrics = policy_loss(flat_inputs(logp, old, adv, mask, ref_logp=ref, **kw))
     metrics = {k: float(v) for k, v in metrics.items()}
     (grad,) = torch.autograd.grad(loss, theta)
     return grad, loss, metrics

@@ -11,7 +11,8 @@ import torch
 from grpo_cli.generate import direct_steps
 from grpo_cli.generate.direct_steps import DirectSteps
 from grpo_cli.generate import hf as generation
-from grpo_cli.sample.rollout import Sampling, completion_mask
+from grpo_cli.sample.rollout import Sampling
+from grpo_cli.generate.hf import completion_mask
 from grpo_cli.generate.hf import decode, eos_token_ids
 from grpo_cli.data.prompts import encode_prompts
 

@@ -18,19 +18,18 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from helpers import grpo, metric_rows, read_jsonl
+from helpers import flat_inputs, grpo, metric_rows, padded, read_jsonl
 from grpo_cli.config import EnvConfig, TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.episodes.environments import EnvSpec
 from grpo_cli.episodes.tool_formats import parse_hermes
-from grpo_cli.errors import GrpoError
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.sample.rollout import Sampling
 from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
 from grpo_cli.episodes.driver import with_env
-from grpo_cli.models.logprobs import token_logprobs
+from helpers import token_logprobs
 from grpo_cli.models.loading import load_model, load_tokenizer
-from grpo_cli.algo.objective import LossInputs, policy_loss
+from grpo_cli.algo.objective import policy_loss
 from grpo_cli.registry import load_function
 
 INPUTS = __import__("pathlib").Path(__file__).parent / "inputs"
@@ -162,11 +161,11 @@ def test_an_episode_is_the_generated_ids_with_the_rendered_environment_ids_splic
     t1, t2 = char_ids(tok, Scripted.SCRIPT[0]) + [1], char_ids(tok, "5") + [1]
     prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
 
-    seq = roll.input_ids[0][roll.attention_mask[0].bool()].tolist()
+    seq = padded(roll)[0][0][padded(roll)[1][0].bool()].tolist()
     assert seq == prompt_ids + t1 + env_ids + t2
     T = roll.completion_len
-    assert roll.completion_mask[0, : len(seq) - len(prompt_ids)].tolist() == [1] * len(t1) + [0] * len(env_ids) + [1] * len(t2)
-    assert roll.completion_mask[0].sum() == len(t1) + len(t2) and T == len(t1) + len(env_ids) + len(t2)
+    assert padded(roll)[2][0, : len(seq) - len(prompt_ids)].tolist() == [1] * len(t1) + [0] * len(env_ids) + [1] * len(t2)
+    assert padded(roll)[2][0].sum() == len(t1) + len(t2) and T == len(t1) + len(env_ids) + len(t2)
     assert seq != tok(whole.rstrip("\n"), add_special_tokens=False)["input_ids"]  # what re-tokenising would train on
     assert roll.completions == ["5"]  # what built-in rewards read: the final answer
     # turn 2 was generated from exactly the ids above, not from re-rendered text
@@ -183,17 +182,17 @@ def test_environment_tokens_get_no_gradient_and_model_tokens_do(qwen_dir, script
                                      add_generation_prompt=True)
     roll = gen.generate(model, [prompt, prompt], 2, Sampling(128, greedy=True))
     T = roll.completion_len
-    logits = model(input_ids=roll.input_ids, attention_mask=roll.attention_mask).logits[:, -T - 1 : -1].detach()
+    logits = model(input_ids=padded(roll)[0], attention_mask=padded(roll)[1]).logits[:, -T - 1 : -1].detach()
     logits.requires_grad_(True)
-    logp = logits.log_softmax(-1).gather(-1, roll.input_ids[:, -T:, None]).squeeze(-1)
+    logp = logits.log_softmax(-1).gather(-1, padded(roll)[0][:, -T:, None]).squeeze(-1)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, _ = policy_loss(LossInputs(logp, logp.detach() - 0.1, advantages, roll.completion_mask, clip_eps=0.2, beta=0.04,
+    loss, _ = policy_loss(flat_inputs(logp, logp.detach() - 0.1, advantages, padded(roll)[2], clip_eps=0.2, beta=0.04,
                           ref_logp=logp.detach() + 0.2))
     loss.backward()
     per_position = logits.grad.abs().sum(-1)  # [B, T]
-    env = (roll.completion_mask == 0) & roll.attention_mask[:, -T:].bool()
+    env = (padded(roll)[2] == 0) & padded(roll)[1][:, -T:].bool()
     assert env.sum() > 0 and (per_position[env] == 0).all()
-    assert (per_position[roll.completion_mask.bool()] > 0).all()
+    assert (per_position[padded(roll)[2].bool()] > 0).all()
 
 
 def test_contexts_shared_by_several_rows_are_prefilled_once_and_continue_as_if_alone():
@@ -227,10 +226,10 @@ def test_a_two_turn_episode_scored_in_one_forward_equals_each_turn_scored_after_
     roll = gen.generate(model, [prompt], 1, Sampling(128, greedy=True))
     T = roll.completion_len
     with torch.no_grad():
-        one, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, T)
-    seq = roll.input_ids[0].tolist()
-    action = roll.completion_mask[0].tolist()
-    P = roll.input_ids.shape[1] - T
+        one, _ = token_logprobs(model, padded(roll)[0], padded(roll)[1], T)
+    seq = padded(roll)[0][0].tolist()
+    action = padded(roll)[2][0].tolist()
+    P = padded(roll)[0].shape[1] - T
     turns, current = [], []
     for t, a in enumerate(action):  # runs of model tokens
         if a:

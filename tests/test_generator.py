@@ -10,10 +10,11 @@ import sys
 
 import pytest
 import torch
+from helpers import flat_inputs
 
 from grpo_cli.models.distributed import SINGLE
 from grpo_cli.sample.metrics import StepMetrics
-from grpo_cli.algo.objective import LossInputs, policy_loss, sampler_correction_weight
+from grpo_cli.algo.objective import policy_loss, sampler_correction_weight
 from grpo_cli.update.step import record_mismatch
 from grpo_cli.generate.vllm import fingerprint, full_weights
 
@@ -33,7 +34,7 @@ def test_the_weight_scales_the_surrogate_and_not_the_kl():
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     ref = logp.detach() - 0.1
     weight = torch.tensor([[2.0, 0.5]])
-    loss, _ = policy_loss(LossInputs(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), beta=0.5, ref_logp=ref,
+    loss, _ = policy_loss(flat_inputs(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 2), beta=0.5, ref_logp=ref,
                           kl_estimator="k1", sampler_weight=weight))
     # per token: -w_t * 1 + 0.5 * 0.1; mean over the two tokens: (-2 + 0.05 - 0.5 + 0.05) / 2 = -1.2
     assert loss.item() == pytest.approx(-1.2, abs=1e-6)

@@ -17,7 +17,7 @@ from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.sample.rollout import Sampling
-from grpo_cli.models.logprobs import token_logprobs
+from helpers import padded, token_logprobs
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, adapter_state
 from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.models.policies import RunPolicies, load_policy
@@ -54,8 +54,8 @@ def test_only_the_adapter_receives_gradients():
     tok = load_tokenizer("builtin:tiny")
     roll = generate(policy, tok, ["1+2=", "3+4="], 2, max_new_tokens=3, seeds=[0, 1])
     policy.train()
-    logp, _ = token_logprobs(policy, roll.input_ids, roll.attention_mask, roll.completion_len)
-    (logp * roll.completion_mask).sum().backward()
+    logp, _ = token_logprobs(policy, padded(roll)[0], padded(roll)[1], roll.completion_len)
+    (logp * padded(roll)[2]).sum().backward()
     named = dict(policy.named_parameters())
     adapter = {n for n, p in named.items() if p.requires_grad}
     assert adapter and all("lora_" in n for n in adapter)

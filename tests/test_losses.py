@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+from helpers import flat_inputs
 
 from grpo_cli.algo.losses import POLICY_LOSSES, register_loss
-from grpo_cli.algo.objective import LossInputs, policy_loss
+from grpo_cli.algo.objective import policy_loss
 
 
 def _logps(*probs: float) -> torch.Tensor:
@@ -20,7 +21,7 @@ def _loss_and_grad(logp_probs, old_probs, adv, **kw):
     logp = _logps(*logp_probs).requires_grad_(True)
     old = _logps(*old_probs)
     mask = torch.ones_like(old)
-    loss, metrics = policy_loss(LossInputs(logp, old, torch.tensor([adv], dtype=torch.float64), mask, beta=0.0, **kw))
+    loss, metrics = policy_loss(flat_inputs(logp, old, torch.tensor([adv], dtype=torch.float64), mask, beta=0.0, **kw))
     loss.backward()
     return loss.item(), logp.grad[0].tolist(), metrics
 
@@ -72,16 +73,16 @@ def test_entropy_bonus_subtracts_coef_times_the_steps_token_mean_entropy():
     entropy = torch.tensor([[0.7, 1.1, 9.0]], dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)  # the third token is padding
     adv = torch.tensor([0.0], dtype=torch.float64)  # no policy term: the loss is the bonus alone
-    loss, _ = policy_loss(LossInputs(logp, logp.detach(), adv, mask, entropy=entropy, entropy_coef=0.1, num_tokens=4.0))
+    loss, _ = policy_loss(flat_inputs(logp, logp.detach(), adv, mask, entropy=entropy, entropy_coef=0.1, num_tokens=4.0))
     assert loss.item() == pytest.approx(-0.1 * (0.7 + 1.1) / 4.0, rel=1e-12)  # normalised by the whole step's 4 tokens
     loss.backward()
     assert entropy.grad[0].tolist() == pytest.approx([-0.1 / 4.0, -0.1 / 4.0, 0.0], rel=1e-12)
     with pytest.raises(ValueError, match="entropy"):
-        policy_loss(LossInputs(logp, logp.detach(), adv, mask, entropy_coef=0.1))
+        policy_loss(flat_inputs(logp, logp.detach(), adv, mask, entropy_coef=0.1))
 
 
 def test_entropy_with_gradient_matches_a_full_vocabulary_computation(tiny_model):
-    from grpo_cli.models.logprobs import token_logprobs
+    from helpers import token_logprobs
 
     model, _ = tiny_model
     torch.manual_seed(0)

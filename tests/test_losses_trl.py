@@ -15,10 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import flat_inputs
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-trl installs it)")
 
-from grpo_cli.algo.objective import LossInputs, policy_loss  # noqa: E402
+from grpo_cli.algo.objective import policy_loss  # noqa: E402
 
 pytestmark = pytest.mark.trl
 
@@ -84,7 +85,7 @@ def test_loss_and_gradients_agree_with_trl(case, seed):
     theirs = trl_loss(logp=a_logp, old=old, entropy=a_ent, adv=adv, mask=mask, **trl_kw)
     theirs.backward()
     b_logp, b_ent = logp.clone().requires_grad_(True), entropy.clone().requires_grad_(True)
-    ours, _ = policy_loss(LossInputs(b_logp, old, adv, mask, beta=0.0, entropy=b_ent, **ours_kw))
+    ours, _ = policy_loss(flat_inputs(b_logp, old, adv, mask, beta=0.0, entropy=b_ent, **ours_kw))
     ours.backward()
     # TRL builds SAPO's temperatures with torch.where from Python floats, a float32 tensor: 1.05 is
     # 1.0499999523 there, which moves the result by ~4e-8 relative. Every other case agrees to 1e-10.
@@ -102,7 +103,7 @@ def test_entropy_bonus_is_the_steps_token_mean_where_trl_takes_each_micro_batchs
     zero_adv = torch.zeros_like(adv)  # the bonus alone
     halves = (slice(0, 3), slice(3, 6))
     tokens = mask.sum().item()
-    ours = sum(policy_loss(LossInputs(logp[h], old[h], zero_adv[h], mask[h], entropy=entropy[h], entropy_coef=1.0,
+    ours = sum(policy_loss(flat_inputs(logp[h], old[h], zero_adv[h], mask[h], entropy=entropy[h], entropy_coef=1.0,
                            num_tokens=tokens, num_sequences=B))[0] for h in halves)
     step_mean = (entropy * mask).sum() / mask.sum()
     assert ours.item() == pytest.approx(-step_mean.item(), rel=1e-12)

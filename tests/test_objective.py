@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from helpers import floats
+from helpers import flat_inputs, floats
 
 from grpo_cli.algo.objective import (
     AGGREGATIONS,
@@ -237,7 +237,7 @@ def test_policy_loss_and_gradient_match_a_loop_implementation(aggregation, ratio
     clip_lo, clip_hi, beta = 0.2, 0.28, 0.04
     logp, old_logp, ref_logp, adv, mask = make_batch(seed=0)
     logp_a = logp.clone().requires_grad_(True)
-    loss, metrics = policy_loss(LossInputs(
+    loss, metrics = policy_loss(flat_inputs(
         logp_a, old_logp, adv, mask, clip_eps=clip_lo, clip_eps_high=clip_hi, beta=beta,
         ref_logp=ref_logp, kl_estimator=estimator, aggregation=aggregation, ratio_level=ratio_level,
     ))
@@ -262,7 +262,7 @@ def test_policy_loss_and_gradient_match_a_loop_implementation(aggregation, ratio
 def test_constant_norm_divides_by_the_given_max_completion_length():
     logp, old_logp, ref_logp, adv, mask = make_batch(seed=1)
     logp_a = logp.clone().requires_grad_(True)
-    loss, _ = policy_loss(LossInputs(logp_a, old_logp, adv, mask, beta=0.1, ref_logp=ref_logp,
+    loss, _ = policy_loss(flat_inputs(logp_a, old_logp, adv, mask, beta=0.1, ref_logp=ref_logp,
                           aggregation="constant_norm", max_completion_length=11))
     loss.backward()
     logp_b = logp.clone().requires_grad_(True)
@@ -280,7 +280,7 @@ def test_metrics_report_masked_kl_and_ratio_statistics():
     old = torch.tensor([[math.log(0.25), math.log(0.4), -30.0]], dtype=torch.float64)
     ref = torch.tensor([[math.log(0.25), math.log(0.6), 30.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 0]])
-    _, metrics = policy_loss(LossInputs(logp, old, torch.tensor([1.0]), mask, beta=0.1, ref_logp=ref))
+    _, metrics = policy_loss(flat_inputs(logp, old, torch.tensor([1.0]), mask, beta=0.1, ref_logp=ref))
     k3 = [(0.5 + math.log(2) - 1), (3 - math.log(3) - 1)]
     assert set(metrics) == {"kl", "clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_min",
                             "ratio_max"}
@@ -297,7 +297,7 @@ def test_metrics_report_masked_kl_and_ratio_statistics():
 
 
 def test_kl_metric_is_zero_without_a_reference():
-    _, metrics = policy_loss(LossInputs(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3)))
+    _, metrics = policy_loss(flat_inputs(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3)))
     metrics = floats(metrics)
     assert metrics["kl"] == 0.0
     assert metrics["ratio_mean"] == metrics["ratio_min"] == metrics["ratio_max"] == 1.0
@@ -306,7 +306,7 @@ def test_kl_metric_is_zero_without_a_reference():
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_a_batch_without_completion_tokens_gives_zero_loss_and_neutral_metrics(aggregation):
     logp = torch.zeros(2, 3, requires_grad=True)
-    loss, metrics = policy_loss(LossInputs(logp, torch.full((2, 3), -5.0), torch.tensor([1.0, -1.0]),
+    loss, metrics = policy_loss(flat_inputs(logp, torch.full((2, 3), -5.0), torch.tensor([1.0, -1.0]),
                                 torch.zeros(2, 3), beta=0.1, ref_logp=torch.full((2, 3), 5.0),
                                 aggregation=aggregation, ratio_level="sequence_mean"))
     loss.backward()
@@ -329,7 +329,7 @@ def test_clipping_stops_the_gradient_only_in_the_direction_the_advantage_pushes(
                                                                                 grad):
     logp = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(1, 1, dtype=torch.float64)
-    value, _ = policy_loss(LossInputs(logp, old, torch.tensor([adv], dtype=torch.float64), torch.ones(1, 1)))
+    value, _ = policy_loss(flat_inputs(logp, old, torch.tensor([adv], dtype=torch.float64), torch.ones(1, 1)))
     value.backward()
     assert value.item() == pytest.approx(loss)
     assert logp.grad.item() == pytest.approx(grad)
@@ -338,7 +338,7 @@ def test_clipping_stops_the_gradient_only_in_the_direction_the_advantage_pushes(
 def test_constants_get_no_gradient_and_padding_garbage_does_not_leak():
     logp, old_logp, ref_logp, adv, mask = make_batch(seed=2)
     clean_logp = logp.clone().requires_grad_(True)
-    clean, _ = policy_loss(LossInputs(clean_logp, old_logp, adv, mask, beta=0.1, ref_logp=ref_logp,
+    clean, _ = policy_loss(flat_inputs(clean_logp, old_logp, adv, mask, beta=0.1, ref_logp=ref_logp,
                            ratio_level="sequence"))
     clean.backward()
 
@@ -347,7 +347,7 @@ def test_constants_get_no_gradient_and_padding_garbage_does_not_leak():
     old_d = dirty(old_logp, -float("inf")).requires_grad_(True)
     ref_d = dirty(ref_logp, 1e4).requires_grad_(True)
     adv_d = adv.clone().requires_grad_(True)
-    loss, metrics = policy_loss(LossInputs(logp_d, old_d, adv_d, mask.float(), beta=0.1, ref_logp=ref_d,
+    loss, metrics = policy_loss(flat_inputs(logp_d, old_d, adv_d, mask.float(), beta=0.1, ref_logp=ref_d,
                                 ratio_level="sequence"))
     loss.backward()
     assert torch.equal(loss, clean)
@@ -366,14 +366,14 @@ def test_micro_batches_with_the_batch_s_normalisers_add_up_to_the_full_batch(agg
     kwargs = dict(beta=0.05, ref_logp=ref_logp, aggregation=aggregation, ratio_level=ratio_level,
                   clip_eps_high=0.3, max_completion_length=mask.shape[1])
     full_logp = logp.clone().requires_grad_(True)
-    full, _ = policy_loss(LossInputs(full_logp, old_logp, adv, mask, **kwargs))
+    full, _ = policy_loss(flat_inputs(full_logp, old_logp, adv, mask, **kwargs))
     full.backward()
 
     acc_logp = logp.clone().requires_grad_(True)
     total = 0.0
     for part in (slice(0, 2), slice(2, 5), slice(5, 6)):  # uneven, one holds the empty row
         kw = dict(kwargs, ref_logp=ref_logp[part], num_sequences=mask.shape[0], num_tokens=float(mask.sum()))
-        micro, _ = policy_loss(LossInputs(acc_logp[part], old_logp[part], adv[part], mask[part], **kw))
+        micro, _ = policy_loss(flat_inputs(acc_logp[part], old_logp[part], adv[part], mask[part], **kw))
         micro.backward()
         total += micro.item()
     assert total == pytest.approx(full.item(), abs=1e-12)
@@ -383,7 +383,7 @@ def test_micro_batches_with_the_batch_s_normalisers_add_up_to_the_full_batch(agg
 def test_the_step_s_normalisers_are_what_each_aggregation_divides_by():
     # one sequence of 2 tokens, each with per-token loss -A = -1 (ratio 1, no KL): its token sum is -2
     logp, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
-    call = lambda agg, **kw: float(policy_loss(LossInputs(logp, logp, torch.ones(1), mask, aggregation=agg,  # noqa: E731
+    call = lambda agg, **kw: float(policy_loss(flat_inputs(logp, logp, torch.ones(1), mask, aggregation=agg,  # noqa: E731
                                               max_completion_length=4, **kw))[0])
     approx = lambda x: pytest.approx(x, rel=1e-6)  # noqa: E731  (float32)
     assert call("seq_mean_token_mean", num_sequences=8) == approx(-1 / 8)
@@ -394,8 +394,8 @@ def test_the_step_s_normalisers_are_what_each_aggregation_divides_by():
 
 
 def _call(**overrides):
-    args = dict(logp=torch.zeros(2, 3), old_logp=torch.zeros(2, 3), advantages=torch.zeros(2),
-                mask=torch.ones(2, 3))
+    args = dict(logp=torch.zeros(6), old_logp=torch.zeros(6), advantages=torch.zeros(6), mask=torch.ones(6),
+                segments=torch.arange(2).repeat_interleave(3))
     args.update(overrides)
     return policy_loss(LossInputs(**args))
 
@@ -407,11 +407,12 @@ def _call(**overrides):
         ({"ratio_level": "sentence"}, "ratio level"),
         ({"kl_estimator": "k4"}, "KL estimator"),
         ({"beta": 0.1}, "ref_logp"),
-        ({"logp": torch.zeros(6)}, "2-D"),
-        ({"old_logp": torch.zeros(2, 4)}, "old_logp"),
-        ({"mask": torch.ones(3, 3)}, "mask"),
-        ({"ref_logp": torch.zeros(2, 2)}, "ref_logp"),
-        ({"advantages": torch.zeros(2, 1)}, "advantages"),
+        ({"logp": torch.zeros(2, 3)}, "1-D"),
+        ({"old_logp": torch.zeros(4)}, "old_logp"),
+        ({"mask": torch.ones(5)}, "mask"),
+        ({"segments": torch.zeros(5, dtype=torch.long)}, "segments"),
+        ({"ref_logp": torch.zeros(4)}, "ref_logp"),
+        ({"advantages": torch.zeros(6, 1)}, "advantages"),
         ({"advantages": torch.zeros(3)}, "advantages"),
         ({"aggregation": "constant_norm", "max_completion_length": 0}, "max_completion_length"),
     ],

@@ -1,7 +1,6 @@
 """Packed batches (logprobs.py) and token-budget micro-batches (step.py): no pad token in a forward, and
 the same log-probs, entropy, loss and gradients as the padded forward."""
 
-import copy
 
 import pytest
 import torch
@@ -10,15 +9,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from grpo_cli.generate import hf as generation
 from grpo_cli.config import LoraConfig
 from grpo_cli.models.distributed import Dist
-from grpo_cli.models.logprobs import can_pack, enable_logprob_forward, token_logprobs
-from grpo_cli.algo.objective import LossInputs, policy_loss
+from grpo_cli.models.logprobs import can_pack, enable_logprob_forward
+from grpo_cli.algo.objective import policy_loss
 from grpo_cli.models.precision import Precision
 from grpo_cli.sample.rollout import Rollout
-from grpo_cli.models.packer import LAYOUTS, fill_bins, largest_micro_batch, pack, pack_padded
+from grpo_cli.models.packer import LAYOUTS, fill_bins, largest_micro_batch, pack
 from grpo_cli.models.forward import StepBatch
 from grpo_cli.sample.settings import StepSettings
 from grpo_cli.update.step import optimise
-from helpers import generate, with_batch_sizes
+from helpers import flat_inputs, generate, pack_rows, rollout_from_padded, token_logprobs, with_batch_sizes
 
 PAD = 0
 # Rows of a left-padded prompt + right-padded completion batch: (prompt tokens, completion tokens). The
@@ -61,7 +60,7 @@ def alone(model, ids, mask):
 
 def test_a_packed_layout_holds_every_real_token_once_and_no_pad_between_rows():
     ids, mask, _ = batch()
-    packed = pack_padded(ids, mask, T)
+    _, packed = pack_rows(ids, mask, T)
     lengths = [p + c for p, c in SHAPES]
     assert packed.input_ids.shape[1] == max(lengths)  # bins as long as the longest row
     assert packed.real_tokens == sum(lengths)
@@ -100,7 +99,7 @@ def _loss_and_grads(model, ids, mask, cmask, packing: bool, params=None):
     ref = -torch.rand(ids.shape[0], T, generator=g) * 3
     old = -torch.rand(ids.shape[0], T, generator=g) * 3
     logp, entropy = token_logprobs(model, ids, mask, T, entropy_grad=True, packing=packing)
-    loss, _ = policy_loss(LossInputs(logp, old, adv, cmask, clip_eps=0.2, beta=0.04, ref_logp=ref, kl_estimator="k3",
+    loss, _ = policy_loss(flat_inputs(logp, old, adv, cmask, clip_eps=0.2, beta=0.04, ref_logp=ref, kl_estimator="k3",
                           entropy=entropy, entropy_coef=0.01))
     loss.backward()
     params = params or [p for p in model.parameters() if p.requires_grad]
@@ -161,7 +160,7 @@ def test_a_model_that_transforms_its_logits_is_scored_padded():
 
 def _rollout(ids, mask, cmask) -> Rollout:
     B = ids.shape[0]
-    return Rollout.from_padded([str(i) for i in range(B // 2)], 2, ids, mask, cmask, torch.zeros(B, dtype=torch.bool),
+    return rollout_from_padded([str(i) for i in range(B // 2)], 2, ids, mask, cmask, torch.zeros(B, dtype=torch.bool),
                                advantages=torch.randn(B, generator=torch.Generator().manual_seed(5)))
 
 
@@ -245,8 +244,7 @@ def test_finished_rows_leave_the_decode_batch_without_changing_a_sampled_token(t
         torch.manual_seed(0)
         runs[name] = with_batch_sizes(model, lambda: generate(model, tok, prompts, 4, max_new_tokens=12, temperature=1.5))
     (drop, drop_rows), (keep, keep_rows) = runs["drop"], runs["keep"]
-    W = drop.input_ids.shape[1]  # decoding every row runs to max_new_tokens; the extra columns are padding
-    assert torch.equal(drop.input_ids, keep.input_ids[:, :W]) and (keep.input_ids[:, W:] == tok.pad_token_id).all()
+    assert torch.equal(drop.tokens, keep.tokens) and torch.equal(drop.lengths, keep.lengths)  # rows end at their EOS
     assert drop.completions == keep.completions and len(set(drop.completions)) > 4
     assert len(set(keep_rows[1:])) == 1  # every row decoded to the end
     assert min(drop_rows[1:]) < keep_rows[1]  # rows left the batch

@@ -28,12 +28,12 @@ from grpo_cli.sample.metrics import StepMetrics
 from grpo_cli.generate.hf import HFGenerator, eos_token_ids
 from grpo_cli.sample.rollout import Sampling
 from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.models.logprobs import enable_logprob_forward, token_logprobs
+from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
-from grpo_cli.algo.objective import LossInputs, group_advantages, policy_loss
+from grpo_cli.algo.objective import group_advantages, policy_loss
 from grpo_cli.models.policies import RunPolicies
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr
-from helpers import floats, generate
+from helpers import flat_inputs, floats, from_grid, generate, grid, padded, token_logprobs
 from ranks import run_ranks
 
 PROMPTS = ["1+2=", "13+4=", "5+25=", "9+8="]
@@ -96,15 +96,15 @@ def test_bf16_mixed_loss_and_gradients_agree_with_fp32_within_bf16_tolerance():
     fp32 = load_model("builtin:tiny", torch.float32, "cpu")
     roll = rollout(fp32, tok, cfg)
     # ratios scattered around 1 (some clipped), so the loss is not zero by the advantages' symmetry
-    noise = torch.empty(roll.completion_mask.shape).uniform_(-0.4, 0.4, generator=torch.Generator().manual_seed(0))
-    roll.old_logp = score(fp32, roll, 1.0, StepSettings.of(cfg), Precision("fp32")) + roll.from_grid(noise)
+    noise = torch.empty(padded(roll)[2].shape).uniform_(-0.4, 0.4, generator=torch.Generator().manual_seed(0))
+    roll.old_logp = score(fp32, roll, 1.0, StepSettings.of(cfg), Precision("fp32")) + from_grid(roll, noise)
     grads, losses = {}, {}
     for name in ("fp32", "bf16-mixed"):
         model = copy.deepcopy(fp32).train()
-        mask = roll.completion_mask
+        mask = padded(roll)[2]
         with Precision(name).autocast():
-            logp, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len)
-        loss, _ = policy_loss(LossInputs(logp, roll.completion_grid(roll.old_logp), roll.advantages, mask))
+            logp, _ = token_logprobs(model, padded(roll)[0], padded(roll)[1], roll.completion_len)
+        loss, _ = policy_loss(flat_inputs(logp, grid(roll, roll.old_logp), roll.advantages, mask))
         loss.backward()
         losses[name], grads[name] = float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
     assert losses["bf16-mixed"] == pytest.approx(losses["fp32"], rel=2e-2)
@@ -183,16 +183,16 @@ def test_lean_log_probs_and_their_gradients_equal_a_full_vocabulary_log_softmax(
     model, tok = tiny_model
     model = copy.deepcopy(model)
     roll = generate(model, tok, PROMPTS, 3, max_new_tokens=5, seeds=[1, 2, 3, 4])
-    T, m = roll.completion_len, roll.completion_mask.bool()
-    pos = (roll.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    w = torch.randn(roll.completion_mask.shape, generator=torch.Generator().manual_seed(0))
-    lean, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature=0.7, chunk_tokens=7)
+    T, m = roll.completion_len, padded(roll)[2].bool()
+    pos = (padded(roll)[1].cumsum(-1) - 1).clamp(min=0)
+    w = torch.randn(padded(roll)[2].shape, generator=torch.Generator().manual_seed(0))
+    lean, _ = token_logprobs(model, padded(roll)[0], padded(roll)[1], T, temperature=0.7, chunk_tokens=7)
     (lean * w * m).sum().backward()
     lean_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    logits = type(model).forward(model, input_ids=roll.input_ids, attention_mask=roll.attention_mask,
+    logits = type(model).forward(model, input_ids=padded(roll)[0], attention_mask=padded(roll)[1],
                                  position_ids=pos).logits[:, -T - 1 : -1].double()
-    full = torch.log_softmax(logits / 0.7, -1).gather(-1, roll.input_ids[:, -T:, None]).squeeze(-1)
+    full = torch.log_softmax(logits / 0.7, -1).gather(-1, padded(roll)[0][:, -T:, None]).squeeze(-1)
     (full * w * m).sum().backward()
     assert torch.allclose(lean[m].double(), full[m], atol=1e-5)
     for n, p in model.named_parameters():
@@ -208,13 +208,13 @@ def _ddp_rank(rank, world, model_dir):
     ddp = DDP(model)
     tok = load_tokenizer(model_dir)
     roll = generate(model, tok, [PROMPTS[rank]], 4, max_new_tokens=4, seeds=[rank])  # each rank its own data
-    logp, _ = token_logprobs(ddp, roll.input_ids, roll.attention_mask, roll.completion_len)
-    (logp * roll.completion_mask).sum().backward()
+    logp, _ = token_logprobs(ddp, padded(roll)[0], padded(roll)[1], roll.completion_len)
+    (logp * padded(roll)[2]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     # this rank's own gradient, computed without DDP, to check the average really is one
     local = load_model(model_dir, torch.float32, "cpu").train()
-    logp, _ = token_logprobs(local, roll.input_ids, roll.attention_mask, roll.completion_len)
-    (logp * roll.completion_mask).sum().backward()
+    logp, _ = token_logprobs(local, padded(roll)[0], padded(roll)[1], roll.completion_len)
+    (logp * padded(roll)[2]).sum().backward()
     dist.barrier()
     return grads, {n: p.grad.clone() for n, p in local.named_parameters()}
 
@@ -235,7 +235,7 @@ def test_a_summed_log_ratio_of_120_gives_a_finite_loss_and_gradient(ratio_level)
     logp = torch.full((2, 4), -1.0, requires_grad=True)
     old = torch.full((2, 4), -31.0)  # each token's log-ratio is 30, so a sequence's sums to 120 nats
     assert math.isinf(float(torch.exp(torch.tensor(120.0))))  # what an unclamped exp would give
-    loss, metrics = policy_loss(LossInputs(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), ratio_level=ratio_level,
+    loss, metrics = policy_loss(flat_inputs(logp, old, torch.tensor([1.0, -1.0]), torch.ones(2, 4), ratio_level=ratio_level,
                                 beta=0.04, ref_logp=torch.full((2, 4), -40.0)))
     loss.backward()
     assert math.isfinite(float(loss.detach())) and torch.isfinite(logp.grad).all()
@@ -290,7 +290,7 @@ def test_constant_norm_divides_by_sampler_max_new_tokens_not_the_batch_s_longest
     record = StepMetrics()
     step.optimise(policy, optimizer, roll, StepSettings.of(cfg), Precision("fp32"), record=record)
     # on-policy, mu = 1: every ratio is 1, so the loss is -sum_i A_i |o_i| / (B * max_new_tokens)
-    lengths = roll.completion_mask.sum(1).double()
+    lengths = padded(roll)[2].sum(1).double()
     want = float(-(roll.advantages.double() * lengths).sum() / (len(lengths) * cfg.sampler.max_new_tokens))
     assert record.reduce(SINGLE)["loss"] == pytest.approx(want, abs=1e-6)
 
@@ -322,8 +322,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
         if roll is None:
             roll = generate(model, load_tokenizer(str(tiny_dir)), PROMPTS, 2, max_new_tokens=4, seeds=[0, 1, 2, 3])
         model.train()
-        logp, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len)
-        (logp * roll.completion_mask).sum().backward()
+        logp, _ = token_logprobs(model, padded(roll)[0], padded(roll)[1], roll.completion_len)
+        (logp * padded(roll)[2]).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     assert model.model.gradient_checkpointing
     for n in grads[0]:

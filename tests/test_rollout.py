@@ -2,8 +2,8 @@ import functools
 import pytest
 import torch
 
-from grpo_cli.models.logprobs import token_logprobs
-from grpo_cli.sample.rollout import completion_mask
+from helpers import grid, padded, rollout_from_padded, token_logprobs
+from grpo_cli.generate.hf import completion_mask
 from helpers import generate
 
 
@@ -35,10 +35,10 @@ def test_chunked_token_logprobs_equal_a_full_vocabulary_log_softmax(tiny_model):
     roll = generate(model, tok, ["3+4=", "12+30=", "7+7="], 3, max_new_tokens=4, temperature=1.3)
     T = roll.completion_len
     for temperature in (1.0, 1.3):
-        got, ent = token_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature=temperature,
-                                  chunk_tokens=5, with_entropy=True)
-        want = _full_vocab_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature)
-        m = roll.completion_mask.bool()
+        ids, attention, completion = padded(roll)
+        got, ent = token_logprobs(model, ids, attention, T, temperature=temperature, chunk_tokens=5, with_entropy=True)
+        want = _full_vocab_logprobs(model, ids, attention, T, temperature)
+        m = completion.bool()
         assert torch.allclose(got[m].double(), want[m], atol=1e-5)
         assert (ent[m] >= 0).all()
 
@@ -62,11 +62,13 @@ def test_scored_logprobs_match_the_distribution_generate_sampled_from(tiny_model
 def test_generate_returns_group_size_completions_per_prompt_with_padding_masked(tiny_model):
     model, tok = tiny_model
     roll = generate(model, tok, ["1+1=", "40+40="], 4, max_new_tokens=5)
-    assert roll.input_ids.shape[0] == 8 and len(roll.completions) == 8
-    assert roll.completion_mask.shape == (8, roll.completion_len)
-    after = roll.completion_mask == 0
-    assert (roll.input_ids[:, -roll.completion_len :][after] == tok.pad_token_id).all()
-    assert (roll.attention_mask[:, -roll.completion_len :] == roll.completion_mask).all()
+    ids, attention, completion = padded(roll)
+    assert ids.shape[0] == roll.rows == 8 and len(roll.completions) == 8
+    assert completion.shape == (8, roll.completion_len)
+    after = completion == 0
+    assert (ids[:, -roll.completion_len :][after] == tok.pad_token_id).all()
+    assert (attention[:, -roll.completion_len :] == completion).all()
+    assert roll.loss_mask.sum() == roll.completion_lengths.sum()  # every token after a prompt is the model's
 
 
 def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_model):
@@ -74,9 +76,10 @@ def test_the_sampler_s_log_probs_are_the_trainer_s_for_the_same_tokens(tiny_mode
     model, tok = tiny_model
     roll = generate(model, tok, ["3+4=", "12+30=", "7+7="], 4, max_new_tokens=5, temperature=1.3,
                     seeds=[0, 1, 2], with_logprobs=True)
-    got, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, roll.completion_len, temperature=1.3)
-    m = roll.completion_mask.bool()
-    assert torch.allclose(roll.completion_grid(roll.sampler_logp)[m], got[m], atol=1e-5)
+    ids, attention, completion = padded(roll)
+    got, _ = token_logprobs(model, ids, attention, roll.completion_len, temperature=1.3)
+    m = completion.bool()
+    assert torch.allclose(grid(roll, roll.sampler_logp)[m], got[m], atol=1e-5)
 
 
 def test_a_group_s_completions_depend_on_its_seed_not_on_the_rest_of_the_batch(tiny_model):
@@ -139,13 +142,12 @@ def _padded_three_rows():
     """Three rows of a padded batch, worked by hand: prompts of 2, 1 and 2 tokens left-padded to P = 2,
     completions of 3, 1 and 2 tokens right-padded to T = 3 (pad 0); row 2's middle token is the
     environment's (attention 1, loss mask 0)."""
-    from grpo_cli.sample.rollout import Rollout
 
     ids = torch.tensor([[11, 12, 21, 22, 23], [0, 13, 24, 0, 0], [14, 15, 25, 26, 0]])
     attention = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
     action = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]])
     sampler = torch.tensor([[-0.1, -0.2, -0.3], [-0.4, 0.0, 0.0], [-0.5, 0.0, 0.0]])
-    roll = Rollout.from_padded(["a"], 3, ids, attention, action, torch.tensor([False, False, True]),
+    roll = rollout_from_padded(["a"], 3, ids, attention, action, torch.tensor([False, False, True]),
                                sampler_logp=sampler, completions=["x", "y", "z"])
     return roll, ids, attention, action, sampler
 
@@ -158,10 +160,9 @@ def test_a_rollout_s_rows_are_flat_and_its_padded_view_is_the_padded_batch_it_ca
     assert roll.sampler_logp.tolist() == pytest.approx([0, 0, -0.1, -0.2, -0.3, 0, -0.4, 0, 0, -0.5, 0])
     assert roll.sampled_tokens().tolist() == [3, 1, 1]
     assert roll.completion_ids() == [[21, 22, 23], [24], [25, 26]]
-    (input_ids, mask), completion = roll.padded(), roll.completion_mask
+    input_ids, mask, completion = padded(roll)
     assert torch.equal(input_ids, ids) and torch.equal(mask, attention) and torch.equal(completion, action)
-    assert torch.equal(roll.completion_grid(roll.sampler_logp), sampler)
-    assert torch.equal(roll.from_grid(sampler), roll.sampler_logp)
+    assert torch.equal(grid(roll, roll.sampler_logp), sampler)
 
 
 def test_picking_groups_and_joining_rollouts_moves_whole_rows_without_re_padding():
@@ -179,7 +180,7 @@ def test_picking_groups_and_joining_rollouts_moves_whole_rows_without_re_padding
     assert joined.tokens.tolist() == [13, 24, 14, 15, 25, 26, 13, 24]
     assert joined.lengths.tolist() == [2, 4, 2] and joined.weight.tolist() == [1.0, 0.0, 0.0]
     # The joined padded view pads to the longest prompt and completion of all parts: P = 2, T = 2.
-    assert joined.padded()[0].tolist() == [[0, 13, 24, 0], [14, 15, 25, 26], [0, 13, 24, 0]]
+    assert padded(joined)[0].tolist() == [[0, 13, 24, 0], [14, 15, 25, 26], [0, 13, 24, 0]]
 
 
 def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
@@ -200,23 +201,6 @@ def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
         assert tokens.shape[1] == int(mask.sum(1).max()), seed
         stopped_early += tokens.shape[1] < 40
     assert stopped_early >= 3  # batches that ended before max_new_tokens: the ones the check is about
-
-
-def test_a_rollout_in_flight_stored_padded_by_an_older_version_loads_as_the_same_flat_rows():
-    from grpo_cli.sample.metrics import StepMetrics
-    from grpo_cli.rollout.source import ScoredRollout, scored_from_state, scored_state
-
-    roll, ids, attention, action, sampler = _padded_three_rows()
-    roll.rewards, roll.answers = torch.tensor([[1.0, 0.0, 1.0]]), ["7"]
-    flat = scored_state(ScoredRollout(roll, StepMetrics(), 1.0))
-    old = {k: v for k, v in flat.items() if k not in ("tokens", "lengths", "prompt_lengths", "loss_mask")}
-    old.update(input_ids=ids, attention_mask=attention, completion_mask=action, sampler_logp=sampler,
-               behaviour_logp=sampler - 1)  # the padded format: [rows, P+T] and [rows, T] tensors
-    loaded = scored_from_state(old, "cpu").rollout
-    assert torch.equal(loaded.tokens, roll.tokens) and torch.equal(loaded.loss_mask, roll.loss_mask)
-    assert torch.equal(loaded.lengths, roll.lengths) and torch.equal(loaded.sampler_logp, roll.sampler_logp)
-    assert torch.equal(loaded.completion_grid(loaded.behaviour_logp), (sampler - 1) * (attention[:, 2:] == 1))
-    assert torch.equal(scored_from_state(flat, "cpu").rollout.tokens, roll.tokens)
 
 
 def test_the_fused_token_log_prob_and_its_gradient_equal_float64_log_softmax():
@@ -253,16 +237,17 @@ def test_chunked_log_prob_gradients_through_the_model_equal_a_float64_full_vocab
     model, tok = tiny_model
     torch.manual_seed(0)
     roll = generate(model, tok, ["3+4=", "12+30=", "7+7="], 3, max_new_tokens=4, temperature=1.3)
-    T, m = roll.completion_len, roll.completion_mask.bool()
+    ids, attention, completion = padded(roll)
+    T, m = roll.completion_len, completion.bool()
     weights = torch.randn(m.shape) * m
     reference = copy.deepcopy(model).double()
     for temperature in (1.0, 1.3):
         model.zero_grad(set_to_none=True)  # whatever another test left
         reference.zero_grad(set_to_none=True)
-        got, _ = token_logprobs(model, roll.input_ids, roll.attention_mask, T, temperature=temperature,
-                                chunk_tokens=5, with_entropy=True, packing=True)
+        got, _ = token_logprobs(model, ids, attention, T, temperature=temperature, chunk_tokens=5, with_entropy=True,
+                                packing=True)
         (got * weights).sum().backward()
-        want = _full_vocab_logprobs(reference, roll.input_ids, roll.attention_mask, T, temperature)
+        want = _full_vocab_logprobs(reference, ids, attention, T, temperature)
         (want * weights.double()).sum().backward()
         grads = [(name, a.grad.double(), b.grad) for (name, a), b in zip(model.named_parameters(), reference.parameters())]
         model.zero_grad(set_to_none=True)  # the session's shared model keeps no gradients

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from grpo_cli.run import trainer as trainer_module
 from grpo_cli.run.checkpoint import list_checkpoints, load_state
 from grpo_cli.models.loading import load_model
-from helpers import ONE_THREAD, SMALL, SMALL_DATA, grpo, metric_rows, wait_for
+from helpers import ONE_THREAD, SMALL, SMALL_DATA, grid, grpo, metric_rows, padded, wait_for
 
 TINY = [*SMALL, *SMALL_DATA, "trainer.micro_batch_size=8", "trainer.threads=1", "trainer.log_completions_every=0"]
 
@@ -84,15 +84,15 @@ def completion_logp(model, roll, temperature: float) -> list[torch.Tensor]:
     """Each row's completion-token log-probs under `model`, computed here: the row alone, without its
     padding, one plain forward, float64 log-softmax."""
     T, out = roll.completion_len, []
-    for i in range(roll.input_ids.shape[0]):
-        keep = roll.attention_mask[i].bool()
-        ids = roll.input_ids[i][keep][None]
-        n = int(roll.completion_mask[i].sum())
+    for i in range(padded(roll)[0].shape[0]):
+        keep = padded(roll)[1][i].bool()
+        ids = padded(roll)[0][i][keep][None]
+        n = int(padded(roll)[2][i].sum())
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].double() / temperature
         logp = logits[:-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
         out.append(logp[-n:] if n else logp[:0])
-        assert int(roll.completion_mask[i, :n].sum()) == n and n <= T
+        assert int(padded(roll)[2][i, :n].sum()) == n and n <= T
     return out
 
 
@@ -123,7 +123,7 @@ def test_at_staleness_1_each_update_trains_on_rollouts_of_the_weights_one_update
         row, roll = seen[t]
         behaviour = completion_logp(weights[t - 2], roll, 1.0)
         current = completion_logp(weights[t - 1], roll, 1.0)
-        old = roll.completion_grid(roll.old_logp)  # [rows, T] from the rollout's per-token values
+        old = grid(roll, roll.old_logp)  # [rows, T] from the rollout's per-token values
         got = [old[i, : len(b)].double() for i, b in enumerate(behaviour)]
         for b, g in zip(behaviour, got):
             torch.testing.assert_close(g, b, atol=1e-5, rtol=0)
@@ -369,7 +369,7 @@ def test_the_worker_scores_the_kl_reference_and_the_trainer_holds_none(extra, tm
     assert all(r is not None for r, _, _ in here) and (held[1] is not None) == (not extra)
     for (_, row, roll), (_, row_here, roll_here) in zip(worker, here):
         expected = completion_logp(initial, roll, 1.0)
-        got = roll.completion_grid(roll.ref_logp)
+        got = grid(roll, roll.ref_logp)
         for i, e in enumerate(expected):
             torch.testing.assert_close(got[i, : len(e)].double(), e, atol=1e-5, rtol=0)
         torch.testing.assert_close(roll.ref_logp, roll_here.ref_logp, atol=1e-6, rtol=0)  # the same rollouts

@@ -11,6 +11,7 @@ from grpo_cli.models import logprobs, packer, segments
 from grpo_cli.models.loading import enable_checkpointing
 from grpo_cli.models.packer import pack, packed_inputs, shared_inputs
 from test_packing import llama
+from helpers import on_grid, scored_cells
 from test_shared_prompts import T, alone, loss_and_grads, rollout
 
 
@@ -24,9 +25,9 @@ def test_the_blocks_of_plain_bins_and_of_shared_prompts_by_hand(monkeypatch):
     lengths, prompts, offsets = [3, 2, 3, 5], [1, 1, 2, 2], [0, 3, 5, 8]
     (mb,) = pack(lengths, layout="bins", batch_rows=4, by_block=True)
     assert mb.bins == ((3, 0, 2, 1),) and mb.capacity == 13 and mb.by_block
-    plain = packed_inputs(tokens, offsets, lengths, prompts, 3, mb)
+    plain = packed_inputs(tokens, offsets, lengths, prompts, mb)
     assert plain.blocks == (((0, 5, 0, 0), (5, 8, 0, 0), (8, 11, 0, 0), (11, 13, 0, 0)),)
-    shared = shared_inputs(tokens, offsets, lengths, prompts, 3, mb)
+    shared = shared_inputs(tokens, offsets, lengths, prompts, mb)
     assert shared.input_ids.tolist() == [[4, 5, 1, 2, 3, 10, 9, 8, 7, 6, 3]]
     assert shared.blocks == (((0, 2, 0, 0), (2, 3, 0, 2), (3, 6, 0, 2), (6, 7, 0, 0), (7, 9, 6, 7), (9, 10, 0, 0),
                               (10, 11, 9, 10)),)
@@ -39,7 +40,7 @@ def test_rows_shorter_than_the_length_blocks_pay_from_stay_in_bins_under_the_mas
     short, long = [10, 12, 9], [10, packer.GROW_FROM, 9]
     (mb,) = pack(short, layout="bins", batch_rows=3, by_block=True)
     assert not mb.by_block and mb.capacity == 12
-    assert packed_inputs(torch.ones(31, dtype=torch.long), [0, 10, 22], short, [2, 2, 2], 10, mb).blocks is None
+    assert packed_inputs(torch.ones(31, dtype=torch.long), [0, 10, 22], short, [2, 2, 2], mb).blocks is None
     (mb,) = pack(long, layout="shared", batch_rows=3, by_block=True)
     assert mb.by_block and mb.bins == ((1, 0, 2),) and mb.capacity == sum(long)
     (mb,) = pack(long, layout="bins", batch_rows=3)
@@ -98,10 +99,11 @@ def test_a_sliding_window_limits_block_attention_as_the_models_own_mask_does(mon
     reference = alone(model, tokens, offsets, lengths, prompts)
     with torch.no_grad():
         for lay in (packed_inputs, shared_inputs):
-            packed = lay(tokens, offsets, lengths, prompts, T, mb)
+            packed = lay(tokens, offsets, lengths, prompts, mb)
             assert packed.blocks is not None
             logp, _ = packed_logprobs(model, packed, LogProbRequest(T))
-            assert torch.allclose(logp.double(), reference, atol=1e-5, rtol=0)
+            row, col = scored_cells(packed, offsets, prompts)
+            assert torch.allclose(on_grid(logp.double(), row, col, reference.shape), reference, atol=1e-5, rtol=0)
 
 
 def graph_nodes(tensor) -> list[str]:
@@ -150,7 +152,7 @@ builds each mask once)."""
     tokens, offsets, lengths, prompts = rollout()
     (mb,) = pack(lengths, layout="bins", batch_rows=len(lengths))
     lay = shared_inputs if layout == "shared" else packed_inputs
-    packed = lay(tokens, offsets, lengths, prompts, T, mb)
+    packed = lay(tokens, offsets, lengths, prompts, mb)
     assert packed.input_ids.numel() > packed.real_tokens  # filler in the bins
     packed = replace(packed, blocks=blocks_of(packed))
     calls = []
@@ -158,12 +160,12 @@ builds each mask once)."""
     monkeypatch.setattr(segments, "attend", lambda *a, **k: calls.append(1) or attend(*a, **k))
     built, block_mask = [], segments.block_mask
     monkeypatch.setattr(segments, "block_mask", lambda *a: built.append(a[:3]) or block_mask(*a))
-    logp_a, loss_a, grads_a = loss_and_grads(model, packed, len(lengths))
+    logp_a, loss_a, grads_a = loss_and_grads(model, packed, offsets, prompts)
     assert len(calls) == model.config.num_hidden_layers
     assert 0 < len(built) == len(set(built))  # each block shape's mask built by the first layer alone
     assert model.config._attn_implementation == "sdpa"  # restored
     monkeypatch.setattr(logprobs, "can_segment", lambda model: False)
-    logp_b, loss_b, grads_b = loss_and_grads(model, packed, len(lengths))
+    logp_b, loss_b, grads_b = loss_and_grads(model, packed, offsets, prompts)
     assert len(calls) == model.config.num_hidden_layers
     with torch.no_grad():
         assert torch.allclose(logp_a.double(), alone(model, tokens, offsets, lengths, prompts), atol=1e-5, rtol=0)

@@ -3,6 +3,7 @@ mask). Its log-probs, loss and gradients equal the plain packed forward's, and e
 
 import pytest
 import torch
+from helpers import on_grid, scored_cells
 
 from grpo_cli.algo.objective import LossInputs, policy_loss
 from grpo_cli.models.logprobs import LogProbRequest, packed_logprobs
@@ -38,22 +39,21 @@ def alone(model, tokens, offsets, lengths, prompts):
     return out
 
 
-def loss_and_grads(model, packed, B):
+def loss_and_grads(model, packed, offsets, prompts):
+    """The loss on the packed micro-batch's flat tokens (each with its row), and the gradients: (log-probs on the
+    rows' [B, T] grid, loss, gradients)."""
     model.zero_grad(set_to_none=True)
+    B = len(offsets)
     g = torch.Generator().manual_seed(3)
     adv, ref, old = torch.randn(B, generator=g), -torch.rand(B, T, generator=g) * 3, -torch.rand(B, T, generator=g) * 3
     logp, entropy = packed_logprobs(model, packed, LogProbRequest(T, with_entropy=True, entropy_grad=True))
-    cmask = (packed_logprobs_mask(packed, B))
-    loss, _ = policy_loss(LossInputs(logp, old, adv, cmask, clip_eps=0.2, beta=0.04, ref_logp=ref, kl_estimator="k3",
+    row, col = scored_cells(packed, offsets, prompts)
+    loss, _ = policy_loss(LossInputs(logp, old[row, col], adv[row], torch.ones_like(logp), row, num_segments=B,
+                                     clip_eps=0.2, beta=0.04, ref_logp=ref[row, col], kl_estimator="k3",
                                      entropy=entropy, entropy_coef=0.01))
     loss.backward()
-    return logp.detach(), loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
-
-
-def packed_logprobs_mask(packed, B):
-    mask = torch.zeros(B, T)
-    mask[packed.rows, packed.cols] = 1
-    return mask
+    grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    return on_grid(logp.detach(), row, col, (B, T)), loss.detach(), grads
 
 
 def lora(attn: str):
@@ -79,17 +79,17 @@ def test_shared_prompts_give_the_plain_forwards_log_probs_loss_and_gradients_in_
     model = lora(attn) if adapter else llama(attn)
     tokens, offsets, lengths, prompts = rollout()
     (mb,) = pack(lengths, layout="bins", batch_rows=len(lengths), pair_cost=pair_cost)
-    plain = packed_inputs(tokens, offsets, lengths, prompts, T, mb)
-    shared = shared_inputs(tokens, offsets, lengths, prompts, T, mb, pair_cost=pair_cost)
+    plain = packed_inputs(tokens, offsets, lengths, prompts, mb)
+    shared = shared_inputs(tokens, offsets, lengths, prompts, mb, pair_cost=pair_cost)
     if pair_cost:  # bins longer than the longest row (12 tokens) and unit (5 + 18), with less filler
         assert plain.input_ids.shape[1] > max(lengths) and shared.input_ids.shape[1] > 23
         assert plain.input_ids.numel() < 7 * 12 and shared.input_ids.numel() < 3 * 23
     # each prompt once: 13 prompt tokens instead of 5*4 + 1*2 + 3 + 4*3 = 37
     assert shared.real_tokens == plain.real_tokens - (37 - 13) and shared.mask is not None
-    scored = lambda p: sorted(zip(p.rows.tolist(), p.cols.tolist(), p.targets.tolist()))  # in any order
+    scored = lambda p: sorted(zip(p.index.tolist(), p.targets.tolist()))  # in any order
     assert scored(shared) == scored(plain)
-    logp_a, loss_a, grads_a = loss_and_grads(model, plain, len(lengths))
-    logp_b, loss_b, grads_b = loss_and_grads(model, shared, len(lengths))
+    logp_a, loss_a, grads_a = loss_and_grads(model, plain, offsets, prompts)
+    logp_b, loss_b, grads_b = loss_and_grads(model, shared, offsets, prompts)
     reference = alone(model, tokens, offsets, lengths, prompts)
     with torch.no_grad():
         assert torch.allclose(logp_b.double(), reference, atol=1e-5, rtol=0)
@@ -157,7 +157,7 @@ def test_a_micro_batch_where_no_prompt_is_shared_is_laid_as_plain_bins():
     tokens = torch.tensor([5, 1, 2, 3, 4, 6, 7, 5, 8, 9, 10, 11, 12, 13])
     offsets, lengths, prompts = [0, 7], [7, 7], [1, 1]
     (mb,) = pack(lengths, layout="bins", batch_rows=2)
-    plain = packed_inputs(tokens, offsets, lengths, prompts, 6, mb)
-    alone = shared_inputs(tokens, offsets, lengths, prompts, 6, mb, pair_cost=1.0)
+    plain = packed_inputs(tokens, offsets, lengths, prompts, mb)
+    alone = shared_inputs(tokens, offsets, lengths, prompts, mb, pair_cost=1.0)
     assert alone.mask is None and torch.equal(alone.input_ids, plain.input_ids) and torch.equal(alone.states, plain.states)
-    assert shared_inputs(tokens, offsets, lengths, prompts, 6, mb).real_tokens == 13  # cheap attention: shared
+    assert shared_inputs(tokens, offsets, lengths, prompts, mb).real_tokens == 13  # cheap attention: shared

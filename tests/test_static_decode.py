@@ -13,7 +13,8 @@ from grpo_cli.generate.static_cache import StaticSteps
 from grpo_cli.generate import hf as generation
 from helpers import with_batch_sizes
 from grpo_cli.generate.hf import HFGenerator, decode, eos_token_ids
-from grpo_cli.sample.rollout import Sampling, completion_mask
+from grpo_cli.sample.rollout import Sampling
+from grpo_cli.generate.hf import completion_mask
 from grpo_cli.data.prompts import encode_prompts
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -134,7 +135,7 @@ def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_
     sampling = Sampling(max_new_tokens=8, temperature=1.2)
     rolls = [HFGenerator(tok, SimpleNamespace(decode=kind)).generate(model, PROMPTS, 3, sampling, seeds=list(range(6)))
              for kind in ("eager", "static")]
-    assert torch.equal(rolls[0].input_ids, rolls[1].input_ids) and rolls[0].completions == rolls[1].completions
+    assert torch.equal(rolls[0].tokens, rolls[1].tokens) and rolls[0].completions == rolls[1].completions
     flash = _model(tiny_dir, "sdpa", "cpu")
     flash.config._attn_implementation = "flash_attention_2"
     assert "flash_attention_2" in StaticSteps.reason_unsupported(flash)

@@ -33,9 +33,10 @@ from grpo_cli.rewards import build_reward  # noqa: E402
 from grpo_cli.sample.rollout import concat_rollouts  # noqa: E402
 from grpo_cli.data.tasks import PromptBatch  # noqa: E402
 from grpo_cli.rollout.source import LocalSource  # noqa: E402
+from helpers import grid, padded  # noqa: E402
 from grpo_cli.models.policies import Policies  # noqa: E402
 from grpo_cli.generate.vllm import VLLMGenerator  # noqa: E402
-from helpers import grpo_process  # noqa: E402
+from helpers import grid, grpo_process  # noqa: E402, padded
 
 TOL = 1e-4  # nats per token, fp32 engine against the fp32 trainer
 PROMPTS = ["1+2=", "3+4=", "5+5=", "9+8=", "12+7=", "6+6="]
@@ -75,8 +76,8 @@ def fixed_completions(model, tok):
 def trainer_logprobs(model, roll) -> list[list[float]]:
     cfg = TrainConfig()
     cfg.trainer.micro_batch_size = 64  # the trainer's own scoring, packed as in a run
-    logp = roll.completion_grid(score(model, roll, 1.0, StepSettings.of(cfg), Precision("fp32")))
-    return [row[: int(n)] for row, n in zip(logp.tolist(), roll.completion_mask.sum(1).tolist())]
+    logp = grid(roll, score(model, roll, 1.0, StepSettings.of(cfg), Precision("fp32")))
+    return [row[: int(n)] for row, n in zip(logp.tolist(), padded(roll)[2].sum(1).tolist())]
 
 
 def one_step(policy, engine, optimizer, batch, cfg) -> dict:

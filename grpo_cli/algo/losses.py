@@ -17,19 +17,19 @@ from typing import Any, Callable, Mapping
 
 @dataclass(frozen=True)
 class TokenTerms:
-    """What a policy loss sees, all [B, T] but `advantages` ([B, 1]): constants except `logp`."""
+    """What a policy loss sees, one value per token ([K]): constants except `logp`."""
 
     logp: Any  # log pi_theta of each completion token (with gradient); 0 off the mask
     ratio: Any  # pi_theta / pi_old at algo.ratio_level, its log clamped before exp (has gradient)
-    advantages: Any  # [B, 1]
+    advantages: Any  # each token's sequence's advantage
     clip_low: float  # algo.clip_eps
     clip_high: float  # algo.clip_eps_high, or clip_eps
     clip_ratio_c: float | None = None  # algo.clip_ratio_c: dual-clip's bound for A < 0 (None = off)
     args: Mapping[str, float] = field(default_factory=dict)  # the loss's own settings (algo.loss_args)
 
 
-# A loss returns the per-token loss (negated objective, [B, T]) and its own metrics (boolean or float
-# [B, T] tensors, averaged over completion tokens and logged under their names).
+# A loss returns the per-token loss (negated objective, [K]) and its own metrics (boolean or float [K]
+# tensors, averaged over the masked tokens and logged under their names).
 PolicyLoss = Callable[[TokenTerms], "tuple[Any, dict[str, Any]]"]
 
 
@@ -92,7 +92,7 @@ def sapo(t: TokenTerms):
     4 s (1 - s) A grad r (s the sigmoid): exactly the surrogate's at r = 1, fading smoothly as r leaves
     1, faster for negative advantages (tau_neg > tau_pos)."""
     adv = t.advantages
-    tau = adv.new_full(adv.shape, t.args["tau_pos"]).where(adv > 0, adv.new_full(adv.shape, t.args["tau_neg"]))  # [B, 1]
+    tau = adv.new_full(adv.shape, t.args["tau_pos"]).where(adv > 0, adv.new_full(adv.shape, t.args["tau_neg"]))
     gate = (tau * (t.ratio - 1)).sigmoid() * 4 / tau
     return -gate * t.advantages, {}
 
@@ -106,7 +106,7 @@ class Normalisers:
     max_completion_length: int  # L of constant_norm
 
 
-Aggregation = Callable[[Any, Any, Any, Normalisers], Any]  # (seq_sums [B], seq_tokens [B], weight [B, T], n)
+Aggregation = Callable[[Any, Any, Any, Normalisers], Any]  # (seq_sums [S], seq_tokens [S], weight [K], n)
 AGGREGATIONS: dict[str, Aggregation] = {}
 
 

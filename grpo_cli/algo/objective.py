@@ -136,31 +136,38 @@ def sampler_correction_weight(old_logp: Tensor, sampler_logp: Tensor, cap: float
     """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
     off-policy RL training"; docs/math.md, "Sampler mismatch"): the tokens came from the inference
     engine's pi_sampler, not from the trainer's pi_old, so each token's surrogate is weighted by
-    min(pi_old / pi_sampler, C). [B, T], a constant."""
+    min(pi_old / pi_sampler, C). Per token, a constant."""
     log_w = (old_logp.detach() - sampler_logp.detach()).clamp(max=math.log(cap))
     return torch.exp(log_w)
 
 
-def _ratios(logp: Tensor, old_logp: Tensor, seq_tokens: Tensor, ratio_level: str) -> Tensor:
-    """pi_theta / pi_old per token, or the sequence's (docs/math.md, "Sequence-level ratios") on each of its
-    tokens, the log clamped to +-LOG_RATIO_BOUND before exp: [B, T]."""
-    log_ratio = logp - old_logp  # [B, T]
+def segment_sum(values: Tensor, segments: Tensor, count: int) -> Tensor:
+    """Each segment's sum of per-token `values`: [count] (differentiable)."""
+    return values.new_zeros(count).index_add(0, segments, values)
+
+
+def _ratios(log_ratio: Tensor, segments: Tensor, seq_tokens: Tensor, ratio_level: str) -> Tensor:
+    """pi_theta / pi_old per token, or its sequence's (docs/math.md, "Sequence-level ratios") on each of its
+    tokens, the log clamped to +-LOG_RATIO_BOUND before exp: [K]. `log_ratio` is 0 off the mask."""
     if ratio_level != "token":
-        seq_log_ratio = log_ratio.sum(dim=1)  # [B], log of the sequence ratio
+        seq_log_ratio = segment_sum(log_ratio, segments, len(seq_tokens))  # [S], log of the sequence ratio
         if ratio_level == "sequence_mean":
             seq_log_ratio = seq_log_ratio / seq_tokens
-        log_ratio = seq_log_ratio[:, None].expand(-1, logp.shape[1])
+        log_ratio = seq_log_ratio[segments]
     return torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
 @dataclass(frozen=True)
 class LossInputs:
-    """What policy_loss reads: a batch's tensors and the objective's settings (their meaning: policy_loss)."""
+    """What policy_loss reads: flat tokens, each with its sequence (`segments`), and the objective's settings
+    (their meaning: policy_loss)."""
 
-    logp: Tensor  # [B, T] pi_theta's token log-probs, with gradient
-    old_logp: Tensor  # [B, T] pi_theta_old's (or the behaviour's), constant
-    advantages: Tensor  # [B], constant
-    mask: Tensor  # [B, T] 1 on completion tokens
+    logp: Tensor  # [K] pi_theta's log-prob of each token, with gradient
+    old_logp: Tensor  # [K] pi_theta_old's (or the behaviour's), constant
+    advantages: Tensor  # [K] each token's sequence's advantage, constant
+    mask: Tensor  # [K] 1 on tokens that enter the loss (the model's own), 0 on the rest
+    segments: Tensor  # [K] long: each token's sequence, in [0, num_segments)
+    num_segments: int | None = None  # sequences the ids range over; default max(segments) + 1
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     beta: float = 0.0
@@ -181,28 +188,18 @@ class LossInputs:
 
 def _check_inputs(x: LossInputs) -> None:
     """policy_loss's arguments: shapes that match and settings it knows (programmer errors: the config's
-    values were checked in checks.py)."""
+    values were checked before anything loaded)."""
     _check_choice("aggregation", x.aggregation, tuple(AGGREGATIONS))
     _check_choice("policy loss", x.loss, tuple(POLICY_LOSSES))
     _check_choice("ratio level", x.ratio_level, RATIO_LEVELS)
     _check_choice("KL estimator", x.kl_estimator, KL_ESTIMATORS)
-    logp = x.logp
-    if logp.dim() != 2:
-        raise ValueError(f"logp must be 2-D [batch, tokens], got shape {tuple(logp.shape)}.")
-    named = {"old_logp": x.old_logp, "mask": x.mask, "ref_logp": x.ref_logp, "sampler_weight": x.sampler_weight,
-             "entropy": x.entropy}
+    if x.logp.dim() != 1:
+        raise ValueError(f"logp must be 1-D [tokens], got shape {tuple(x.logp.shape)}.")
+    named = {"old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask, "segments": x.segments,
+             "ref_logp": x.ref_logp, "sampler_weight": x.sampler_weight, "entropy": x.entropy}
     for name, t in named.items():
-        if t is not None and t.shape != logp.shape:
-            raise ValueError(
-                f"{name} has shape {tuple(t.shape)} but logp has {tuple(logp.shape)}; "
-                "they must match."
-            )
-    batch = logp.shape[0]
-    if x.advantages.shape != (batch,):
-        raise ValueError(
-            f"advantages must have shape ({batch},), one per sequence, "
-            f"got {tuple(x.advantages.shape)}."
-        )
+        if t is not None and t.shape != x.logp.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but logp has {tuple(x.logp.shape)}; they must match.")
     if x.beta != 0 and x.ref_logp is None:
         raise ValueError("beta != 0 needs ref_logp, the reference policy's log-probabilities.")
     if x.entropy_coef and x.entropy is None:
@@ -213,62 +210,37 @@ def _check_inputs(x: LossInputs) -> None:
         raise ValueError(f"num_sequences must be >= 1, got {x.num_sequences}.")
 
 
-def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, float]]:
-    """The negated clipped GRPO surrogate (docs/math.md, "The clipped surrogate"), to minimise.
+def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+    """The negated clipped GRPO surrogate (docs/math.md, "The clipped surrogate"), to minimise, on flat tokens.
 
-    Per token: L = -min(r*A, clip(r, 1 - clip_eps, 1 + clip_eps_high) * A) + beta * KL, with the
-    sequence advantage A broadcast over its tokens and KL from ``token_kl``.
+    Per token: L = -min(r*A, clip(r, 1 - clip_eps, 1 + clip_eps_high) * A) + beta * KL, A its sequence's
+    advantage and KL from `token_kl`. Tokens off the mask enter nothing; a sequence is its tokens' segment id, so
+    sequence-level quantities are segment sums. ratio_level: "token" r_t = exp(logp_t - old_t) (DeepSeekMath,
+    DAPO); "sequence" r = exp(sum of the sequence's log-ratios); "sequence_mean" r = exp(their mean) (GSPO).
+    aggregation (losses.AGGREGATIONS): "seq_mean_token_mean" (DeepSeekMath), "token_mean" (DAPO),
+    "seq_mean_token_sum", "constant_norm" over num_sequences * max_completion_length (Dr. GRPO; default the
+    longest sequence). num_sequences, num_tokens: the whole step's counts when this call sees part of it, so the
+    parts' losses add up to the full loss. sampler_weight: per-token constants on the surrogate only (TIS).
+    loss, loss_args, clip_ratio_c: the per-token loss by name (losses.POLICY_LOSSES). entropy_coef: the loss less
+    entropy_coef * (entropy summed over the mask / num_tokens). Every log-ratio is clamped before exp.
 
-    logp, old_logp, ref_logp, mask: [B, T], mask marking completion tokens; advantages: [B].
-    old_logp, advantages and ref_logp are constants (detached).
-
-    ratio_level: ``"token"`` r_t = exp(logp_t - old_logp_t) (DeepSeekMath, DAPO);
-    ``"sequence"`` r = exp(sum_t log-ratio), the exact importance weight of the whole
-    sequence; ``"sequence_mean"`` r = exp(mean_t log-ratio) (GSPO).
-
-    aggregation: ``"seq_mean_token_mean"`` mean over sequences of the per-sequence token mean
-    (DeepSeekMath); ``"token_mean"`` mean over all completion tokens (DAPO);
-    ``"seq_mean_token_sum"`` mean over sequences of the token sum (the exact sequence-level gradient);
-    ``"constant_norm"`` token sum / (B * max_completion_length), default T (Dr. GRPO).
-    A sequence with no completion tokens contributes zero.
-
-    num_sequences, num_tokens: the normalisers B and the token count of the *whole* step when this call
-    sees only part of it (a micro-batch, one rank's share); then the parts' losses add up to the full
-    loss. Default: this batch's own.
-
-    sampler_weight: [B, T] constant per-token weights on the surrogate term only (not the KL), such as the
-    truncated importance weight min(pi_old / pi_sampler, C) of ``sampler_correction_weight``.
-
-    loss: the per-token policy loss by name (losses.POLICY_LOSSES): ``"clip"`` the clipped surrogate above
-    (with ``clip_ratio_c``, dual-clip), ``"cispo"``, ``"sapo"``; ``loss_args`` its own settings.
-
-    entropy, entropy_coef: [B, T] token entropies of pi_theta (with gradient) and the bonus's weight: the
-    loss becomes loss - entropy_coef * (entropy summed over completion tokens / num_tokens), the step's
-    token mean whatever the aggregation (as TRL), so entropy_coef means the same for every loss.
-
-    Every log-ratio is clamped to +-LOG_RATIO_BOUND before exp, so a sequence log-ratio of any size
-    gives a finite loss and gradient.
-
-    Returns (loss, metrics); metrics are 0-d tensors (read them once per step): kl, clip_frac_low,
-    clip_frac_high, ratio_mean, ratio_min, ratio_max, all over completion tokens.
+    Returns (loss, metrics): 0-d tensors, read once per step: kl, clip_frac_low/high, ratio_mean/min/max.
     """
     _check_inputs(x)
-    batch, tokens = x.logp.shape
     clip_low = x.clip_eps
     clip_high = x.clip_eps if x.clip_eps_high is None else x.clip_eps_high
-
     dtype = _compute_dtype(x.logp)
-    keep = x.mask.bool()  # [B, T]
+    keep = x.mask.bool()  # [K]
     weight = keep.to(dtype)
-    # Padding may hold anything (even -inf); zeroing it keeps exp() finite there, so no NaN can
+    segments = x.segments.long()
+    count = int(segments.max()) + 1 if x.num_segments is None and len(segments) else (x.num_segments or 0)
+    # Tokens off the mask may hold anything (even -inf); zeroing them keeps exp() finite there, so no NaN can
     # reach the loss or, through 0 * inf, the gradient.
     logp = x.logp.to(dtype).masked_fill(~keep, 0.0)
     old_logp = x.old_logp.detach().to(dtype).masked_fill(~keep, 0.0)
-    adv = x.advantages.detach().to(dtype)[:, None]  # [B, 1]
-    # An empty completion then divides its zero sum by one and contributes nothing.
-    seq_tokens = weight.sum(dim=1).clamp(min=1)  # [B]
-
-    ratio = _ratios(logp, old_logp, seq_tokens, x.ratio_level)  # [B, T]
+    adv = x.advantages.detach().to(dtype)
+    seq_tokens = segment_sum(weight, segments, count).clamp(min=1)  # [S]: an empty sequence divides 0 by one
+    ratio = _ratios(logp - old_logp, segments, seq_tokens, x.ratio_level)  # [K]
 
     terms = TokenTerms(logp=logp, ratio=ratio, advantages=adv, clip_low=clip_low, clip_high=clip_high,
                        clip_ratio_c=x.clip_ratio_c, args=loss_settings(x.loss, x.loss_args))
@@ -277,19 +249,18 @@ def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, float]]:
         per_token = per_token * x.sampler_weight.detach().to(dtype).masked_fill(~keep, 0.0)
     kl = None
     if x.ref_logp is not None:
-        ref_logp = x.ref_logp.detach().to(dtype).masked_fill(~keep, 0.0)
-        kl = token_kl(logp, ref_logp, x.kl_estimator)
+        kl = token_kl(logp, x.ref_logp.detach().to(dtype).masked_fill(~keep, 0.0), x.kl_estimator)
         if x.beta != 0:  # skipped at beta = 0 so an overflowing k3 cannot turn 0 * inf into NaN
             per_token = per_token + x.beta * kl
 
-    seq_sums = (per_token * weight).sum(dim=1)  # [B]
-    normalisers = Normalisers(sequences=batch if x.num_sequences is None else x.num_sequences, tokens=x.num_tokens,
-                              max_completion_length=x.max_completion_length or tokens)
+    seq_sums = segment_sum(per_token * weight, segments, count)  # [S]
+    longest = x.max_completion_length or int(seq_tokens.max()) if count else 1
+    normalisers = Normalisers(sequences=count if x.num_sequences is None else x.num_sequences, tokens=x.num_tokens,
+                              max_completion_length=longest)
     total = AGGREGATIONS[x.aggregation](seq_sums, seq_tokens, weight, normalisers)
     if x.entropy_coef:
         token_count = weight.sum().clamp(min=1) if x.num_tokens is None else max(x.num_tokens, 1.0)
         total = total - x.entropy_coef * (x.entropy.to(dtype) * weight).sum() / token_count
-
     return total, _loss_metrics(ratio, keep, adv, kl, clip_low, clip_high, loss_metrics)
 
 

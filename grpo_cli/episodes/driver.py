@@ -28,7 +28,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-import torch
 
 from grpo_cli.episodes.rng import global_draws, seeded
 from grpo_cli.episodes.environments import (EnvSpec, RemoteMethod, Timeout, call_with_timeout, content_parts,
@@ -405,20 +404,11 @@ class EpisodeGenerator:
             if not ep.ids:  # nothing generated at all: one end-of-sequence token, as single-turn does
                 ep.ids, ep.action, ep.logps = [eos[0]], [1], [0.0]
 
-        def flat(field, prompt_value, dtype):  # each episode's prompt then its tokens, end to end
-            values = [v for ep in episodes for v in [prompt_value] * len(ep.prompt_ids) + list(getattr(ep, field))]
-            return torch.tensor(values, dtype=dtype, device=device)
-
-        action = flat("action", 0, torch.long)
-        return Rollout(
-            prompts=list(prompts), group_size=G, tokens=torch.tensor(
-                [t for ep in episodes for t in [*ep.prompt_ids, *ep.ids]], dtype=torch.long, device=device),
-            lengths=torch.tensor([len(ep.prompt_ids) + len(ep.ids) for ep in episodes]),
-            prompt_lengths=torch.tensor([len(ep.prompt_ids) for ep in episodes]), loss_mask=action,
-            truncated=torch.tensor([ep.cut is not None for ep in episodes], device=device),
-            completions=[ep.final_text for ep in episodes], pad_token_id=self.tokenizer.pad_token_id,
-            sampler_logp=flat("logps", 0.0, torch.float32) * action if with_logprobs else None, episodes=episodes,
-        )
+        return Rollout.of_rows(
+            prompts, G, [ep.prompt_ids for ep in episodes], [ep.ids for ep in episodes],
+            truncated=[ep.cut is not None for ep in episodes], sampled=[ep.action for ep in episodes],
+            logps=[ep.logps for ep in episodes] if with_logprobs else None, device=device,
+            completions=[ep.final_text for ep in episodes], pad_token_id=self.tokenizer.pad_token_id, episodes=episodes)
 
 
 def episode_metrics(episodes: list[Episode], record) -> None:

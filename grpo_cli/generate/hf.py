@@ -38,7 +38,7 @@ from grpo_cli.generate.direct_steps import DirectSteps
 from grpo_cli.generate.static_cache import StaticSteps, cache_kwarg
 from grpo_cli.generate.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.sample.rollout import Rollout, Sampling, completion_mask
+from grpo_cli.sample.rollout import Rollout, Sampling
 
 NEG_INF = float("-inf")
 # Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
@@ -261,23 +261,27 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampli
 
 def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, completion_ids: Tensor,
              eos_ids: list[int], tokenizer, logprobs: Tensor | None = None, truncated: Tensor | None = None) -> Rollout:
-    """The Rollout of sampled completions: left-padded prompt + completion rows, masks and text.
+    """The flat Rollout of sampled completions ([rows, T'] ids, each cut after its first EOS), with their text.
     `truncated` (the engine's finish reason) defaults to: no EOS among the tokens."""
-    pad_id = tokenizer.pad_token_id
-    device = completion_ids.device
-    if completion_ids.shape[1] == 0:  # nothing generated: keep one column, an immediate stop
-        completion_ids = torch.full((completion_ids.shape[0], 1), eos_ids[0], device=device)
-    mask, no_eos = completion_mask(completion_ids, eos_ids)
-    truncated = no_eos if truncated is None else truncated
-    ids, prompt_mask = left_pad(prompt_ids, pad_id, device)
-    ids, prompt_mask = ids.repeat_interleave(group_size, 0), prompt_mask.repeat_interleave(group_size, 0)
-    completion_ids = completion_ids.masked_fill(mask == 0, pad_id)  # tokens after EOS are padding
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Rollout.from_padded(
-        prompts, group_size, torch.cat([ids, completion_ids], dim=1), torch.cat([prompt_mask, mask], dim=1), mask,
-        truncated, sampler_logp=None if logprobs is None else logprobs[:, : mask.shape[1]] * mask, completions=texts,
-        pad_token_id=pad_id,
-    )
+    rows = continuations(completion_ids, logprobs, eos_ids)
+    if completion_ids.shape[1] == 0:  # nothing generated: an immediate stop, one end-of-sequence token each
+        rows = [([eos_ids[0]], [0.0] if logprobs is not None else None, True) for _ in rows]
+    after = [ids for ids, _, _ in rows]
+    truncated = [not ended for _, _, ended in rows] if truncated is None else truncated.tolist()
+    return Rollout.of_rows(prompts, group_size, [p for p in prompt_ids for _ in range(group_size)], after,
+                           truncated=truncated, logps=None if logprobs is None else [lp for _, lp, _ in rows],
+                           device=completion_ids.device, completions=tokenizer.batch_decode(after, skip_special_tokens=True),
+                           pad_token_id=tokenizer.pad_token_id)
+
+
+def completion_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """Mask of tokens up to and including the first EOS, and whether each row never reached one."""
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))  # [B, T]
+    has_eos = is_eos.any(dim=1)
+    T = completion_ids.shape[1]
+    first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, T, dtype=torch.long))
+    mask = torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]
+    return mask.long(), ~has_eos
 
 
 def continuations(tokens: Tensor, logps: Tensor | None, eos_ids: list[int]):

@@ -36,8 +36,8 @@ def pair_cost(model) -> float:
 
 class StepBatch:
     """A rollout as the step's forwards take it, built once per step and used by every pass: the packer's
-    micro-batches, each one's forward inputs (packed bins, or the padded view's rows), and where each
-    micro-batch's completion columns lie among the rollout's per-token values."""
+    micro-batches and each one's forward inputs (packed bins, or rows of the padded view). Every forward's
+    results are flat: one per scored token, with where that token lies among the rollout's tokens."""
 
     def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded",
                  pair_cost: float = 0.0, by_block: bool = False):
@@ -46,31 +46,48 @@ class StepBatch:
         self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
                           batch_rows=settings.micro_batch_size, dist=dist, pair_cost=pair_cost, by_block=by_block,
                           padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
-        self.index, self.valid = roll.completion_index()  # [B, T]
-        self.padded = roll.padded() if layout == "padded" else None
+        self.row_of_token = roll.row_of_token()  # [N] each token's row
+        self._padded = None  # the padded view, built for a forward that cannot take packed rows
         offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
         lay = {"padded": lambda *a: None, "shared": partial(shared_inputs, pair_cost=pair_cost)}.get(layout, packed_inputs)
-        self.packed = [lay(roll.tokens, offsets, lengths, prompts, self.T, mb) for mb in self.parts]
+        self.packed = [lay(roll.tokens, offsets, lengths, prompts, mb) for mb in self.parts]
 
     @classmethod
     def for_model(cls, roll: Rollout, settings: StepSettings, model, dist: Dist = SINGLE) -> "StepBatch":
         """Laid out as `model`'s forward takes it best (forward_layout, pair_cost, logprobs.attends_by_block)."""
         return cls(roll, settings, dist, forward_layout(model, settings), pair_cost(model), attends_by_block(model))
 
-    def grid(self, values: Tensor, rows: Tensor | None = None) -> Tensor:
-        """Per-token `values` [N] on the completion columns of `rows` (default all): [b, T], 0 where none."""
-        index, valid = (self.index, self.valid) if rows is None else (self.index[rows], self.valid[rows])
-        return torch.where(valid, values[index], torch.zeros((), dtype=values.dtype, device=values.device))
-
-    def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None]:
-        """Micro-batch i's token log-probs (and entropy) under `model`: [b, T] each."""
+    def logprobs(self, model, i: int, request: LogProbRequest) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Micro-batch i's scored tokens under `model`: (log-probs [K], entropies [K] or None, their places in the
+        rollout's tokens [K])."""
         packed = self.packed[i]
         if packed is not None and can_pack(model) and (packed.tree is None or can_share_prompts(model)):
-            return packed_logprobs(model, packed, request)
-        if self.padded is None:  # a model that cannot take packed rows (the policy could): scored padded
-            self.padded = self.roll.padded()
-        rows = self.parts[i].rows.to(self.padded[0].device)
-        return padded_logprobs(model, self.padded[0][rows], self.padded[1][rows], request)
+            return (*packed_logprobs(model, packed, request), packed.index)
+        if self._padded is None:  # the golden comparison's layout, or a model that cannot take packed rows
+            self._padded = padded_view(self.roll)
+        ids, mask, index, valid = self._padded
+        rows = self.parts[i].rows.to(ids.device)
+        logp, entropy = padded_logprobs(model, ids[rows], mask[rows], request)  # [b, T]
+        valid = valid[rows]
+        return logp[valid], None if entropy is None else entropy[valid], index[rows][valid]
+
+
+def padded_view(roll: Rollout) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The rollout as padded rows: (input_ids, attention_mask) [rows, P+T], each prompt left-padded to the longest
+    P and what follows it right-padded to T, and (index, valid) [rows, T]: where each of the T columns' tokens
+    lies in the rollout's tokens, and whether the row has one there."""
+    P, T, device = int(roll.prompt_lengths.max()), roll.completion_len, roll.tokens.device
+    row = torch.repeat_interleave(torch.arange(roll.rows), roll.lengths)
+    col = torch.arange(roll.tokens.shape[0]) - roll.offsets[row] + (P - roll.prompt_lengths)[row]
+    row, col = row.to(device), col.to(device)
+    input_ids = torch.full((roll.rows, P + T), roll.pad_token_id, dtype=roll.tokens.dtype, device=device)
+    input_ids[row, col] = roll.tokens
+    attention_mask = torch.zeros((roll.rows, P + T), dtype=torch.long, device=device)
+    attention_mask[row, col] = 1
+    cols = torch.arange(T)[None, :]
+    valid = cols < roll.completion_lengths[:, None]
+    index = (roll.offsets + roll.prompt_lengths)[:, None] + cols
+    return input_ids, attention_mask, index.where(valid, 0).to(device), valid.to(device)
 
 
 def score_tokens(model, batch: StepBatch, temperature: float, precision: Precision) -> Tensor:
@@ -79,11 +96,9 @@ def score_tokens(model, batch: StepBatch, temperature: float, precision: Precisi
     out = torch.zeros(roll.tokens.shape, device=roll.tokens.device)
     request = LogProbRequest(batch.T, temperature)
     with torch.no_grad(), precision.autocast():
-        for i, mb in enumerate(batch.parts):
-            rows = mb.rows.to(out.device)
-            logp = batch.logprobs(model, i, request)[0].float()
-            valid = batch.valid[rows]
-            out[batch.index[rows][valid]] = logp[valid]
+        for i in range(len(batch.parts)):
+            logp, _, index = batch.logprobs(model, i, request)
+            out[index] = logp.float()
     return out
 
 

@@ -18,12 +18,9 @@ scaling) are scored through their own full forward instead (`logits_to_keep`), w
 keeps [B, T, vocab] logits.
 
 Packing (docs/math.md "Packed batches"): no pad token enters the forward. The packer (packer.py) lays a
-micro-batch's rows end to end in bins, with position ids restarting at 0 for every row; transformers
-reads the restarts as sequence boundaries (its packed-sequence support: a block-diagonal causal mask for
-sdpa and eager, variable-length kernels for flash attention), so a token attends to its own row only and
-sees exactly the positions the padded forward gives it. Only the states that predict a completion token
-go through the head, and the results land on the micro-batch's [b, T] completion columns (0 where a row
-has no token), where the loss reads them.
+micro-batch's rows end to end in bins, position ids restarting at 0 for every row, which transformers reads as
+sequence boundaries, so a token attends to its own row only. Only the states that predict a scored token go
+through the head, and the results are flat, one per scored token.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from grpo_cli.models.packer import GROW_FROM, Packed, pack_padded
+from grpo_cli.models.packer import GROW_FROM, Packed
 from grpo_cli.models.segments import can_segment, segment_attention
 
 # Positions per head chunk: about 64M logits (256 MB in float32) at a time, whatever the vocabulary.
@@ -239,34 +236,6 @@ def padded_logprobs(model, input_ids: Tensor, attention_mask: Tensor, request: L
 
 
 def packed_logprobs(model, packed: Packed, request: LogProbRequest):
-    """A packed micro-batch's completion tokens scored, on its [b, T] completion columns (0 where none)."""
-    flat_logp, flat_entropy = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
-                                    logprobs=replace(request, packed=packed))
-    return _unflatten(flat_logp, packed), _unflatten(flat_entropy, packed) if flat_entropy is not None else None
-
-
-def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, completion_len: int, *,
-                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                   chunk_tokens: int | None = None, packing: bool = False) -> tuple[Tensor, Tensor | None]:
-    """log pi(y_t | x, y_<t) for the last `completion_len` tokens of each padded row: [B, T] float32.
-
-    `model` is anything whose innermost causal LM had `enable_logprob_forward` (load_model does it):
-    the bare model, or one wrapped by DDP, FSDP or PEFT. The entropy (`with_entropy`) is a constant unless
-    `entropy_grad` (an entropy bonus differentiates it). The policy is the sampler's tempered
-    distribution softmax(logits / temperature). Positions count real tokens only, as generation
-    does with left padding.
-
-    With `packing` (and a model that `can_pack`), the rows go through the packer as one micro-batch: no pad
-    token is computed, and positions without a real token get 0. (The step packs its rollout once, from
-    its flat rows: step.StepBatch.)
-    """
-    request = LogProbRequest(completion_len, temperature, with_entropy or entropy_grad, entropy_grad, chunk_tokens)
-    if not (packing and can_pack(model)):
-        return padded_logprobs(model, input_ids, attention_mask, request)
-    return packed_logprobs(model, pack_padded(input_ids, attention_mask, completion_len, one_bin=one_bin(model)), request)
-
-
-def _unflatten(values: Tensor, packed: Packed) -> Tensor:
-    """[K] scored values back to [b, T], 0 where a row has no token (differentiably)."""
-    out = values.new_zeros(packed.shape)
-    return out.index_put((packed.rows, packed.cols), values)
+    """A packed micro-batch's scored tokens (`packed.index` of the rollout's): ([K], [K] or None)."""
+    return model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
+                 logprobs=replace(request, packed=packed))

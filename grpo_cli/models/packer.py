@@ -162,9 +162,7 @@ class Packed:
     position_ids: Tensor  # [bins, capacity]: each row's from 0; filler restarts too, so it is a sequence of its own
     states: Tensor  # [K] flat index (into bins * capacity) of the state that predicts each scored token
     targets: Tensor  # [K] the token ids scored
-    rows: Tensor  # [K] row (in the micro-batch) of each scored token in the [b, T] result
-    cols: Tensor  # [K] its completion column
-    shape: tuple[int, int]  # (b, T)
+    index: Tensor  # [K] where each scored token lies in the rollout's flat tokens
     real_tokens: int  # tokens in the bins that are not filler
     # What each bin's positions attend, block by block (segments.py): (start, end, prefix start, prefix end)
     blocks: tuple[tuple[tuple[int, int, int, int], ...], ...] | None = None
@@ -182,8 +180,8 @@ def ranks(sizes: Tensor) -> Tensor:
     return torch.arange(int(sizes.sum())) - torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)
 
 
-def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int],
-                  completion_len: int, mb: MicroBatch, fill_id: int = 0) -> Packed:
+def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int], mb: MicroBatch,
+                  fill_id: int = 0) -> Packed:
     """The micro-batch's rows (`tokens` [N] flat, each row at its offset) laid in its bins, position ids
     restarting at 0 for every row, and where the state predicting each completion token lands (a row's
     first token has none: it is not scored)."""
@@ -208,24 +206,12 @@ def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     ids = torch.full((n_bins * capacity,), fill_id, dtype=tokens.dtype, device=device)
     ids[dest.to(device)] = tokens[source.to(device)]
     positions[dest] = rank
-    # Scored: every token after its row's prompt, row by row, column by column (the padded [b, T] order).
-    col = rank - torch.tensor([prompt_lengths[r] for r in rows])[local]
-    scored = (col >= 0) & (rank >= 1)
+    # Scored: every token after its row's prompt, row by row (a row's first token has no state before it).
+    scored = (rank >= torch.tensor([prompt_lengths[r] for r in rows])[local]) & (rank >= 1)
+    index = source[scored].to(device)
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity).to(device),
-                  states=(dest[scored] - 1).to(device), targets=tokens[source[scored].to(device)],
-                  rows=local[scored].to(device), cols=col[scored].to(device), shape=(len(rows), completion_len),
+                  states=(dest[scored] - 1).to(device), targets=tokens[index], index=index,
                   real_tokens=int(row_len.sum()), blocks=tuple(blocks) if mb.by_block else None)
-
-
-def pack_padded(input_ids: Tensor, attention_mask: Tensor, completion_len: int, *, one_bin: bool = False) -> Packed:
-    """Padded rows (real tokens contiguous in each, the last `completion_len` columns scored) as one packed
-    micro-batch."""
-    real = attention_mask.bool()
-    lengths = real.sum(1).tolist()
-    prompts = [n - int(c) for n, c in zip(lengths, real[:, -completion_len:].sum(1).tolist())]
-    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
-    mb = pack(lengths, layout="one_bin" if one_bin else "bins", batch_rows=max(len(lengths), 1))[0]
-    return packed_inputs(input_ids[real], offsets, lengths, prompts, completion_len, mb)
 
 
 def share_units(rows: list[int], lengths: list[int], prompt_lengths: list[int], prompts: list[tuple],
@@ -249,8 +235,8 @@ def share_units(rows: list[int], lengths: list[int], prompt_lengths: list[int], 
     return units
 
 
-def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int],
-                  completion_len: int, mb: MicroBatch, fill_id: int = 0, pair_cost: float = 0.0) -> Packed:
+def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int], mb: MicroBatch,
+                  fill_id: int = 0, pair_cost: float = 0.0) -> Packed:
     """The micro-batch's rows laid with each distinct prompt once: a unit is a prompt followed by the completion
     of its rows (share_units), units fill bins first-fit decreasing, each completion's position ids continue
     from its prompt's, and the mask lets a token see the earlier tokens of its own unit that are its prompt or
@@ -264,7 +250,7 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     pair_cost = 0.0 if mb.by_block else pair_cost
     members = share_units(rows, lengths, prompt_lengths, prompts, pair_cost)
     if len(members) == len(rows):  # no prompt is shared here: the plain layout, without a mask
-        return packed_inputs(tokens, offsets, lengths, prompt_lengths, completion_len, mb, fill_id)
+        return packed_inputs(tokens, offsets, lengths, prompt_lengths, mb, fill_id)
     size = [prompt_lengths[rows[m[0]]] + sum(lengths[rows[i]] - prompt_lengths[rows[i]] for i in m) for m in members]
     bins, capacity = fill_bins(size, one_bin=mb.by_block, pair_cost=pair_cost)
     n_bins = len(bins)
@@ -301,12 +287,10 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     last_prompt = each(6)
     scored = (branch > 0) & ((rank > 0) | (last_prompt >= 0))
     states = torch.where(rank == 0, last_prompt, dest - 1)[scored]
-    targets, out_rows, cols = source[scored], (branch - 1)[scored], rank[scored]
     device = tokens.device
+    index = source[scored].to(device)
     return Packed(input_ids=ids.view(n_bins, capacity), position_ids=pos.view(n_bins, capacity).to(device),
-                  states=states.to(device), targets=tokens[targets.to(device)],
-                  rows=out_rows.to(device), cols=cols.to(device), shape=(len(rows), completion_len),
-                  real_tokens=int(dest.numel()), blocks=_blocks(segments, n_bins, capacity) if mb.by_block else None,
+                  states=states.to(device), targets=tokens[index], index=index, real_tokens=int(dest.numel()), blocks=_blocks(segments, n_bins, capacity) if mb.by_block else None,
                   tree=(tree_unit.view(n_bins, capacity).to(device), tree_branch.view(n_bins, capacity).to(device)))
 
 

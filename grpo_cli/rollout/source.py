@@ -321,12 +321,6 @@ def stored_damage(state: dict, step: int, k: int, prompts: list | None = None, r
 
 def scored_from_state(state: dict, device) -> ScoredRollout:
     """The scored rollout, its token fields and metrics on `device` (rewards stay on the host, as sampled)."""
-    if "input_ids" in state:  # stored padded, before rows were flat: the same rows
-        padded = {k: state.pop(k) for k in ("input_ids", "attention_mask", "completion_mask", "sampler_logp")}
-        flat = Rollout.from_padded(state["prompts"], state["group_size"], **padded, truncated=state["truncated"])
-        state.update({k: getattr(flat, k) for k in ("tokens", "lengths", "prompt_lengths", "loss_mask", "sampler_logp")})
-        if state["behaviour_logp"] is not None:
-            state["behaviour_logp"] = flat.from_grid(state["behaviour_logp"])
     rows = {k: None if state.get(k) is None else state[k].to("cpu" if k.endswith("lengths") else device)
             for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}  # a field added since (ref_logp) is absent from older ones
     episodes = None if state["episodes"] is None else [Episode(**e) for e in state["episodes"]]

@@ -1,12 +1,9 @@
-"""The Rollout: the batch of trajectories that travels from the rollout source to the step. Each
-trajectory is one flat token sequence, its prompt followed by everything after it (the model's tokens
-and, in an episode, the environment's), with no padding; per token it carries whether the model sampled
-it (the loss mask) and the log-probs its sampler or behaviour policy gave it. Rows lie end to end in one
-tensor, so joining rollouts or picking groups never re-pads, multi-turn is no special case, and the step's
-packer (packer.py) lays the rows into micro-batches once. The padded `[rows, P+T]` view (`padded()`), left-
-padded prompts and right-padded completions, is built on demand for the padded forward and for callers
-that want rectangles.
-"""
+"""The Rollout: the batch of trajectories that travels from the rollout source to the step. Each trajectory is
+one flat token sequence, its prompt followed by everything after it (the model's tokens and, in an episode, the
+environment's), with no padding; per token it carries whether the model sampled it (the loss mask) and the
+log-probs its sampler or behaviour policy gave it. Rows lie end to end in one tensor, so joining rollouts or
+picking groups never re-pads, multi-turn is no special case, and the step's packer lays the rows into
+micro-batches once."""
 
 from __future__ import annotations
 
@@ -49,26 +46,24 @@ class Rollout:
     extra: dict = field(default_factory=dict)  # per-term rewards ("reward_terms": {name: [n, G]}) for logging
 
     @classmethod
-    def from_padded(cls, prompts: list[str], group_size: int, input_ids: Tensor, attention_mask: Tensor,
-                    completion_mask: Tensor, truncated: Tensor, sampler_logp: Tensor | None = None,
-                    **rest) -> "Rollout":
-        """From padded rows: `input_ids`/`attention_mask` [B, P+T] (real tokens contiguous in each row: a
-        left-padded prompt, then T completion columns right-padded), `completion_mask` and `sampler_logp`
-        [B, T] over the completion columns."""
-        T = completion_mask.shape[1]
-        real = attention_mask.bool()
-        after = real[:, -T:]  # [B, T] the tokens after each prompt
-        lengths = real.sum(1).cpu()
-        prompt_lengths = lengths - after.sum(1).cpu()
+    def of_rows(cls, prompts: list[str], group_size: int, prompt_ids: list[list[int]], after: list[list[int]], *,
+                truncated: list[bool], sampled: list[list[int]] | None = None, logps: list[list[float]] | None = None,
+                device=None, **rest) -> "Rollout":
+        """From each row's prompt ids and the ids after them (`sampled`: 1 where the model sampled the token,
+        default all; `logps`: the sampler's log-prob of each, 0 where it did not sample)."""
+        sampled = sampled if sampled is not None else [[1] * len(ids) for ids in after]
 
-        def flat(completion_values: Tensor) -> Tensor:  # [B, T] on the completion columns -> [N], 0 on the prompt
-            full = torch.zeros(real.shape, dtype=completion_values.dtype, device=completion_values.device)
-            full[:, -T:] = completion_values
-            return full[real]
+        def flat(per_row, prompt_value, dtype):  # each row's prompt, then what follows it
+            values = [v for p, a in zip(prompt_ids, per_row) for v in [*([prompt_value] * len(p)), *a]]
+            return torch.tensor(values, dtype=dtype, device=device)
 
-        return cls(prompts=list(prompts), group_size=group_size, tokens=input_ids[real], lengths=lengths,
-                   prompt_lengths=prompt_lengths, loss_mask=flat(completion_mask.long() * after),
-                   truncated=truncated, sampler_logp=None if sampler_logp is None else flat(sampler_logp), **rest)
+        mask = flat(sampled, 0, torch.long)
+        tokens = torch.tensor([t for p, a in zip(prompt_ids, after) for t in [*p, *a]], dtype=torch.long, device=device)
+        return cls(prompts=list(prompts), group_size=group_size, tokens=tokens,
+                   lengths=torch.tensor([len(p) + len(a) for p, a in zip(prompt_ids, after)], dtype=torch.long),
+                   prompt_lengths=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long), loss_mask=mask,
+                   truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
+                   sampler_logp=None if logps is None else flat(logps, 0.0, torch.float32) * mask, **rest)
 
     @property
     def rows(self) -> int:
@@ -101,51 +96,9 @@ class Rollout:
         return [ids[o + p : o + n] for o, p, n in zip(self.offsets.tolist(), self.prompt_lengths.tolist(),
                                                       self.lengths.tolist())]
 
-    def completion_index(self) -> tuple[Tensor, Tensor]:
-        """([rows, T] the flat index of each completion column's token, [rows, T] whether it has one), on
-        the tokens' device: how per-token values go to and from the padded completion columns."""
-        T, device = self.completion_len, self.tokens.device
-        cols = torch.arange(T)[None, :]
-        valid = cols < self.completion_lengths[:, None]
-        index = (self.offsets + self.prompt_lengths)[:, None] + cols
-        return index.where(valid, 0).to(device), valid.to(device)
-
-    def completion_grid(self, values: Tensor) -> Tensor:
-        """Per-token `values` [N] on the padded completion columns: [rows, T], 0 where a row has no token."""
-        index, valid = self.completion_index()
-        return torch.where(valid, values[index], torch.zeros((), dtype=values.dtype, device=values.device))
-
-    def from_grid(self, grid: Tensor) -> Tensor:
-        """Values on the completion columns [rows, T] as per-token values [N] (0 on the prompt)."""
-        index, valid = self.completion_index()
-        out = torch.zeros(self.tokens.shape, dtype=grid.dtype, device=grid.device)
-        out[index[valid]] = grid[valid]
-        return out
-
-    def padded(self) -> tuple[Tensor, Tensor]:
-        """The padded view: (input_ids, attention_mask) [rows, P+T], prompts left-padded to the longest P and
-        completions right-padded to T (`completion_mask` is the loss mask on those T columns)."""
-        P, T, device = int(self.prompt_lengths.max()), self.completion_len, self.tokens.device
-        row = torch.repeat_interleave(torch.arange(self.rows), self.lengths)
-        col = torch.arange(self.tokens.shape[0]) - self.offsets[row] + (P - self.prompt_lengths)[row]
-        row, col = row.to(device), col.to(device)
-        input_ids = torch.full((self.rows, P + T), self.pad_token_id, dtype=self.tokens.dtype, device=device)
-        input_ids[row, col] = self.tokens
-        attention_mask = torch.zeros((self.rows, P + T), dtype=torch.long, device=device)
-        attention_mask[row, col] = 1
-        return input_ids, attention_mask
-
-    @property
-    def input_ids(self) -> Tensor:
-        return self.padded()[0]
-
-    @property
-    def attention_mask(self) -> Tensor:
-        return self.padded()[1]
-
-    @property
-    def completion_mask(self) -> Tensor:
-        return self.completion_grid(self.loss_mask).long()
+    def row_of_token(self) -> Tensor:
+        """[N] each token's row, on the tokens' device."""
+        return torch.repeat_interleave(torch.arange(self.rows, device=self.tokens.device), self.lengths.to(self.tokens.device))
 
     def select_groups(self, groups: list[int]) -> "Rollout":
         """The rollout restricted to whole groups (token fields only; scores are added later)."""
@@ -192,16 +145,6 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
-
-
-def completion_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
-    """Mask of tokens up to and including the first EOS, and whether each row never reached one."""
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))  # [B, T]
-    has_eos = is_eos.any(dim=1)
-    T = completion_ids.shape[1]
-    first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, T, dtype=torch.long))
-    mask = torch.arange(T, device=completion_ids.device)[None, :] <= first[:, None]
-    return mask.long(), ~has_eos
 
 
 def group_seed(*parts: int | str) -> int:

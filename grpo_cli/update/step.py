@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 from torch.profiler import record_function
 
 from grpo_cli.algo.advantages import ADVANTAGES
@@ -27,37 +28,36 @@ from grpo_cli.sample.rollout import Rollout
 from grpo_cli.sample.settings import StepSettings
 
 
-def loss_mask(roll: Rollout, mask_truncated: bool, batch: StepBatch | None = None) -> torch.Tensor:
-    """Completion tokens that enter the loss, [B, T]: none of a padding row, and with mask_truncated none of a
-    completion cut off by max_new_tokens (DAPO's overlong filtering: its reward judges an unfinished
-    answer)."""
-    mask = batch.grid(roll.loss_mask) if batch is not None else roll.completion_mask
+def loss_mask(roll: Rollout, mask_truncated: bool, row_of_token: Tensor) -> Tensor:
+    """[N] the tokens that enter the loss: the model's own (the loss mask), none of a padding row, and with
+    mask_truncated none of a completion cut off by max_new_tokens (DAPO's overlong filtering: its reward judges an
+    unfinished answer)."""
+    mask = roll.loss_mask.float()
     if mask_truncated:
-        mask = mask * (~roll.truncated)[:, None]
+        mask = mask * (~roll.truncated.to(mask.device))[row_of_token]
     if roll.weight is not None:
-        mask = mask * roll.weight[:, None].to(mask.dtype)
+        mask = mask * roll.weight.to(mask.device)[row_of_token]
     return mask
 
 
-def real_rows(roll: Rollout) -> torch.Tensor:
+def real_rows(roll: Rollout) -> Tensor:
     return roll.weight if roll.weight is not None else torch.ones(roll.rows, device=roll.tokens.device)
 
 
 def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
              with_entropy: bool = False, dist: Dist = SINGLE, batch: StepBatch | None = None) -> tuple[bool, float]:
-    """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with
-    its KL term and entropy bonus, over the whole (global) rollout batch, accumulated
-    over micro-batches with the batch's normalisers (docs/math.md, "Aggregation"); this pass's metrics
-    go to `record` when given, the entropy when `with_entropy`; `batch` the step's micro-batches (formed
+    """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with its KL
+    term and entropy bonus, over the whole (global) rollout batch, accumulated over micro-batches with the batch's
+    normalisers (docs/math.md, "Aggregation"); each micro-batch's tokens are flat, each with its row. This pass's
+    metrics go to `record` when given, the entropy when `with_entropy`; `batch` the step's micro-batches (formed
     here when not given). Returns (skipped, gradient norm).
 
-    A non-finite loss or gradient norm skips the step: the weights and the optimizer's moments stay
-    as they were. The gradient norm is global (DDP all-reduces the gradients first), so every rank
-    decides alike without a collective.
+    A non-finite loss or gradient norm skips the step: the weights and the optimizer's moments stay as they were.
+    The gradient norm is global (DDP all-reduces the gradients first), so every rank decides alike.
     """
     algo, temperature = settings.algo, settings.sampling.temperature
     batch = batch if batch is not None else StepBatch.for_model(roll, settings, policy, dist)
-    full_mask = loss_mask(roll, algo.mask_truncated, batch)
+    full_mask = loss_mask(roll, algo.mask_truncated, batch.row_of_token)  # [N]
     request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
     total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
@@ -65,21 +65,20 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
     # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
     with precision.autocast():
-        for i, mb in enumerate(batch.parts):
-            rows = mb.rows.to(full_mask.device)
-            mask = full_mask[rows]
+        for i in range(len(batch.parts)):
             with dist.no_sync(policy, last=i == len(batch.parts) - 1):  # gradients all-reduced once, after the last
-                logp, entropy = batch.logprobs(policy, i, request)
+                logp, entropy, index = batch.logprobs(policy, i, request)  # [K] each
                 with precision.outside_autocast():
+                    rows, mask = batch.row_of_token[index], full_mask[index]
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
-                    old = batch.grid(roll.old_logp, rows) if roll.old_logp is not None else logp.detach()
-                    sampler = batch.grid(roll.sampler_logp, rows) if roll.sampler_logp is not None else None
+                    old = roll.old_logp[index] if roll.old_logp is not None else logp.detach()
+                    sampler = roll.sampler_logp[index] if roll.sampler_logp is not None else None
                     weight = (sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
                               if sampler is not None and algo.sampler_correction == "tis" else None)
                     loss, m = policy_loss(LossInputs(
-                        logp, old, roll.advantages[rows], mask,
+                        logp, old, roll.advantages[rows], mask, rows, num_segments=roll.rows,
                         clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
-                        ref_logp=batch.grid(roll.ref_logp, rows) if roll.ref_logp is not None else None,
+                        ref_logp=roll.ref_logp[index] if roll.ref_logp is not None else None,
                         kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
                         max_completion_length=settings.sampling.max_new_tokens,
                         num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
@@ -88,19 +87,8 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
                     ))
                     # DDP averages gradients over ranks: times the world size, that average is the global sum.
                     (loss * dist.world_size).backward()
-            tokens = mask.sum()
-            if with_entropy and record is not None:
-                record.mean("entropy", (entropy.detach() * mask).sum(), tokens)
             if record is not None:
-                record.sum("loss", loss.detach())
-                record.mean("kl_behaviour", (token_kl(old, logp.detach(), "k3") * mask).sum(), tokens)
-                for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", *POLICY_LOSSES[algo.loss].metrics):
-                    if k in m:
-                        record.mean(k, m[k] * tokens, tokens)
-                record.min("ratio_min", m["ratio_min"])
-                record.max("ratio_max", m["ratio_max"])
-                if sampler is not None:  # the engine against the trainer (docs/math.md, "Sampler mismatch")
-                    record_mismatch(record, old, sampler, mask, weight, algo.sampler_correction_cap)
+                record_pass(record, m, loss, logp, entropy if with_entropy else None, old, sampler, mask, weight, algo)
     params = [p for p in policy.parameters() if p.grad is not None]
     max_norm = settings.max_grad_norm if settings.max_grad_norm > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0  # a host sync
@@ -109,6 +97,23 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step's gradients are thrown away
     return not finite, grad_norm
+
+
+def record_pass(record: StepMetrics, m: dict, loss: Tensor, logp: Tensor, entropy: Tensor | None, old: Tensor,
+                sampler: Tensor | None, mask: Tensor, weight: Tensor | None, algo) -> None:
+    """A micro-batch's metrics: the loss, the entropy, the KL to the behaviour, the loss's own, the sampler's gap."""
+    tokens = mask.sum()
+    if entropy is not None:
+        record.mean("entropy", (entropy.detach() * mask).sum(), tokens)
+    record.sum("loss", loss.detach())
+    record.mean("kl_behaviour", (token_kl(old, logp.detach(), "k3") * mask).sum(), tokens)
+    for k in ("kl", "clip_frac_low", "clip_frac_high", "ratio_mean", *POLICY_LOSSES[algo.loss].metrics):
+        if k in m:
+            record.mean(k, m[k] * tokens, tokens)
+    record.min("ratio_min", m["ratio_min"])
+    record.max("ratio_max", m["ratio_max"])
+    if sampler is not None:  # the engine against the trainer (docs/math.md, "Sampler mismatch")
+        record_mismatch(record, old, sampler, mask, weight, algo.sampler_correction_cap)
 
 
 def record_mismatch(record: StepMetrics, old, sampler, mask, weight, cap: float) -> None:
