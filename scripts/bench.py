@@ -47,7 +47,7 @@ from rich.table import Table
 
 from grpo_cli.update import step as step_fn  # a loop below names its counter `step`
 from grpo_cli.run import build as run_setup
-from grpo_cli.choices import PRECISIONS
+from grpo_cli.config.trainer import PRECISIONS
 from grpo_cli.models.policies import Policies
 from grpo_cli.rewards import Judge
 from grpo_cli.sample.metrics import PHASES

@@ -1,14 +1,12 @@
 """Writes the docs' reference pages from the code, so they cannot drift from it:
 
-- docs/reference/config.md: every key of `grpo train`, `grpo evaluate` and `grpo sample` with its default
-  (the config the command composes with no overrides), the values the checks allow (read from the
-  `Problems.choice` calls of grpo_cli/run/checks.py) and what it means (its comment in grpo_cli/conf/);
-  every config group with its options; the registries a plug-in adds to.
+- docs/reference/config.md: every key of `grpo train`, `grpo evaluate` and `grpo sample` with its default (the
+  config the command composes with no overrides), the values it allows and what it means, read from its
+  declaration (grpo_cli/config/); every config group with its options; the registries a plug-in adds to.
 - docs/reference/cli.md: `grpo --help` and each command's header.
 
-`make docs` runs it before `mkdocs build --strict`; tests/test_docs.py fails when the committed pages
-differ from what it writes (`python scripts/docs_reference.py` rewrites them), and checks, from the schemas
-alone, that every key is listed.
+`make docs` runs it before `mkdocs build --strict`; tests/test_docs.py fails when the committed pages differ from
+what it writes (`python scripts/docs_reference.py` rewrites them).
 
     python scripts/docs_reference.py [--check]
 """
@@ -16,11 +14,9 @@ alone, that every key is listed.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import io
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,56 +25,45 @@ COMMANDS = ("train", "evaluate", "sample")
 SHARED = ("model", "reward", "sampler", "generator", "env", "data", "optimizer", "algo", "trainer", "hub")
 
 
-def allowed_values() -> dict[str, tuple]:
-    """{key: the values `check_*` accepts}: each `p.choice("key", value, ALLOWED)` call of checks.py, and the
-    (key, value, ALLOWED) tuples a loop hands to one, with ALLOWED evaluated in that module."""
-    from grpo_cli.run import checks
-
-    tree = ast.parse(Path(checks.__file__).read_text())
-    names = vars(checks)
-    out: dict[str, tuple] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "choice" and len(node.args) == 3:
-            key = node.args[0]
-            if isinstance(key, ast.Constant) and isinstance(key.value, str):
-                out[key.value] = tuple(eval(compile(ast.Expression(node.args[2]), "checks", "eval"), names))
-        if isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):
-            for item in node.iter.elts:
-                if isinstance(item, ast.Tuple) and len(item.elts) == 3 and isinstance(item.elts[0], ast.Constant):
-                    out[item.elts[0].value] = tuple(eval(compile(ast.Expression(item.elts[2]), "checks", "eval"), names))
-    return out
+def allowed(d) -> str:
+    """What a declaration allows, for the table: its choices, or its range."""
+    if d is None:
+        return ""
+    if d.choices is not None:
+        return ", ".join(f"`{v}`" for v in d.allowed())
+    return d.range_text() or ("a finite number" if d.finite else "")
 
 
 def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _rows(command: str, allowed: dict[str, tuple], keep) -> list[str]:
-    from grpo_cli.commands.compose import compose_config
-    from grpo_cli.commands.help import _flat, _show, key_comments
+def _rows(config, keep) -> list[str]:
+    from grpo_cli.commands.help import show
+    from grpo_cli.config.declare import declared, walk
 
-    _, comments = key_comments(command)
-    rows = []
-    for key, value in _flat(asdict(compose_config(command, []))):
-        if keep(key):
-            choices = ", ".join(f"`{v}`" for v in allowed.get(key, ()))
-            rows.append(f"| `{key}` | `{_cell(_show(value))}` | {choices} | {_cell(comments.get(key, ''))} |")
-    return rows
+    return [f"| `{key}` | `{_cell(show(value))}` | {_cell(allowed(declared(f)))} | "
+            f"{_cell(getattr(declared(f), 'help', ''))} |" for key, f, value, _ in walk(config) if keep(key)]
 
 
 def _group_table() -> list[str]:
     from grpo_cli.commands.help import _conf, groups
+    from grpo_cli.generate.base import GENERATORS
 
     lines = ["| group | option | what it is |", "| --- | --- | --- |"]
     for group, options in groups().items():
         for option in options:
-            block = []  # the file's opening comment
-            for ln in (_conf() / group / f"{option}.yaml").read_text().splitlines():
-                if not ln.startswith("#"):
-                    break
-                if "@package" not in ln:
-                    block.append(ln.lstrip("# ").strip())
-            first = " ".join(block)
+            file = _conf() / group / f"{option}.yaml"
+            if file.is_file():
+                block = []  # the file's opening comment
+                for ln in file.read_text().splitlines():
+                    if not ln.startswith("#"):
+                        break
+                    if "@package" not in ln:
+                        block.append(ln.lstrip("# ").strip())
+                first = " ".join(block)
+            else:  # an option registered in code: a generator back-end, its settings' docstring
+                first = " ".join((GENERATORS[option].settings.__doc__ or "").split())
             lines.append(f"| `{group}` | `{option}` | {_cell(first)} |")
     return lines
 
@@ -95,7 +80,7 @@ def _registries() -> list[str]:
              ("policy losses (`algo.loss`)", POLICY_LOSSES, "`@register_loss` in grpo_cli/algo/losses.py"),
              ("aggregations (`algo.aggregation`)", AGGREGATIONS, "grpo_cli/algo/losses.py"),
              ("advantage estimators (`algo.advantage`)", ADVANTAGES, "`@register_advantage` in grpo_cli/algo/advantages.py"),
-             ("generators (`generator.name`)", GENERATORS, "`register_generator` in grpo_cli/generate/base.py"),
+             ("generators (`generator=NAME`)", GENERATORS, "`register_generator` in grpo_cli/generate/base.py"),
              ("tool-call formats (`env.tool_format`)", TOOL_FORMATS, "grpo_cli/episodes/tool_formats.py"),
              ("trackers (`trainer.trackers`)", TRACKERS, "grpo_cli/run/trackers.py")]
     lines = ["| registry | names | where one is added |", "| --- | --- | --- |"]
@@ -109,22 +94,31 @@ HEADER = "| key | default | allowed | what it means |\n| --- | --- | --- | --- |
 
 
 def config_page() -> str:
-    allowed = allowed_values()
+    from dataclasses import fields
+
+    from grpo_cli.commands.compose import compose_config
+    from grpo_cli.config import GeneratorConfig
+
+    train = compose_config("train", [])
     parts = ["# Configuration reference", "",
-             "Generated by `scripts/docs_reference.py` from the schemas (`grpo_cli/config.py`), the comments of the",
-             "YAML files under `grpo_cli/conf/` and the values the checks allow (`grpo_cli/run/checks.py`). The",
-             "defaults are those of the command with no overrides; a group option or a preset changes some of them",
-             "(`grpo train experiment=tool_use --help` prints the values a command line composes). Set a key with",
-             "`key=value`, pick an option with `group=option`.", "", "## Config groups", "", *_group_table(), ""]
+             "Generated by `scripts/docs_reference.py` from each setting's declaration (`grpo_cli/config/`): its",
+             "default, what it allows and what it means. The defaults are those of the command with no overrides; a",
+             "group option or a preset changes some of them (`grpo train experiment=tool_use --help` prints the values",
+             "a command line composes). Set a key with `key=value`, pick an option with `group=option`.", "",
+             "## Config groups", "", *_group_table(), ""]
     for group in SHARED:
-        parts += [f"## `{group}`", "", HEADER, *_rows("train", allowed, lambda k, g=group: k.startswith(g + ".")), ""]
-    parts += ["## `grpo train`: top-level keys", "", HEADER,
-              *_rows("train", allowed, lambda k: "." not in k), ""]
+        parts += [f"## `{group}`", "", HEADER, *_rows(train, lambda k, g=group: k.startswith(g + ".")), ""]
+        if group == "generator":
+            common = {f.name for f in fields(GeneratorConfig)}  # every back-end's; the rest are the back-end's own
+            parts += ["`generator=vllm` has the keys every back-end has and these instead of hf's:", "", HEADER,
+                      *_rows(compose_config("train", ["generator=vllm"]),
+                             lambda k: k.startswith("generator.") and k.split(".")[1] not in common), ""]
+    parts += ["## `grpo train`: top-level keys", "", HEADER, *_rows(train, lambda k: "." not in k), ""]
     for command in COMMANDS[1:]:
         parts += [f"## `grpo {command}`", "",
                   f"`grpo {command}` shares the groups `model`, `reward`, `sampler`, `generator`, `env` and `data` "
                   f"with `grpo train` (above); its own keys:", "", HEADER,
-                  *_rows(command, allowed, lambda k: "." not in k), ""]
+                  *_rows(compose_config(command, []), lambda k: "." not in k), ""]
     parts += ["## Registries", "",
               "What a name in the config can point at, and where a new one is registered:", "", *_registries(), ""]
     return "\n".join(parts)

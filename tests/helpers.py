@@ -221,3 +221,31 @@ def from_grid(roll, values):
     out = torch.zeros(roll.tokens.shape, dtype=values.dtype, device=values.device)
     out[index[valid]] = values[valid]
     return out
+
+
+def refusal(config) -> str:
+    """What the config's one check says of a command's config, or of a config group in the default `grpo train`
+    config: the sentence, '' when nothing is wrong."""
+    from dataclasses import fields, replace
+
+    from grpo_cli.config import TrainConfig, check
+    from grpo_cli.errors import GrpoError
+
+    if not hasattr(config, "trainer") and not hasattr(config, "model"):  # a group: put it in a default train config
+        name = next(f.name for f in fields(TrainConfig) if isinstance(config, type(getattr(TrainConfig(), f.name))))
+        config = replace(TrainConfig(), **{name: config})
+    try:
+        check(config)
+    except GrpoError as e:
+        return str(e)
+    return ""
+
+
+def forget_generator(name: str) -> None:
+    """Undo a test's register_generator: the registry's entry and the `generator` option it made."""
+    from hydra.core.config_store import ConfigStore
+
+    from grpo_cli.generate.base import GENERATORS
+
+    GENERATORS.pop(name)
+    ConfigStore.instance().repo["generator"].pop(f"{name}.yaml", None)

@@ -326,7 +326,7 @@ CASES = [
     (TRAIN + " generator.weights=int4", "generator.weights='int4' must be one of full, bf16"),
     (TRAIN + " generator.matmul=mkl", "generator.matmul='mkl' must be one of auto, packed, plain"),
     (TRAIN + " generator.weights=bf16 trainer.precision=bf16-mixed", "generator.weights=bf16 samples in bf16, which trainer.precision=bf16-mixed already does; drop one"),
-    (TRAIN + " generator=vllm generator.weights=bf16", "generator.weights=bf16 is generator=hf's; vLLM samples in the model's own dtype"),
+    (TRAIN + " generator=vllm generator.weights=bf16", "generator.weights is not a setting of this generator: it is generator=hf's; drop it or choose that one."),
     ("train output_dir={root}/budget " + " ".join(FAST) + " trainer.max_tokens_per_micro_batch=5",
      "trainer.max_tokens_per_micro_batch=5 is smaller than the longest row a step can hold"),
     (TRAIN + " reward=combo reward.terms=[exact_match,format] reward.weights=[0,0]",

@@ -18,14 +18,14 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from helpers import flat_inputs, grpo, metric_rows, padded, read_jsonl
+from helpers import flat_inputs, forget_generator, grpo, metric_rows, padded, read_jsonl
 from grpo_cli.config import EnvConfig, TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.episodes.environments import EnvSpec
 from grpo_cli.episodes.tool_formats import parse_hermes
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.sample.rollout import Sampling
-from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+from grpo_cli.generate.base import make_generator, register_generator
 from grpo_cli.episodes.driver import with_env
 from helpers import token_logprobs
 from grpo_cli.models.loading import load_model, load_tokenizer
@@ -107,7 +107,7 @@ def scripted():
     register_generator("scripted", Scripted)
     Scripted.contexts, Scripted.calls = [], []
     yield Scripted
-    GENERATORS.pop("scripted")
+    forget_generator("scripted")
 
 
 def call(name: str, **arguments) -> str:

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from grpo_cli.config import EvaluateConfig
-from grpo_cli.run.checks import check_evaluate as check_evaluate_config
+from grpo_cli.config import check
+from grpo_cli.errors import GrpoError
 from grpo_cli.commands.evaluation import checkpoints_to_evaluate
 from grpo_cli.rollout.scoring import maj_at_k, majority, pass_at_k
 from helpers import FAST, TIMING, grpo, read_jsonl
@@ -82,8 +83,10 @@ def test_maj_at_k_refuses_k_below_one_with_its_own_message():
 # --- grpo evaluate --------------------------------------------------------------------------------
 
 def test_samples_0_scores_greedy_only_whatever_k_is():
-    assert check_evaluate_config(EvaluateConfig(samples=0)) == []  # the default k=[1, 4, 8] is not refused
-    assert check_evaluate_config(EvaluateConfig(samples=8)) == [1, 4, 8]
+    check(EvaluateConfig(samples=0))  # the default k=[1, 4, 8] is not refused
+    check(EvaluateConfig(samples=8))
+    with pytest.raises(GrpoError, match=r"k=\[1, 4, 8\] asks for pass@k and maj@k from samples=2"):
+        check(EvaluateConfig(samples=2))
 
 
 def test_a_checkpoint_that_yaml_reads_as_a_number_is_a_path():

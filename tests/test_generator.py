@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from helpers import flat_inputs
+from helpers import flat_inputs, forget_generator
 
 from grpo_cli.models.distributed import SINGLE
 from grpo_cli.sample.metrics import StepMetrics
@@ -137,33 +137,37 @@ def test_a_registered_back_end_checks_its_own_settings_and_names_what_it_needs()
     """A back-end declares its rules and its library (generators.Backend); checks.py applies them with the
     rest of the config, and `check_available` names the missing library, without importing the factory."""
     from grpo_cli.config import TrainConfig
+    from dataclasses import dataclass
+
+    from grpo_cli.config import GeneratorConfig, VLLMGeneratorConfig, check
+    from grpo_cli.config.declare import setting
     from grpo_cli.errors import GrpoError
-    from grpo_cli.generate.base import GENERATORS, check_available, register_generator
-    from grpo_cli.run.checks import check_train
+    from grpo_cli.generate.base import check_available, register_generator
 
-    def check(p, g, model):
-        p.need(g.kv_cache_gib <= 2, f"generator.kv_cache_gib={g.kv_cache_gib} is more than toy serves (2)")
+    @dataclass
+    class ToySettings(GeneratorConfig):
+        kv_cache_gib: float = setting(1.0, "what toy serves", check=lambda v: None if v <= 2 else
+                                      f"generator.kv_cache_gib={v} is more than toy serves (2)")
 
-    register_generator("toy", "no_such_module:Toy", check=check, requires="no_such_module_xyz",
+    register_generator("toy", "no_such_module:Toy", settings=ToySettings, requires="no_such_module_xyz",
                        install="generator=toy needs no_such_module_xyz: pip install it.")
     try:
         cfg = TrainConfig()
-        cfg.generator.name, cfg.generator.kv_cache_gib = "toy", 3.0
+        cfg.generator = ToySettings(name="toy", kv_cache_gib=3.0)
         with pytest.raises(GrpoError, match=r"generator.kv_cache_gib=3.0 is more than toy serves \(2\)"):
-            check_train(cfg)
+            check(cfg)
         cfg.generator.kv_cache_gib = 1.0
-        check_train(cfg)  # within its rules: the rest of the default config is fine
+        check(cfg)  # within its rules: the rest of the default config is fine
         with pytest.raises(GrpoError, match=r"^generator=toy needs no_such_module_xyz: pip install it.$"):
             check_available(cfg.generator)
-        cfg.generator.name = "hf"
-        check_available(cfg.generator)  # hf needs nothing beyond torch and transformers
+        check_available(GeneratorConfig(name="hf"))  # hf needs nothing beyond torch and transformers
     finally:
-        GENERATORS.pop("toy")
+        forget_generator("toy")
     cfg = TrainConfig()  # vLLM's own rules are declared the same way, and read without vLLM installed
-    cfg.generator.name, cfg.generator.gpu_memory_utilization, cfg.model.lora.quantize = "vllm", 1.5, "nf4"
+    cfg.generator, cfg.model.lora.quantize = VLLMGeneratorConfig(gpu_memory_utilization=1.5), "nf4"
     with pytest.raises(GrpoError, match=r"generator.gpu_memory_utilization=1.5 must be .*generator=vllm cannot serve "
                                         r"a 4-bit QLoRA base"):
-        check_train(cfg)
+        check(cfg)
 
 
 def skip_where_bf16_is_slow() -> None:
@@ -180,7 +184,7 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
     the sampler's log-probs, within 0.05 nats a token of the fp32 model's log-probs of the same tokens (computed
     here independently, by a plain forward); held-out scoring (no log-probs asked) reads the model as trained, so
     its greedy completions equal generator.weights=full's."""
-    from grpo_cli.config import GeneratorConfig
+    from grpo_cli.config import HFGeneratorConfig
     from grpo_cli.models.loading import load_model, load_tokenizer
     from grpo_cli.generate.hf import HFGenerator
     from grpo_cli.sample.rollout import Sampling
@@ -188,8 +192,8 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
     skip_where_bf16_is_slow()
     model, tok = load_model(str(tiny_dir), device="cpu"), load_tokenizer(str(tiny_dir))
     prompts = ["12+7=", "30+45=", "8+9="]
-    bf16 = HFGenerator(tok, GeneratorConfig(weights="bf16"), device="cpu")
-    full = HFGenerator(tok, GeneratorConfig(), device="cpu")
+    bf16 = HFGenerator(tok, HFGeneratorConfig(weights="bf16"), device="cpu")
+    full = HFGenerator(tok, HFGeneratorConfig(), device="cpu")
     assert bf16.returns_logprobs and not full.returns_logprobs
     def gaps(generator) -> torch.Tensor:  # |sampler log-prob - the fp32 model's|, each sampled token
         roll = generator.generate(model, prompts, 4, Sampling(6, temperature=1.0), [1, 2, 3], with_logprobs=True)
@@ -210,7 +214,7 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
 
 
 def test_bf16_sampling_where_bf16_is_slow_is_one_sentence(monkeypatch, tiny_dir):
-    from grpo_cli.config import GeneratorConfig
+    from grpo_cli.config import HFGeneratorConfig
     from grpo_cli.errors import GrpoError
     from grpo_cli.models.loading import load_tokenizer
     from grpo_cli.generate import hf as generation
@@ -218,7 +222,7 @@ def test_bf16_sampling_where_bf16_is_slow_is_one_sentence(monkeypatch, tiny_dir)
     monkeypatch.setattr(generation, "decode_ratio", lambda device: 38.5)  # an AVX2 CPU emulating bf16
     with pytest.raises(GrpoError, match=r"generator.weights=bf16 would sample slower than fp32 on this cpu "
                                         r"\(a decode-shaped bf16 product took 38.5x fp32's time\); set generator.weights=full"):
-        generation.HFGenerator(load_tokenizer(str(tiny_dir)), GeneratorConfig(weights="bf16"), device="cpu")
+        generation.HFGenerator(load_tokenizer(str(tiny_dir)), HFGeneratorConfig(weights="bf16"), device="cpu")
 
 
 def test_a_run_with_bf16_sampling_weights_logs_the_gap_and_corrects_it(tmp_path, capsys):

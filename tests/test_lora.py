@@ -170,7 +170,7 @@ def test_lora_with_bf16_mixed_and_gradient_checkpointing_trains_a_float32_adapte
 
 
 def test_ref_refresh_under_lora_and_qlora_on_cpu_are_refused_with_one_sentence(tmp_path):
-    from grpo_cli.run.checks import check_train as check_config
+    from grpo_cli.config import check as check_config
 
     cfg = lora_cfg(ref_refresh=10)
     with pytest.raises(GrpoError, match="algo.ref_refresh copies the policy into a second model"):

@@ -118,5 +118,6 @@ def test_the_loss_registry_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, grpo_cli.algo.losses, grpo_cli.run.checks; print('torch' in sys.modules)"
+    code = ("import sys, grpo_cli.algo.losses\nfrom grpo_cli.config import TrainConfig, check\ncheck(TrainConfig())\n"
+            "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import forget_generator
 
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.generate.base import GENERATORS, register_generator
+from grpo_cli.generate.base import register_generator
 from grpo_cli.algo.losses import POLICY_LOSSES, register_loss
 from grpo_cli.run.trainer import train
 
@@ -53,7 +54,7 @@ def plugins():
 
     RecordingGenerator.made.clear()
     yield
-    GENERATORS.pop("recording")
+    forget_generator("recording")
     POLICY_LOSSES.pop("scaled_reinforce")
 
 
@@ -99,7 +100,7 @@ def test_a_generator_missing_a_member_of_the_protocol_is_refused_when_built(plug
             make_generator(type("S", (), {"name": "incomplete"})(), None, chat_template=False, precision=None,
                            device="cpu")
     finally:
-        GENERATORS.pop("incomplete")
+        forget_generator("incomplete")
 
 
 def test_a_registered_loss_setting_it_does_not_declare_is_refused_in_one_sentence(tmp_path, plugins):
@@ -108,8 +109,8 @@ def test_a_registered_loss_setting_it_does_not_declare_is_refused_in_one_sentenc
     with pytest.raises(GrpoError, match=r"algo.loss_args.scael is not a setting of algo.loss=scaled_reinforce \(its settings: scale\)"):
         train(cfg, tmp_path, Console(progress=False))
     cfg.algo.loss, cfg.generator.name = "nope", "nope"
-    with pytest.raises(GrpoError, match="algo.loss='nope' must be one of clip, cispo, sapo, scaled_reinforce.*"
-                                        "generator.name='nope' must be one of hf, vllm, recording"):
+    with pytest.raises(GrpoError, match="generator.name='nope' must be one of hf, vllm, recording.*algo.loss='nope' must be "
+                                        "one of clip, cispo, sapo, scaled_reinforce"):
         train(cfg, tmp_path, Console(progress=False))
 
 
@@ -132,4 +133,4 @@ def test_a_registered_generator_samples_in_the_generation_worker_and_a_local_one
         with pytest.raises(GrpoError, match="generation worker cannot import"):
             train(cfg, tmp_path / "b", Console(progress=False))
     finally:
-        GENERATORS.pop("local")
+        forget_generator("local")

@@ -3,9 +3,9 @@ import sys
 
 import pandas as pd
 import pytest
+from helpers import refusal
 
 from grpo_cli.demo import tiny
-from grpo_cli.run.checks import Problems, check_data, check_reward
 from grpo_cli.config import DataConfig, RewardConfig
 from grpo_cli.data.tasks import PromptOrder, arithmetic_problems, load_data, long_addition_problems
 from grpo_cli.errors import GrpoError
@@ -66,22 +66,14 @@ def test_exact_match_reward_is_one_for_right_and_zero_for_wrong():
     assert fn(["1+1=", "1+1="], ["2", "3"], ["2", "2"]) == [1.0, 0.0]
 
 
-def problems(check, cfg) -> str:
-    """What checks.py says of one config group: the one place each rule is checked."""
-    p = Problems()
-    check(p, cfg)
-    return "; ".join(p)
-
-
 def test_regex_extraction_and_a_regex_that_does_not_compile():
     fn = build_reward(RewardConfig(extract="regex", pattern=r"<a>(\d+)</a>"))
     assert fn(["p"] * 2, ["<a>7</a>", "7"], ["7", "7"]) == [1.0, 0.0]
-    assert "reward.pattern '(unclosed' does not compile" in problems(check_reward, RewardConfig(extract="regex", pattern="(unclosed"))
+    assert "reward.pattern '(unclosed' does not compile" in refusal(RewardConfig(extract="regex", pattern="(unclosed"))
 
 
 def test_a_regex_without_a_capture_group_is_refused_before_the_reward_is_built():
-    assert "has no capture group; put the answer part in parentheses" in problems(
-        check_reward, RewardConfig(extract="regex", pattern=r"\d+"))
+    assert "has no capture group; put the answer part in parentheses" in refusal(RewardConfig(extract="regex", pattern=r"\d+"))
     with pytest.raises(ValueError, match="no capture group"):  # a caller that skipped the checks: a bug
         build_reward(RewardConfig(extract="regex", pattern=r"\d+"))
 
@@ -157,8 +149,8 @@ def test_length_reward_reads_the_token_counts_the_trainer_passes():
 
 
 def test_length_options_are_checked_before_any_work():
-    assert problems(check_reward, RewardConfig(name="length", max_length=10, overlong_buffer=20)) == (
-        "reward.overlong_buffer=20 must be >= 0 and below reward.max_length=10")
+    assert refusal(RewardConfig(name="length", max_length=10, overlong_buffer=20)) == (
+        "reward.overlong_buffer=20 must be >= 0 and below reward.max_length=10.")
 
 
 @pytest.mark.parametrize(
@@ -175,8 +167,7 @@ def test_format_reward_matches_the_whole_completion(completion, want):
 
 
 def test_a_format_regex_that_does_not_compile_is_a_clear_error():
-    assert "reward.format_pattern '(unclosed' does not compile" in problems(
-        check_reward, RewardConfig(name="format", format_pattern="(unclosed"))
+    assert "reward.format_pattern '(unclosed' does not compile" in refusal(RewardConfig(name="format", format_pattern="(unclosed"))
 
 
 def test_combo_adds_weighted_terms_and_reports_each_one():
@@ -204,7 +195,7 @@ def test_combo_without_weights_weighs_every_term_one():
      (RewardConfig(name="python"), "reward=python needs reward.fn")],
 )
 def test_reward_config_mistakes_are_one_sentence(cfg, message):
-    assert message in problems(check_reward, cfg)
+    assert message in refusal(cfg)
 
 
 def test_a_plain_function_is_scored_without_terms():
@@ -361,7 +352,7 @@ def test_the_chat_template_wraps_the_prompt_with_the_system_prompt():
     assert data["train"][0]["prompt"] == "<system>add<user>15+34=<a>"
     with pytest.raises(GrpoError, match="has no chat template"):
         load_data(DataConfig(chat_template=True), tiny.build_tokenizer())
-    assert "data.system_prompt is only used with data.chat_template=true" in problems(check_data, DataConfig(system_prompt="add"))
+    assert "data.system_prompt is only used with data.chat_template=true" in refusal(DataConfig(system_prompt="add"))
 
 
 def test_prompts_over_the_token_limit_are_dropped_and_counted():
@@ -411,7 +402,7 @@ def test_long_addition_with_signs_has_their_values_and_operand_columns_and_leave
         assert r["prompt"] == f"{r['a']}+{r['b']}-{r['c']}=" and int(r["answer"]) == r["a"] + r["b"] - r["c"]
         assert max(r["a"], r["b"], r["c"]) < 1000
     assert long_addition_problems(3, 10000, 200)["test"][0] == {"prompt": "864+394=", "answer": "1258", "a": 864, "b": 394}
-    assert "data.signs='+*' must be 1 to 5 of + and -" in problems(check_data, DataConfig(name="long_addition", signs="+*"))
+    assert "data.signs='+*' must be 1 to 5 of + and -" in refusal(DataConfig(name="long_addition", signs="+*"))
 
 
 @pytest.mark.parametrize("cfg, message", [
@@ -421,7 +412,7 @@ def test_long_addition_with_signs_has_their_values_and_operand_columns_and_leave
     (DataConfig(name="hub"), "data=hub needs data.hub_name"),
 ])
 def test_data_settings_are_checked_once_before_any_work(cfg, message):
-    assert message in problems(check_data, cfg)
+    assert message in refusal(cfg)
 
 
 @pytest.mark.parametrize(

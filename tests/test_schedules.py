@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_cli.choices import SCHEDULERS
+from grpo_cli.update.schedules import SCHEDULES as SCHEDULERS
 from grpo_cli.update.schedules import SCHEDULES, schedule
 
 

@@ -20,10 +20,10 @@ from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.episodes.environments import EnvSpec
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.sample.rollout import Sampling
-from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+from grpo_cli.generate.base import make_generator, register_generator
 from grpo_cli.episodes.driver import with_env
 from grpo_cli.episodes.tool_formats import TOOL_FORMATS, detect_format, resolve_format, round_trip
-from helpers import grpo
+from helpers import forget_generator, grpo
 
 INPUTS = Path(__file__).parent / "inputs"
 
@@ -225,7 +225,7 @@ def test_an_episode_calls_the_tool_in_the_models_own_format(name, call, tmp_path
                                             r"template writes a call as .*, which parsed back as no call"):
             with_env(make_generator(settings, tok, chat_template=True, precision=None, device="cpu"), spec, tok, chat_template=True)
     finally:
-        GENERATORS.pop("writes")
+        forget_generator("writes")
 
 
 def test_grpo_tools_names_the_format_and_fails_when_none_reads_the_calls(tmp_path, capsys):

@@ -42,6 +42,10 @@ class LossSpec:
 
 
 POLICY_LOSSES: dict[str, LossSpec] = {}
+KL_ESTIMATORS = ("k1", "k2", "k3")  # objective.token_kl (Schulman's estimators)
+RATIO_LEVELS = ("token", "sequence", "sequence_mean")  # objective._ratios (docs/math.md, "Sequence-level ratios")
+SCALES = ("group", "batch", "none")  # algo.scale: objective.group_advantages
+STD_KINDS = ("population", "sample")  # algo.std
 
 
 def register_loss(name: str, *, metrics: tuple[str, ...] = (), **defaults: float):

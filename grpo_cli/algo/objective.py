@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo_cli.choices import ADVANTAGE_SCALES, KL_ESTIMATORS, RATIO_LEVELS, STD_KINDS
-from grpo_cli.algo.losses import AGGREGATIONS, POLICY_LOSSES, Normalisers, TokenTerms, loss_settings
+from grpo_cli.algo.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, RATIO_LEVELS, STD_KINDS, Normalisers,
+                                  TokenTerms, loss_settings)
+from grpo_cli.algo.losses import SCALES as ADVANTAGE_SCALES
 
 __all__ = [
     "ADVANTAGE_SCALES",

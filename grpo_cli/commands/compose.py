@@ -70,6 +70,12 @@ def suggest(key: str, schema) -> str:
     """The end of the sentence for an unknown dotted key ('; did you mean X?'): TRL's name for it first, then
     the nearest key in the same place or the same name elsewhere, else the keys that are there."""
     last = key.rpartition(".")[2]
+    if key.startswith("generator."):  # a key of another back-end's settings
+        from grpo_cli.generate.base import GENERATORS
+
+        owners = [name for name, b in GENERATORS.items() if last in {f.name for f in fields(b.settings)}]
+        if owners:
+            return f" of this generator: it is generator={' or generator='.join(owners)}'s; drop it or choose that one."
     if last in TRL_NAMES:
         target, note = TRL_NAMES[last]
         if target != key:
@@ -164,6 +170,7 @@ def compose_config(command: str, overrides: list[str], schema=None):
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue
 
+    import grpo_cli.generate.base  # noqa: F401 - registers the generator back-ends' options and settings
     from grpo_cli.config import register_configs, schema_of
 
     register_configs(command)
@@ -173,7 +180,7 @@ def compose_config(command: str, overrides: list[str], schema=None):
             cfg = compose(command, overrides=overrides)
         except Exception as e:  # Hydra's and OmegaConf's composition errors
             raise GrpoError(composition_sentence(e, schema)) from None
-    unknown = unknown_keys(OmegaConf.to_container(cfg, resolve=False), schema)
+    unknown = unknown_keys(cfg, schema)
     if unknown:
         key, near = unknown[0]
         raise GrpoError(f"{key} is not a setting{near}")
@@ -184,10 +191,11 @@ def compose_config(command: str, overrides: list[str], schema=None):
 
 
 def check_one(command: str, overrides: list[str], schema, disk: bool = True) -> None:
-    from grpo_cli.run import checks, path_checks
+    from grpo_cli.config import check
+    from grpo_cli.run import path_checks
 
     plain = compose_config(command, overrides, schema)
-    {"train": checks.check_train, "evaluate": checks.check_evaluate, "sample": checks.check_sample}[command](plain)
+    check(plain)
     if command == "train" and disk:
         path_checks.check_train_paths(plain)
 
@@ -208,15 +216,20 @@ def schema_keys(schema, prefix: str = "") -> list[str]:
     return out
 
 
-def unknown_keys(node: dict, schema, prefix: str = "", root=None) -> list[tuple[str, str]]:
-    """(key, '; did you mean K?') for each key of the composed config that the schema lacks."""
+def unknown_keys(node, schema, prefix: str = "", root=None) -> list[tuple[str, str]]:
+    """(key, '; did you mean K?') for each key of the composed config (a DictConfig) that its schema lacks; a group
+    is held to the schema its option chose (a generator back-end's settings)."""
+    from omegaconf import DictConfig, OmegaConf
+
     known = {f.name: f for f in fields(schema)}
     found = []
-    for k, v in node.items():
+    for k in node:
+        v = node[k] if OmegaConf.is_missing(node, k) is False else None
         if k not in known:
             found.append((prefix + k, suggest(prefix + k, root or schema)))
-        elif _nested(known[k]) is not None and isinstance(v, dict):
-            found += unknown_keys(v, _nested(known[k]), f"{prefix}{k}.", root or schema)
+        elif _nested(known[k]) is not None and isinstance(v, DictConfig):
+            inner = OmegaConf.get_type(v) if is_dataclass(OmegaConf.get_type(v)) else _nested(known[k])
+            found += unknown_keys(v, inner, f"{prefix}{k}.", root or schema)
     return found
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from grpo_cli.run.checkpoint import STEP_DIR, list_checkpoints, read_config
-from grpo_cli.run.checks import check_evaluate
+from grpo_cli.config import check
 from grpo_cli.errors import GrpoError
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.paths import is_adapter_dir
@@ -81,7 +81,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
 
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
     cfg = with_training_settings(cfg, [path for path, _ in reversed(targets)], list(overrides), console)
-    ks = check_evaluate(cfg)  # again: the saved settings may have replaced groups
+    check(cfg)  # again: the saved settings may have replaced groups
     prepare_process(cfg.threads, resolve_device(cfg.model.device))
     precision = Precision(cfg.precision, resolve_device(cfg.model.device).type)
     # Every input is checked before the first model is evaluated: the models, the output directory.
@@ -92,7 +92,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     env = environment(cfg.env)  # the tools the model was trained with (saved with the run)
     reward_fn = reward_with(cfg.reward, env)
-    judge = Judge(cfg.reward, reward_fn)
+    judge, ks = Judge(cfg.reward, reward_fn), sorted(set(cfg.k)) if cfg.samples else []
     # Prompts depend on the tokenizer only through the chat template and the length filter.
     per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None
     split, rows = None, []

@@ -21,7 +21,6 @@ def with_training_settings(cfg, paths: list[str], overrides: list[str], console)
     from omegaconf import OmegaConf
 
     from grpo_cli.run.checkpoint import read_config
-    from grpo_cli.config import GROUP_SCHEMAS
 
     saved, source = None, None
     for path in paths:
@@ -36,7 +35,7 @@ def with_training_settings(cfg, paths: list[str], overrides: list[str], console)
     taken = [g for g in TRAINING_GROUPS if g not in replaced and isinstance(saved.get(g), dict)]
     mine = []
     for group in taken:
-        merged = OmegaConf.merge(OmegaConf.structured(GROUP_SCHEMAS[group]), saved[group])
+        merged = OmegaConf.merge(OmegaConf.structured(type(getattr(cfg, group))), saved[group])
         current = OmegaConf.structured(getattr(cfg, group))
         for key in keys:
             if key.startswith(group + "."):

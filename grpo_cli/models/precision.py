@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.choices import PRECISIONS
+from grpo_cli.config.trainer import PRECISIONS
 from grpo_cli.errors import GrpoError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

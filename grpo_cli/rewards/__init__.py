@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from grpo_cli.config.reward import term_specs
 from grpo_cli.errors import GrpoError
 from grpo_cli.registry import load
 # Each reward's builder, `build(cfg) -> term`, named by import path and imported when first used, so the
@@ -31,8 +32,6 @@ BUILDERS: dict[str, Callable | str] = {
 REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
 # reward.name's other values: auto (the environment's own reward when it scores, else exact_match) and none
 # (the environment's alone); `resolved` turns them into the terms they stand for.
-ENVIRONMENT_REWARDS = ("auto", "none")
-ANSWER_READERS = ("exact_match", "math")  # the terms that compare with the data's answer (none to compare: refused)
 PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
@@ -163,25 +162,6 @@ class Reward:
                  completion_ids=None, episodes=None) -> list[float]:
         return self.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
                           completion_ids=completion_ids, episodes=episodes)[0]
-
-
-def term_specs(cfg) -> list[tuple[str, str, Optional[str]]]:
-    """(logged name, reward, reward.fn) of every term: `reward.terms` under combo, else `reward.name`; a
-    list in `reward.fn` makes one term per function, named after it (TRL's `reward_funcs`)."""
-    from grpo_cli.registry import function_name
-
-    out: list[tuple[str, str, Optional[str]]] = []
-    names = list(cfg.terms) if cfg.name == "combo" else [] if cfg.name == "none" else [cfg.name]
-    for name in ("exact_match" if name == "auto" else name for name in names):
-        if name == "python" and isinstance(cfg.fn, (list, tuple)):
-            for spec in cfg.fn:
-                label, taken = function_name(str(spec)), {n for n, _, _ in out}
-                label = next(f"{label}_{i}" for i in range(2, len(out) + 3) if f"{label}_{i}" not in taken) \
-                    if label in taken else label
-                out.append((label, "python", str(spec)))
-        else:
-            out.append((name, name, cfg.fn if name == "python" else None))
-    return out
 
 
 def load_user_rewards(cfg) -> None:

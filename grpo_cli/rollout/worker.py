@@ -258,7 +258,7 @@ def _serve(channel: Channel, opening) -> None:
     spec, tokenizer, prompts, factory, address = opening
     from grpo_cli.generate.base import register_generator
 
-    register_generator(spec.generator.name, pickle.loads(factory))  # found on the trainer's sys.path
+    register_generator(spec.generator.name, pickle.loads(factory), settings=type(spec.generator))  # on the trainer's sys.path
     model, trainable, precision, device = _sampler(spec)
     reference = _reference(spec, model, precision)
     chain = _chain(spec, model, tokenizer, prompts, precision, device)

@@ -22,7 +22,7 @@ from grpo_cli.run.floors import StepFloors, bottleneck_line, cached_peaks
 from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, Stateful, clean_temporaries,
                                      experiment_diff, load_state, resolve_resume, save_checkpoint, save_final,
                                      write_config)
-from grpo_cli.run.checks import check_train, env_active
+from grpo_cli.config import check
 from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
 from grpo_cli.data.prompts import USER_PROMPT
@@ -239,10 +239,10 @@ def resume_command(command: str | None, run_dir: Path) -> str:
 def check_run(cfg, console: Console, dist: Dist):
     """What can be refused before anything loads: the config, the user's reward and environment files, a
     hub push, the strategy for this launch; returns (the environment, the strategy)."""
-    check_train(cfg)
+    check(cfg)
     if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
         cfg.reward.fn_dir = os.getcwd()
-    if env_active(cfg.env) and cfg.env.fn_dir is None:  # as reward.fn_dir: tools are found from anywhere later
+    if cfg.env.active and cfg.env.fn_dir is None:  # as reward.fn_dir: tools are found from anywhere later
         cfg.env.fn_dir = os.getcwd()
     load_user_rewards(cfg.reward)  # a reward file or module that is not there: refused now, before any model loads
     env = environment(cfg.env)  # tools and environment classes too

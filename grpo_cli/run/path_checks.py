@@ -1,7 +1,7 @@
 """What the disk shows of `grpo train`'s config, checked after its values and before torch loads (10 s on a
 small machine): a model directory that is not there or holds no model, a data file or resume path that is
 not there, a reward.fn, env.factory or env.tools module that is nowhere on the path. The loaders say the
-same later; here a mistake costs a second. Kept apart from run/checks.py, whose values the docs' example
+same later; here a mistake costs a second. Kept apart from the settings' declarations (config/), whose values the docs' example
 commands are checked against (their paths, such as /models/my-sft, are examples)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from grpo_cli.choices import FILE_FORMATS
+from grpo_cli.config.data import FILE_FORMATS
 from grpo_cli.models.paths import local_problem
-from grpo_cli.rewards import term_specs
+from grpo_cli.config.reward import term_specs
 from grpo_cli.registry import is_file_spec
 from grpo_cli.registry import split_spec
-from grpo_cli.run.checks import Problems
+from grpo_cli.config.declare import Problems
 
 
 def check_train_paths(cfg) -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from functools import partial
 
-from torch.optim.lr_scheduler import LambdaLR
-
 
 def _warming(step: int, warmup: int) -> float:
     return step / max(1, warmup)
@@ -68,7 +66,10 @@ SCHEDULES = {f.__name__: f for f in (constant, constant_with_warmup, linear, cos
                                      inverse_sqrt)}
 
 
-def schedule(name: str, optimizer, warmup: int, total: int) -> LambdaLR:
-    """The LambdaLR of schedule `name` over `total` steps, `warmup` of them warming up linearly from 0."""
+def schedule(name: str, optimizer, warmup: int, total: int):
+    """The LambdaLR of schedule `name` over `total` steps, `warmup` of them warming up linearly from 0. (torch is
+    imported here: the names above are read by the config's checks, before it loads.)"""
+    from torch.optim.lr_scheduler import LambdaLR
+
     lr = optimizer.defaults["lr"]
     return LambdaLR(optimizer, partial(SCHEDULES[name], warmup=warmup, total=total, lr=lr))
