@@ -80,10 +80,10 @@ def sync(device: str) -> None:
 
 
 def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: int) -> tuple[float, torch.Tensor]:
-    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.config import SamplerConfig
     from grpo_cli.generate.hf import decode
 
-    sampling = Sampling(max_new_tokens=new_tokens, temperature=1.0)
+    sampling = SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
     sync(device)
     t0 = time.perf_counter()
     tokens, _ = decode(model, prompts, 1, sampling, eos_ids=[eos], pad_id=0, seeds=list(range(len(prompts))),

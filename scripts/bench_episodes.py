@@ -55,7 +55,7 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
     from grpo_cli.config import EnvConfig, TrainConfig
     from grpo_cli.models.loading import load_model, load_tokenizer
     from grpo_cli.episodes.environments import environment
-    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.config import SamplerConfig
     from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
     from grpo_cli.episodes.driver import with_env
 
@@ -74,7 +74,7 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{i}="}], tools=spec.schemas,
                                                  tokenize=False, add_generation_prompt=True) for i in range(groups)]
         start = time.perf_counter()
-        roll = gen.generate(model, prompts, episodes // groups, Sampling(96), seeds=list(range(groups)),
+        roll = gen.generate(model, prompts, episodes // groups, SamplerConfig(96), seeds=list(range(groups)),
                             columns={"answer": ["0"] * groups})
         seconds = time.perf_counter() - start
         gen.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
 import sys
 from pathlib import Path
 
@@ -159,8 +160,52 @@ def cli_page() -> str:
     return "\n".join(parts)
 
 
+KEY_LINE = re.compile(r"^(\s*)([A-Za-z_]\w*):(.*)$")
+
+
+def comment_at(line: str) -> int:
+    """Where a YAML line's comment starts (outside quotes), or its length."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return i
+    return len(line)
+
+
+def commented(path: Path) -> str:
+    """A group option's YAML with each key's comment its declared help (grpo_cli/config/), aligned."""
+    from grpo_cli.config import TrainConfig
+    from grpo_cli.config.declare import declared, schema_walk
+
+    helps = {key: getattr(declared(f), "help", "") for key, f in schema_walk(TrainConfig)}
+    helps["model.lora"] = "LoRA adapters through peft (pip install 'grpo-cli[peft]')"
+    text = path.read_text()
+    prefix = "" if "@package _global_" in text else path.parent.name + "."
+    lines, stack, keyed = text.splitlines(), [], {}
+    for i, line in enumerate(lines):
+        m = KEY_LINE.match(line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        while stack and stack[-1][0] >= len(m[1]):
+            stack.pop()
+        stack.append((len(m[1]), m[2]))
+        if stack[0][1] not in ("defaults", "hydra") and helps.get(prefix + ".".join(k for _, k in stack)):
+            keyed[i] = (line[: comment_at(line)].rstrip(), helps[prefix + ".".join(k for _, k in stack)])
+    width = min(max((len(code) for code, _ in keyed.values()), default=0), 30) + 2  # a long value: two spaces
+    for i, (code, help) in keyed.items():
+        lines[i] = f"{code:<{width}}# {help}" if len(code) < width else f"{code}  # {help}"
+    return "\n".join(lines) + "\n"
+
+
 def pages() -> dict[Path, str]:
-    return {OUT / "config.md": config_page(), OUT / "cli.md": cli_page()}
+    """The reference pages and the group options' YAML files, as the code writes them."""
+    conf = ROOT / "grpo_cli" / "conf"
+    options = {f: commented(f) for f in sorted(conf.glob("*/*.yaml")) if f.parent.name != "experiment"}
+    return {OUT / "config.md": config_page(), OUT / "cli.md": cli_page(), **options}
 
 
 def main() -> int:

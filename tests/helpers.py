@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 
 # A run small enough for a test: 4 prompts x G = 4 per step, no held-out scoring, plain log lines.
 SMALL = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
@@ -83,7 +83,7 @@ def metric_rows(run: Path, *, training: bool = False, timing: bool = True) -> li
 def generate(model, tokenizer, prompts, group_size=1, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
              greedy=False, seeds=None, chat_template=False, with_logprobs=False):
     """A Rollout of `group_size` completions per prompt, through the trainer's own generator."""
-    sampling = Sampling(max_new_tokens, temperature, top_p, top_k, greedy)
+    sampling = SamplerConfig(max_new_tokens, 0 if greedy else temperature, top_p, top_k)
     return HFGenerator(tokenizer, chat_template=chat_template).generate(
         model, list(prompts), group_size, sampling, seeds, with_logprobs=with_logprobs)
 

@@ -111,7 +111,7 @@ TRAIN = "train output_dir={run} resume=auto " + " ".join(FAST)
 CASES = [
     # values the checks catch at composition, before torch is imported
     (TRAIN + " sampler.temperature=nan", "sampler.temperature=nan must be a finite number"),
-    (TRAIN + " sampler.temperature=-1", "sampler.temperature=-1.0 must be > 0"),
+    (TRAIN + " sampler.temperature=-1", "sampler.temperature=-1.0 must be >= 0"),
     (TRAIN + " sampler.temperature=0", "sampler.temperature=0.0 must be > 0"),
     (TRAIN + " sampler.top_k=-1", "sampler.top_k=-1 must be >= 0"),
     (TRAIN + " sampler.top_p=1.5", "sampler.top_p=1.5 must be > 0 and <= 1"),

@@ -16,7 +16,7 @@ from helpers import metric_rows, read_jsonl
 from grpo_cli.config import EnvConfig
 from grpo_cli.models.loading import load_model
 from grpo_cli.episodes.environments import EnvSpec
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.run.console import Console
 from test_episodes import INPUTS, Scripted, call, episode_generator, qwen_dir, scripted, small_cfg  # noqa: F401
 
@@ -86,7 +86,7 @@ def test_a_call_that_draws_from_the_shared_generator_anyway_turns_concurrency_of
     prompt = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
     state = random.getstate()
     with pytest.warns(RuntimeWarning, match="shared random generator during concurrent calls"):
-        gen.generate(model, [prompt], 4, Sampling(8), [1], columns={"answer": ["0"]})
+        gen.generate(model, [prompt], 4, SamplerConfig(8), [1], columns={"answer": ["0"]})
     random.setstate(state)
     assert gen.concurrency == 1 and gen._pool is None
 

@@ -11,15 +11,15 @@ import torch
 from grpo_cli.generate import direct_steps
 from grpo_cli.generate.direct_steps import DirectSteps
 from grpo_cli.generate import hf as generation
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.generate.hf import completion_mask
 from grpo_cli.generate.hf import decode, eos_token_ids
 from grpo_cli.data.prompts import encode_prompts
 
 PADDED = ["3+4=", "12+30=", "7+7=", "50+25=", "3+4=", "1+1="]  # lengths differ: rows are left-padded
 SAME_LENGTH = ["3+4=", "5+2=", "9+1=", "1+1="]
-SAMPLINGS = [Sampling(max_new_tokens=12, temperature=1.4), Sampling(max_new_tokens=10, temperature=0.9, top_k=5,
-                                                                     top_p=0.8), Sampling(max_new_tokens=8, greedy=True)]
+SAMPLINGS = [SamplerConfig(max_new_tokens=12, temperature=1.4), SamplerConfig(max_new_tokens=10, temperature=0.9, top_k=5,
+                                                                     top_p=0.8), SamplerConfig(max_new_tokens=8, temperature=0)]
 
 
 def _model(tiny_dir, attn: str):
@@ -28,7 +28,7 @@ def _model(tiny_dir, attn: str):
     return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation=attn).eval()
 
 
-def _decode(model, tok, kind: str, sampling: Sampling, prompts=PADDED, group_size: int = 4):
+def _decode(model, tok, kind: str, sampling: SamplerConfig, prompts=PADDED, group_size: int = 4):
     """decode()'s ids and log-probs, each row cut after its EOS (the two paths may drop finished rows at
     different points, and what a row draws after its EOS is never read)."""
     ids = encode_prompts(tok, prompts, False)
@@ -58,7 +58,7 @@ def test_rows_leaving_and_the_cache_growing_change_no_token(tiny_model, tiny_dir
     (several times over 12): the tokens and log-probs are still the forward's."""
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa")
-    sampling = Sampling(max_new_tokens=12, temperature=1.4)
+    sampling = SamplerConfig(max_new_tokens=12, temperature=1.4)
     eager = _decode(model, tok, "eager", sampling)
     built = []
     real_init = DirectSteps.__init__
@@ -82,7 +82,7 @@ def test_bf16_autocast_decodes_as_the_forward(tiny_model, tiny_dir):
     and the values in bf16: the buffers keep each dtype, as the growing cache does."""
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa")
-    sampling = Sampling(max_new_tokens=6, temperature=1.0)
+    sampling = SamplerConfig(max_new_tokens=6, temperature=1.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         eager = _decode(model, tok, "eager", sampling)
         direct = _decode(model, tok, "direct", sampling)
@@ -182,7 +182,7 @@ def test_a_bf16_decode_on_a_cpu_takes_the_direct_path_with_float32_attention(tin
         return steps
 
     monkeypatch.setattr(generation, "decode_steps", spy)
-    sampling = Sampling(max_new_tokens=8, temperature=1.2)
+    sampling = SamplerConfig(max_new_tokens=8, temperature=1.2)
     rolls = [generation.HFGenerator(tok, SimpleNamespace(decode=kind, matmul="auto", weights="full"),
                                     precision=Precision("bf16-mixed", "cpu"))
              .generate(model, PADDED, 3, sampling, seeds=list(range(6)), with_logprobs=True) for kind in ("auto", "eager")]

@@ -75,3 +75,32 @@ def test_mkdocs_builds_the_site_strict(tmp_path):
                          cwd=REPO, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "reference" / "config" / "index.html").exists()
+
+
+def test_a_group_option_sets_only_what_differs_from_the_declared_defaults():
+    """A default is declared once, with its setting (grpo_cli/config/): an option's YAML holds only what the option
+    changes, so no value is written twice (a preset, experiment/, may restate one to say why)."""
+    from omegaconf import OmegaConf
+
+    from grpo_cli.config import TrainConfig
+
+    defaults = TrainConfig()
+    restated = []
+    for path in sorted((REPO / "grpo_cli" / "conf").glob("*/*.yaml")):
+        if path.parent.name == "experiment":
+            continue
+        tree = OmegaConf.to_container(OmegaConf.load(path))
+        tree.pop("defaults", None)
+        if "@package _global_" not in path.read_text():
+            tree = {path.parent.name: tree}
+
+        def walk(node, holder, key=""):
+            for k, v in node.items():
+                value = getattr(holder, k)
+                if isinstance(v, dict) and v and not isinstance(value, dict):
+                    walk(v, value, f"{key}{k}.")
+                elif v == value:
+                    restated.append(f"{path.relative_to(REPO)}: {key}{k}")
+
+        walk(tree, defaults)
+    assert not restated, restated

@@ -17,7 +17,7 @@ from grpo_cli.config import EnvConfig
 from grpo_cli.models.loading import load_model
 from grpo_cli.episodes import environments
 environment = environments.environment
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.run.console import Console
 from test_episodes import INPUTS, Scripted, call, qwen_dir, scripted, small_cfg  # noqa: F401 - fixtures
 
@@ -76,7 +76,7 @@ def test_an_environment_bound_to_the_shared_generator_runs_concurrently_in_worke
                                                  workers=workers))
         assert gen.concurrency == (1 if workers == 0 else 4)
         prompt = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
-        roll = gen.generate(model, [prompt, prompt + " "], 4, Sampling(64), [1, 2], columns={"answer": ["0", "0"]})
+        roll = gen.generate(model, [prompt, prompt + " "], 4, SamplerConfig(64), [1, 2], columns={"answer": ["0", "0"]})
         gen.close()
         seen[workers] = [ep.messages for ep in roll.episodes]
     assert seen[2] == seen[0]
@@ -153,7 +153,7 @@ def test_a_call_stuck_in_native_code_is_a_timeout_and_its_worker_is_replaced(qwe
                                              fn_dir=str(INPUTS), timeout_s=0.5, workers=1, worker_memory_gib=2, max_tokens=1000))
     model = load_model(str(qwen_dir), device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
-    roll = gen.generate(model, [prompt], 1, Sampling(200), [1], columns={"answer": ["3"]})
+    roll = gen.generate(model, [prompt], 1, SamplerConfig(200), [1], columns={"answer": ["3"]})
     (ep,) = roll.episodes
     tool = [m["content"] for m in ep.messages if m["role"] == "tool"]
     assert tool == [str({"error": "timed out after 0.5 s (its process did not answer and was stopped)"}), "3",

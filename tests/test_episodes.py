@@ -24,7 +24,7 @@ from grpo_cli.run.console import Console
 from grpo_cli.episodes.environments import EnvSpec
 from grpo_cli.episodes.tool_formats import parse_hermes
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.generate.base import make_generator, register_generator
 from grpo_cli.episodes.driver import with_env
 from helpers import token_logprobs
@@ -144,7 +144,7 @@ def test_an_episode_is_the_generated_ids_with_the_rendered_environment_ids_splic
     model = load_model(str(qwen_dir), device="cpu")
     user = [{"role": "user", "content": "2+3?"}]
     prompt = tok.apply_chat_template(user, tools=spec.schemas, tokenize=False, add_generation_prompt=True)
-    roll = gen.generate(model, [prompt], 1, Sampling(128, greedy=True))
+    roll = gen.generate(model, [prompt], 1, SamplerConfig(128, temperature=0))
 
     (ep,) = roll.episodes
     assert ep.messages == [
@@ -180,7 +180,7 @@ def test_environment_tokens_get_no_gradient_and_model_tokens_do(qwen_dir, script
     model = load_model(str(qwen_dir), device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tools=spec.schemas, tokenize=False,
                                      add_generation_prompt=True)
-    roll = gen.generate(model, [prompt, prompt], 2, Sampling(128, greedy=True))
+    roll = gen.generate(model, [prompt, prompt], 2, SamplerConfig(128, temperature=0))
     T = roll.completion_len
     logits = model(input_ids=padded(roll)[0], attention_mask=padded(roll)[1]).logits[:, -T - 1 : -1].detach()
     logits.requires_grad_(True)
@@ -199,14 +199,14 @@ def test_contexts_shared_by_several_rows_are_prefilled_once_and_continue_as_if_a
     """complete() with the same context on several rows (a group's first turn) prefills it once and copies
     its cache: each row's continuation, seeded by its own seed, equals that context continued alone."""
     from grpo_cli.generate.hf import HFGenerator
-    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.config import SamplerConfig
 
     tok, model = load_tokenizer("builtin:tiny"), load_model("builtin:tiny", device="cpu")
     a, b = tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]
     gen, batches = HFGenerator(tok), []
     # every forward embeds its ids once, the model's own and a direct decode step's
     model.get_input_embeddings().register_forward_pre_hook(lambda module, args: batches.append(args[0].shape))
-    for sampling in (Sampling(8, greedy=True), Sampling(8, temperature=1.0)):
+    for sampling in (SamplerConfig(8, temperature=0), SamplerConfig(8, temperature=1.0)):
         batches.clear()
         together = gen.complete(model, [a, a, b, a], sampling, [1, 2, 3, 4], with_logprobs=True)
         assert batches[0] == (2, len(a)) and batches[1][0] == 4  # the prefill: a and b once; then every row
@@ -223,7 +223,7 @@ def test_a_two_turn_episode_scored_in_one_forward_equals_each_turn_scored_after_
     model = load_model(str(qwen_dir), device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "12+30?"}], tools=spec.schemas, tokenize=False,
                                      add_generation_prompt=True)
-    roll = gen.generate(model, [prompt], 1, Sampling(128, greedy=True))
+    roll = gen.generate(model, [prompt], 1, SamplerConfig(128, temperature=0))
     T = roll.completion_len
     with torch.no_grad():
         one, _ = token_logprobs(model, padded(roll)[0], padded(roll)[1], T)
@@ -333,7 +333,7 @@ def test_a_step_environment_plays_turns_until_done_on_plain_prompts(qwen_dir, sc
     model = load_model(str(qwen_dir), device="cpu")
     Scripted.SCRIPT = ["10", "20", "7"]
     prompt = tok.apply_chat_template([{"role": "user", "content": "guess"}], tokenize=False, add_generation_prompt=True)
-    roll = gen.generate(model, [prompt, prompt], 1, Sampling(16, greedy=True), columns={"answer": ["7", "99"]})
+    roll = gen.generate(model, [prompt, prompt], 1, SamplerConfig(16, temperature=0), columns={"answer": ["7", "99"]})
     right, never = roll.episodes
     assert [m["content"] for m in right.messages] == ["10", "lower", "20", "lower", "7"]
     assert right.reward == 1.0 and right.cut is None and right.turns == 3
@@ -346,7 +346,7 @@ def test_episodes_are_seeded_so_environments_that_draw_random_numbers_repeat(qwe
     model = load_model(str(qwen_dir), device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=spec.schemas, tokenize=False,
                                      add_generation_prompt=True)
-    salts = [[ep.environment.salt for ep in gen.generate(model, [prompt], 3, Sampling(32), [11], columns={"answer": ["0"], "_user_prompt": ["x"]}).episodes]
+    salts = [[ep.environment.salt for ep in gen.generate(model, [prompt], 3, SamplerConfig(32), [11], columns={"answer": ["0"], "_user_prompt": ["x"]}).episodes]
              for _ in range(2)]
     assert salts[0] == salts[1] and len(set(salts[0])) == 3  # the same per episode, different between episodes
 
@@ -478,7 +478,7 @@ def test_a_50_mb_tool_result_is_cut_before_it_is_rendered_or_tokenized(qwen_dir,
     for n in (10, 50_000_000):
         Scripted.SCRIPT = [call("big", n=n), "ok"]
         start = time.perf_counter()
-        (ep,) = gen.generate(model, [prompt], 1, Sampling(128, greedy=True)).episodes
+        (ep,) = gen.generate(model, [prompt], 1, SamplerConfig(128, temperature=0)).episodes
         seconds.append(time.perf_counter() - start)
         episodes.append(ep)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024

@@ -187,7 +187,7 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
     from grpo_cli.config import HFGeneratorConfig
     from grpo_cli.models.loading import load_model, load_tokenizer
     from grpo_cli.generate.hf import HFGenerator
-    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.config import SamplerConfig
 
     skip_where_bf16_is_slow()
     model, tok = load_model(str(tiny_dir), device="cpu"), load_tokenizer(str(tiny_dir))
@@ -196,7 +196,7 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
     full = HFGenerator(tok, HFGeneratorConfig(), device="cpu")
     assert bf16.returns_logprobs and not full.returns_logprobs
     def gaps(generator) -> torch.Tensor:  # |sampler log-prob - the fp32 model's|, each sampled token
-        roll = generator.generate(model, prompts, 4, Sampling(6, temperature=1.0), [1, 2, 3], with_logprobs=True)
+        roll = generator.generate(model, prompts, 4, SamplerConfig(6, temperature=1.0), [1, 2, 3], with_logprobs=True)
         out = []
         for start, length in zip(roll.offsets.tolist(), roll.lengths.tolist()):
             row, end = roll.tokens[start:start + length], start + length
@@ -209,7 +209,7 @@ def test_bf16_sampling_weights_sample_the_training_rollouts_and_leave_held_out_s
     in_bf16, in_fp32 = gaps(bf16), gaps(full)
     assert len(in_bf16) >= 12 and in_fp32.max() < 1e-4  # the check itself: fp32 sampling matches to rounding
     assert 1e-4 < in_bf16.mean() < 0.05, in_bf16.mean()  # bf16 differs from fp32, a little
-    greedy = Sampling(6, greedy=True)
+    greedy = SamplerConfig(6, temperature=0)
     assert bf16.generate(model, prompts, 1, greedy).completions == full.generate(model, prompts, 1, greedy).completions
 
 

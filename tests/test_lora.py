@@ -16,7 +16,7 @@ from grpo_cli.config import LoraConfig, TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from helpers import padded, token_logprobs
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, adapter_state
 from grpo_cli.models.loading import load_model, load_tokenizer
@@ -127,7 +127,7 @@ def test_final_is_a_merged_model_with_the_same_greedy_completions_and_final_adap
     with_adapter = PeftModel.from_pretrained(base, tmp_path / "final" / "adapter")
     tok = load_tokenizer(str(tmp_path / "final"))
     prompts = [f"{a}+{b}=" for a in range(10) for b in range(0, 10, 3)]
-    greedy = Sampling(6, greedy=True)
+    greedy = SamplerConfig(6, temperature=0)
     from grpo_cli.models.logprobs import enable_logprob_forward
 
     enable_logprob_forward(merged)

@@ -42,7 +42,7 @@ def test_every_part_of_the_plan_worked_by_hand():
         assert kept.persistent["reference"] == 4000
     # Generation: 2 prompts x 4 = 8 rows of 12 + 20 = 32 tokens; K and V of 2 layers x 1 head x 4 dims, fp32.
     assert p.generation["KV cache"] == 8 * 32 * (2 * 2 * 1 * 4 * 4)
-    # Sampling: logits, scores and log-softmax, [rows, vocab] fp32, and the noise drawn 16 tokens ahead.
+    # SamplerConfig: logits, scores and log-softmax, [rows, vocab] fp32, and the noise drawn 16 tokens ahead.
     assert p.generation["sampling"] == 8 * 10 * 4 * (3 + 16)
     # Per token and layer: norms 4h = 32, q 8, k and v repeated to both heads 16, attention out and o_proj's
     # input 16, MLP 4 x 16 = 64: 136 floats = 544 bytes, plus the 32-token mask row in fp32 (128 bytes).

@@ -13,7 +13,7 @@ from grpo_cli.generate import packed
 from grpo_cli.generate.packed import MIN_WEIGHTS, has_packable, packed_linears
 from grpo_cli.generate import hf as generation
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 
 pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch has no oneDNN packed-linear ops on the CPU")
 
@@ -70,7 +70,7 @@ def _wide_model(tiny_dir):
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("sampling", [Sampling(max_new_tokens=12, temperature=1.2), Sampling(max_new_tokens=8, greedy=True)],
+@pytest.mark.parametrize("sampling", [SamplerConfig(max_new_tokens=12, temperature=1.2), SamplerConfig(max_new_tokens=8, temperature=0)],
                          ids=["t1.2", "greedy"])
 def test_the_generator_samples_the_same_tokens_and_log_probs_with_packed_weights(tiny_model, tiny_dir, sampling,
                                                                                  monkeypatch):
@@ -179,7 +179,7 @@ def test_a_bf16_decode_samples_the_same_tokens_packed_as_under_autocasts_own_pro
         g = HFGenerator(tok, types.SimpleNamespace(decode="auto", matmul=matmul, weights="full"),
                         precision=generation.Precision("bf16-mixed", "cpu"))
         assert g._packs(model, g.precision) == (torch.bfloat16 if matmul == "packed" else None)
-        out[matmul] = g.generate(model, prompts, 3, Sampling(max_new_tokens=10, temperature=1.2), seeds=[5, 6, 7, 8],
+        out[matmul] = g.generate(model, prompts, 3, SamplerConfig(max_new_tokens=10, temperature=1.2), seeds=[5, 6, 7, 8],
                                  with_logprobs=True)
     plain, fast = out["plain"], out["packed"]
     assert plain.completions == fast.completions and len(set(plain.completions)) > 4

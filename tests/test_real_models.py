@@ -26,7 +26,7 @@ from grpo_cli.models.distributed import SINGLE
 from grpo_cli.errors import GrpoError
 from grpo_cli.sample.metrics import StepMetrics
 from grpo_cli.generate.hf import HFGenerator, eos_token_ids
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
@@ -452,6 +452,6 @@ def test_generation_stops_at_every_eos_the_generation_config_lists(tiny_model):
     model = copy.deepcopy(model)
     model.generation_config.eos_token_id = [tok.convert_tokens_to_ids("5"), tok.eos_token_id]
     assert eos_token_ids(model, tok) == sorted({tok.convert_tokens_to_ids("5"), tok.eos_token_id})
-    roll = HFGenerator(tok).generate(model, ["2+3=", "20+5="], 8, Sampling(6), seeds=[0, 1])
+    roll = HFGenerator(tok).generate(model, ["2+3=", "20+5="], 8, SamplerConfig(6), seeds=[0, 1])
     ends = [c for c, t in zip(roll.completions, roll.truncated.tolist()) if not t]
     assert ends and all("5" not in c[:-1] for c in ends)  # nothing after a "5": it ended the completion

@@ -187,7 +187,7 @@ def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
     """A row that ended may stay in the decode batch (rows leave it only in bulk); what it draws after
     its EOS must not keep the batch decoding: the last step is the longest completion's EOS. (Before the
     fix, three of these six batches of the built-in tiny model decoded three steps past it.)"""
-    from grpo_cli.sample.rollout import Sampling
+    from grpo_cli.config import SamplerConfig
     from grpo_cli.generate.hf import decode, eos_token_ids
 
     model, tok = tiny_model
@@ -195,7 +195,7 @@ def test_decoding_stops_once_every_row_has_sampled_its_eos(tiny_model):
     eos = eos_token_ids(model, tok)
     stopped_early = 0
     for seed in range(6):
-        tokens, _ = decode(model, prompts, 4, Sampling(max_new_tokens=40, temperature=3.0), eos_ids=eos,
+        tokens, _ = decode(model, prompts, 4, SamplerConfig(max_new_tokens=40, temperature=3.0), eos_ids=eos,
                            pad_id=tok.pad_token_id, seeds=[seed * 10 + i for i in range(8)])
         mask, _ = completion_mask(tokens, eos)
         assert tokens.shape[1] == int(mask.sum(1).max()), seed

@@ -13,7 +13,7 @@ from grpo_cli.generate.static_cache import StaticSteps
 from grpo_cli.generate import hf as generation
 from helpers import with_batch_sizes
 from grpo_cli.generate.hf import HFGenerator, decode, eos_token_ids
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.generate.hf import completion_mask
 from grpo_cli.data.prompts import encode_prompts
 
@@ -28,7 +28,7 @@ def _model(tiny_dir, attn: str, device: str):
     return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation=attn).to(device).eval()
 
 
-def _decode(model, tok, kind: str, sampling: Sampling, group_size: int = 4, read_eos_every: int | None = None):
+def _decode(model, tok, kind: str, sampling: SamplerConfig, group_size: int = 4, read_eos_every: int | None = None):
     """decode()'s ids and log-probs, each row cut after its EOS (what a row draws after its EOS while it
     stays in the batch is never read, and the two paths drop finished rows at different points)."""
     ids = encode_prompts(tok, PROMPTS, False)
@@ -42,9 +42,9 @@ def _decode(model, tok, kind: str, sampling: Sampling, group_size: int = 4, read
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("sampling", [Sampling(max_new_tokens=12, temperature=1.4),
-                                      Sampling(max_new_tokens=10, temperature=0.9, top_k=5, top_p=0.8),
-                                      Sampling(max_new_tokens=8, greedy=True)], ids=["t1.4", "topk-topp", "greedy"])
+@pytest.mark.parametrize("sampling", [SamplerConfig(max_new_tokens=12, temperature=1.4),
+                                      SamplerConfig(max_new_tokens=10, temperature=0.9, top_k=5, top_p=0.8),
+                                      SamplerConfig(max_new_tokens=8, temperature=0)], ids=["t1.4", "topk-topp", "greedy"])
 def test_static_steps_sample_the_eager_tokens_and_logprobs(tiny_model, tiny_dir, device, attn, sampling):
     _, tok = tiny_model
     model = _model(tiny_dir, attn, device)
@@ -62,7 +62,7 @@ def test_finished_rows_leave_the_static_batch_without_changing_a_token(tiny_mode
     on CUDA a new graph), and the tokens are those of decoding every row to the end."""
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa", device)
-    sampling = Sampling(max_new_tokens=12, temperature=1.5)
+    sampling = SamplerConfig(max_new_tokens=12, temperature=1.5)
     runs = {}
     for name, drop_at in (("drop", 1.0), ("keep", -1.0)):
         monkeypatch.setattr(StaticSteps, "drop_at", drop_at)
@@ -89,7 +89,7 @@ def test_reading_the_end_flags_every_few_tokens_changes_no_token_before_an_eos(t
     model = _model(tiny_dir, "sdpa", device)
     monkeypatch.setattr(StaticSteps, "drop_at", 1.0)  # rows leave at every read where one has ended
     monkeypatch.setattr(generation, "DROP_FINISHED_AT", 1.0)
-    sampling = Sampling(max_new_tokens=24, temperature=1.3)
+    sampling = SamplerConfig(max_new_tokens=24, temperature=1.3)
     (every, every_lp), every_rows = with_batch_sizes(model, lambda: _decode(model, tok, kind, sampling, read_eos_every=1))
     (fifth, fifth_lp), fifth_rows = with_batch_sizes(model, lambda: _decode(model, tok, kind, sampling, read_eos_every=5))
     W = every.shape[1]
@@ -132,7 +132,7 @@ def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_
     from types import SimpleNamespace
 
     model, tok = tiny_model
-    sampling = Sampling(max_new_tokens=8, temperature=1.2)
+    sampling = SamplerConfig(max_new_tokens=8, temperature=1.2)
     rolls = [HFGenerator(tok, SimpleNamespace(decode=kind)).generate(model, PROMPTS, 3, sampling, seeds=list(range(6)))
              for kind in ("eager", "static")]
     assert torch.equal(rolls[0].tokens, rolls[1].tokens) and rolls[0].completions == rolls[1].completions
@@ -174,7 +174,7 @@ def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(ti
         return cache, logits, mask, position
 
     monkeypatch.setattr(generation, "prefill", promoted_prefill)
-    sampling = Sampling(max_new_tokens=10, temperature=1.2)
+    sampling = SamplerConfig(max_new_tokens=10, temperature=1.2)
     with Precision("bf16-mixed", "cpu").autocast():
         eager, eager_lp = _decode(model, tok, "eager", sampling)
         static, static_lp = _decode(model, tok, "static", sampling)
@@ -226,7 +226,7 @@ def test_sampling_costs_a_few_ops_per_token_whatever_the_number_of_groups(tiny_d
         for T in (6, 12):
             Count.n = 0
             with Count():
-                decode(model, prompts, 1, Sampling(max_new_tokens=T, temperature=1.0), eos_ids=[10**6], pad_id=0,
+                decode(model, prompts, 1, SamplerConfig(max_new_tokens=T, temperature=1.0), eos_ids=[10**6], pad_id=0,
                        seeds=list(range(groups)), steps="eager")
             counts[T] = Count.n
         return (counts[12] - counts[6]) / 6
@@ -243,7 +243,7 @@ def test_a_capture_that_fails_decodes_without_graphs_and_says_so(tiny_model, tin
 
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa", "cpu")
-    sampling = Sampling(max_new_tokens=10, temperature=1.3)
+    sampling = SamplerConfig(max_new_tokens=10, temperature=1.3)
     eager, eager_lp = _decode(model, tok, "eager", sampling)
     real_init = static_cache.StaticSteps.__init__
 

@@ -19,7 +19,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.episodes.environments import EnvSpec
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.generate.base import make_generator, register_generator
 from grpo_cli.episodes.driver import with_env
 from grpo_cli.episodes.tool_formats import TOOL_FORMATS, detect_format, resolve_format, round_trip
@@ -216,7 +216,7 @@ def test_an_episode_calls_the_tool_in_the_models_own_format(name, call, tmp_path
         gen = with_env(make_generator(settings, tok, chat_template=True, precision=None, device="cpu"), spec, tok, chat_template=True)
         prompt = tok.apply_chat_template([{"role": "user", "content": "2+3?"}], tools=spec.schemas, tokenize=False,
                                          add_generation_prompt=True)
-        (ep,) = gen.generate(load_model(str(tmp_path / name), device="cpu"), [prompt], 1, Sampling(128, greedy=True)).episodes
+        (ep,) = gen.generate(load_model(str(tmp_path / name), device="cpu"), [prompt], 1, SamplerConfig(128, temperature=0)).episodes
         assert ep.tool_calls == 1 and ep.errors == 0 and ep.messages[1]["content"] == "5", ep.messages
         assert ep.messages[0]["tool_calls"][0]["id"] == "call00000" and ep.final_text == "5"
 

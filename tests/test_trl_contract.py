@@ -12,7 +12,7 @@ from grpo_cli.config import EnvConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.episodes.driver import Episode
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.run.console import Console
 from test_episodes import (INPUTS, QWEN_TEMPLATE, Scripted, call, episode_generator, qwen_dir, scripted,  # noqa: F401
                            small_cfg)
@@ -31,7 +31,7 @@ def tool_episode(model_dir, script: list[str], **env):
     model = load_model(str(model_dir), device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=spec.schemas, tokenize=False,
                                      add_generation_prompt=True)
-    return gen.generate(model, [prompt], 1, Sampling(96, greedy=True), columns={"answer": ["0"]}).episodes[0], tok
+    return gen.generate(model, [prompt], 1, SamplerConfig(96, temperature=0), columns={"answer": ["0"]}).episodes[0], tok
 
 
 def test_a_tool_result_given_as_content_parts_is_kept_as_parts(qwen_dir, scripted, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.data.prompts import encode_prompts
 from helpers import with_batch_sizes
 
@@ -24,7 +24,7 @@ def _model(tiny_dir, kind: str):
     return AutoModelForCausalLM.from_pretrained(str(tiny_dir), attn_implementation="sdpa").eval(), kind
 
 
-def _two_turns(model, tok, kind: str, session: bool, sampling: Sampling):
+def _two_turns(model, tok, kind: str, session: bool, sampling: SamplerConfig):
     """Both turns' outputs, the second turn's contexts, the forwards' batch widths in the second turn and
     the session's counts."""
     gen = HFGenerator(tok, SimpleNamespace(decode=kind))
@@ -53,7 +53,7 @@ class _nothing:
 
 
 @pytest.mark.parametrize("kind", ["eager", "static"])
-@pytest.mark.parametrize("sampling", [Sampling(max_new_tokens=10, temperature=1.3), Sampling(max_new_tokens=7, greedy=True)],
+@pytest.mark.parametrize("sampling", [SamplerConfig(max_new_tokens=10, temperature=1.3), SamplerConfig(max_new_tokens=7, temperature=0)],
                          ids=["sampled", "greedy"])
 def test_a_turn_from_kept_keys_samples_what_a_whole_prefill_samples(tiny_model, tiny_dir, kind, sampling):
     _, tok = tiny_model
@@ -82,7 +82,7 @@ def test_a_context_that_does_not_extend_the_last_turn_is_prefilled_whole(tiny_mo
     _, tok = tiny_model
     model, _ = _model(tiny_dir, "eager")
     gen = HFGenerator(tok, SimpleNamespace(decode="eager"))
-    sampling = Sampling(max_new_tokens=6, temperature=1.2)
+    sampling = SamplerConfig(max_new_tokens=6, temperature=1.2)
     first = encode_prompts(tok, PROMPTS[:2], False)
     with gen.session():
         one = gen.complete(model, first, sampling, [1, 2])
@@ -121,7 +121,7 @@ def test_identical_contexts_run_once_and_sample_what_whole_prefills_sample(tiny_
     gen = HFGenerator(tok, SimpleNamespace(decode="eager"))
     first = encode_prompts(tok, ["3+4=", "3+4=", "7+7=", "3+4="], False)
     env = tok("2+3=", add_special_tokens=False)["input_ids"]
-    greedy, sampled = Sampling(max_new_tokens=6, greedy=True), Sampling(max_new_tokens=8, temperature=1.3)
+    greedy, sampled = SamplerConfig(max_new_tokens=6, temperature=0), SamplerConfig(max_new_tokens=8, temperature=1.3)
     seeds = [5, 6, 7, 8]
 
     def second_turn(session: bool):

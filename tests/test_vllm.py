@@ -26,7 +26,7 @@ from grpo_cli.sample.settings import StepSettings
 from grpo_cli.models.forward import score
 from grpo_cli.config import GeneratorConfig, TrainConfig  # noqa: E402
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.sample.rollout import Sampling  # noqa: E402
+from grpo_cli.config import SamplerConfig  # noqa: E402
 from grpo_cli.models.loading import load_model, load_tokenizer  # noqa: E402
 from grpo_cli.models.precision import Precision  # noqa: E402
 from grpo_cli.rewards import build_reward  # noqa: E402
@@ -36,7 +36,7 @@ from grpo_cli.rollout.source import LocalSource  # noqa: E402
 from helpers import grid, padded  # noqa: E402
 from grpo_cli.models.policies import Policies  # noqa: E402
 from grpo_cli.generate.vllm import VLLMGenerator  # noqa: E402
-from helpers import grid, grpo_process  # noqa: E402, padded
+from helpers import grpo_process  # noqa: E402
 
 TOL = 1e-4  # nats per token, fp32 engine against the fp32 trainer
 PROMPTS = ["1+2=", "3+4=", "5+5=", "9+8=", "12+7=", "6+6="]
@@ -67,8 +67,8 @@ def fixed_completions(model, tok):
     """Completions that do not change with the weights: the initial model's greedy ones, and longer
     sampled ones, as a rollout (the trainer's input) and as the engine's token ids."""
     gen = HFGenerator(tok)
-    roll = concat_rollouts([gen.generate(model, PROMPTS, 1, Sampling(6, greedy=True)),
-                            gen.generate(model, PROMPTS, 2, Sampling(8, temperature=1.5), seeds=list(range(len(PROMPTS))))])
+    roll = concat_rollouts([gen.generate(model, PROMPTS, 1, SamplerConfig(6, temperature=0)),
+                            gen.generate(model, PROMPTS, 2, SamplerConfig(8, temperature=1.5), seeds=list(range(len(PROMPTS))))])
     prompt_ids = [gen.encode([p])[0] for p in PROMPTS] + [gen.encode([p])[0] for p in PROMPTS for _ in range(2)]
     return roll, prompt_ids, roll.completion_ids()
 
@@ -248,7 +248,7 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
         gen = with_env(make_generator(GeneratorConfig(name=name, kv_cache_gib=0.0625), tokenizer, chat_template=True,
                                       precision=Precision("fp32"), device="cpu"), spec, tokenizer, chat_template=True)
         try:
-            return gen.generate(model, chosen, 1, Sampling(80, greedy=True)).episodes
+            return gen.generate(model, chosen, 1, SamplerConfig(80, temperature=0)).episodes
         finally:
             gen.close()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prom
 from grpo_cli.episodes.environments import environment, reward_with
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.runtime import prepare_process
-from grpo_cli.sample.rollout import Sampling, group_seed
+from grpo_cli.sample.rollout import group_seed
 from grpo_cli.generate.base import check_available, generate, make_generator
 from grpo_cli.episodes.driver import with_env
 from grpo_cli.models.paths import is_adapter_dir
@@ -82,9 +84,9 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     generator = with_env(make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template,
                                precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
                                device=resolve_device(cfg.model.device), seed=cfg.seed), env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
-    sampling = Sampling(s.max_new_tokens, s.temperature, s.top_p, s.top_k, greedy=cfg.greedy)
+    sampling = replace(s, temperature=0) if cfg.greedy else s
 
-    rows, G = [], 1 if cfg.greedy else s.group_size
+    rows, G = [], 1 if sampling.greedy else s.group_size
     own = sorted({k for r in inputs for k in r} - {"prompt", "rendered"})  # the answer and a .jsonl row's other columns
     for start in range(0, len(inputs), cfg.batch_size):
         batch = inputs[start : start + cfg.batch_size]

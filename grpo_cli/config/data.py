@@ -105,10 +105,6 @@ def _prompts(p, c) -> None:
     p.need(bool(d.prompt_field) and bool(d.answer_field), "data.prompt_field and data.answer_field must name columns")
 
 
-def _sampling(c) -> bool:
-    return getattr(c, "samples", 1) > 0  # grpo evaluate samples=0 scores greedy completions only
-
-
 @dataclass
 class SamplerConfig:
     """How completions are drawn: the `sampler` group, and what a generator is asked to sample with."""
@@ -116,9 +112,19 @@ class SamplerConfig:
     max_new_tokens: int = setting(6, "completion length cap; completions that hit it without EOS are \"truncated\"",
                                   low=1)
     temperature: float = setting(1.0, "softmax temperature; log-probabilities in the loss use the same tempered "
-                                      "policy", low=0, above=True, when=_sampling)
+                                      "policy (0: the most likely token, for `grpo sample` only)", low=0)
     top_p: float = setting(1.0, "nucleus sampling (1.0 = off)", low=0, above=True, high=1)
     top_k: int = setting(0, "top-k sampling (0 = off)", low=0)
     group_size: int = setting(8, "G: completions per prompt (the group whose rewards are normalised together)", low=1)
-    greedy: bool = setting(False, "the most likely token at every step (set by held-out scoring and `grpo sample "
-                                  "greedy=true`, not for training)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@rule("sampler.temperature")
+def _sampled(p, c) -> None:
+    t = c.sampler.temperature
+    sampling = hasattr(c, "trainer") or getattr(c, "samples", 0) > 0  # training, or evaluate's samples
+    p.need(t != 0 or not sampling, f"sampler.temperature={t} must be > 0 where completions are sampled (a greedy group "
+                                   "is one completion G times)")

@@ -35,7 +35,8 @@ from grpo_cli.episodes.environments import (EnvSpec, RemoteMethod, Timeout, call
 from grpo_cli.episodes.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import replace_live
-from grpo_cli.sample.rollout import Sampling, group_seed
+from grpo_cli.config import SamplerConfig
+from grpo_cli.sample.rollout import group_seed
 from grpo_cli.generate.hf import eos_token_ids
 from grpo_cli.generate.turn_cache import count_prefill
 from grpo_cli.sample.rollout import Rollout
@@ -294,7 +295,7 @@ class EpisodeGenerator:
         return self.base.encode([rendered])[0]
 
     # -- the loop -------------------------------------------------------------------------------------
-    def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
+    def generate(self, model, prompts: list[str], group_size: int, sampling: SamplerConfig, seeds: list[int] | None = None,
                  *, with_logprobs: bool = False, columns: dict | None = None) -> Rollout:
         prompts, G, cfg = list(prompts), group_size, self.cfg
         seeds = self.base.group_seeds(prompts, sampling, seeds)

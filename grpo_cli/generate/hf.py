@@ -38,7 +38,8 @@ from grpo_cli.generate.direct_steps import DirectSteps
 from grpo_cli.generate.static_cache import StaticSteps, cache_kwarg
 from grpo_cli.generate.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.sample.rollout import Rollout, Sampling
+from grpo_cli.sample.rollout import Rollout
+from grpo_cli.config import SamplerConfig
 
 NEG_INF = float("-inf")
 # Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
@@ -192,7 +193,7 @@ def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: i
 
 
 @torch.no_grad()
-def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sampling, *, eos_ids: list[int],
+def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: SamplerConfig, *, eos_ids: list[int],
            pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager",
            read_eos_every: int | None = None, turns: TurnCache | None = None):
     """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
@@ -309,7 +310,7 @@ class PromptIds:
         return [self._ids[p] for p in prompts]
 
     @staticmethod
-    def group_seeds(prompts: list[str], sampling: Sampling, seeds: list[int] | None) -> list[int] | None:
+    def group_seeds(prompts: list[str], sampling: SamplerConfig, seeds: list[int] | None) -> list[int] | None:
         """`seeds` checked (one per prompt), or drawn from torch's global generator when sampling."""
         if seeds is None and not sampling.greedy:
             seeds = torch.randint(2**62, (len(prompts),)).tolist()
@@ -348,7 +349,7 @@ class HFGenerator(PromptIds):
             self.sampling_precision = bf16_sampling(torch.device(device or "cpu"))
             self.returns_logprobs = True  # the sampler's own log-probs: the update measures and corrects the gap
 
-    def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
+    def generate(self, model, prompts: list[str], group_size: int, sampling: SamplerConfig, seeds: list[int] | None = None,
                  *, with_logprobs: bool = False) -> Rollout:
         """`group_size` completions of each prompt; `seeds` (one per prompt) fix each group's sampling
         noise, and default to draws from torch's global generator."""
@@ -359,7 +360,7 @@ class HFGenerator(PromptIds):
         completion_ids, logps = self._decode(model, prompt_ids, group_size, sampling, seeds, with_logprobs, eos)
         return assemble(prompts, prompt_ids, group_size, completion_ids, eos, self.tokenizer, logps)
 
-    def complete(self, model, contexts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None, *,
+    def complete(self, model, contexts: list[list[int]], sampling: SamplerConfig, seeds: list[int] | None = None, *,
                  with_logprobs: bool = False) -> list[tuple[list[int], list[float] | None, bool]]:
         """One continuation of each context (token ids, e.g. an episode so far; episodes.py), seeded per row:
         (its ids up to and including EOS, their sampling log-probs or None, whether it ended with EOS)."""
@@ -377,7 +378,7 @@ class HFGenerator(PromptIds):
         finally:
             self.turns = None
 
-    def _decode(self, model, ids: list[list[int]], group_size: int, sampling: Sampling, seeds, with_logprobs: bool,
+    def _decode(self, model, ids: list[list[int]], group_size: int, sampling: SamplerConfig, seeds, with_logprobs: bool,
                 eos: list[int], turns: TurnCache | None = None):
         """decode() in eval mode (so no gradient checkpointing, which would turn the cache off) under the
         run's autocast, the model's mode restored after."""

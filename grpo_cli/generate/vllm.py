@@ -48,7 +48,7 @@ import torch
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import VLLM_INSTALL
 from grpo_cli.generate.hf import PromptIds, assemble, eos_token_ids
-from grpo_cli.sample.rollout import Sampling
+from grpo_cli.config import SamplerConfig
 from grpo_cli.models.precision import Precision
 from grpo_cli.sample.rollout import Rollout
 
@@ -121,7 +121,7 @@ def fingerprint(model) -> tuple:
             tuple(layer.disable_adapters for layer in _lora_layers(model).values()))
 
 
-def sampling_params(sampling: Sampling, seeds: list[int] | None, count: int, n: int, eos: list[int], with_logprobs: bool):
+def sampling_params(sampling: SamplerConfig, seeds: list[int] | None, count: int, n: int, eos: list[int], with_logprobs: bool):
     """vLLM's SamplingParams for `count` requests of `n` samples each, seeded per request: exactly the
     tempered softmax (with top-k / top-p) the trainer scores, stopped at any EOS id, ids not text."""
     from vllm import SamplingParams
@@ -242,7 +242,7 @@ class VLLMGenerator(PromptIds):
         return self.llm
 
     # -- generation -------------------------------------------------------------------------------
-    def generate(self, model, prompts: list[str], group_size: int, sampling: Sampling, seeds: list[int] | None = None,
+    def generate(self, model, prompts: list[str], group_size: int, sampling: SamplerConfig, seeds: list[int] | None = None,
                  *, with_logprobs: bool = True) -> Rollout:
         """`group_size` completions of each prompt, with the sampling log-probs in roll.sampler_logp."""
         from vllm.inputs import TokensPrompt
@@ -270,7 +270,7 @@ class VLLMGenerator(PromptIds):
         return assemble(prompts, prompt_ids, group_size, ids.to(device), eos, self.tokenizer,
                         None if logps is None else logps.to(device), truncated=truncated.to(device))
 
-    def complete(self, model, contexts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None, *,
+    def complete(self, model, contexts: list[list[int]], sampling: SamplerConfig, seeds: list[int] | None = None, *,
                  with_logprobs: bool = True):
         """One continuation of each context's token ids (an episode so far; episodes.py), seeded per row, as
         HFGenerator.complete: [(ids up to and including EOS, sampling log-probs or None, ended with EOS)]."""

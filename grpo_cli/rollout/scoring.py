@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_cli.sample.rollout import Sampling, group_seed
+from grpo_cli.config import SamplerConfig
+from grpo_cli.sample.rollout import group_seed
 from grpo_cli.generate.base import generate
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, normalise
@@ -59,7 +60,7 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
         cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
-        roll = generate(generator, model, p, 1, Sampling(max_new_tokens, greedy=True), columns=cols)
+        roll = generate(generator, model, p, 1, SamplerConfig(max_new_tokens, temperature=0), columns=cols)
         tokens = roll.sampled_tokens().tolist()
         total, per_term = _score(reward_fn, p, roll, a, cols, tokens)
         rewards += total
@@ -130,10 +131,9 @@ def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, 
     counts, votes = [], []  # correct completions per prompt; its (vote keys, keys judged correct)
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
-        sampling = Sampling(sampler.max_new_tokens, sampler.temperature, sampler.top_p, sampler.top_k)
         seeds = [group_seed(seed, "evaluate", offset + start + i) for i in range(len(p))]
         cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
-        roll = generate(generator, model, p, samples, sampling, seeds, columns=cols)
+        roll = generate(generator, model, p, samples, sampler, seeds, columns=cols)
         per = lambda values: [v for v in values for _ in range(samples)]  # noqa: E731
         total, _ = _score(reward_fn, per(p), roll, per(a), {k: per(v) for k, v in cols.items()},
                           roll.sampled_tokens().tolist())

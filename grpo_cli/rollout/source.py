@@ -80,7 +80,7 @@ def wants_sampler_logprobs(generator, algo) -> bool:
 
 
 class LocalSource:
-    """Sampling and scoring in this process: `sample(batch, refill)` for any batch, `next(step)` for the
+    """SamplerConfig and scoring in this process: `sample(batch, refill)` for any batch, `next(step)` for the
     run's (`prompts`: data.PromptOrder)."""
 
     def __init__(self, generator, policies: Policies, reward_fn, settings: StepSettings, *,
@@ -376,7 +376,7 @@ def collect(generator, sampler_model, batch: PromptBatch, reward_fn, settings: S
     the quota is global: rounds go on until every rank's share is full (a full rank idles), and each
     rank's kept groups are topped up with zero-weight padding groups, so all run the same micro-batches.
     """
-    G, n, sampling, algo = settings.group_size, len(batch.prompts), settings.sampling, settings.algo
+    G, n, sampling, algo = settings.sampling.group_size, len(batch.prompts), settings.sampling, settings.algo
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
     metrics = metrics if metrics is not None else StepMetrics()
 

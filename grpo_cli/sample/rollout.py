@@ -136,17 +136,6 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
                    **{k: joined(k) for k in TOKEN_FIELDS + ROW_FIELDS})
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How a generator samples (the sampler config's values)."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    greedy: bool = False
-
-
 def group_seed(*parts: int | str) -> int:
     """A 63-bit seed from its parts (run seed, step, prompt index, ...), stable across processes."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
