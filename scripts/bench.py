@@ -48,7 +48,7 @@ from rich.table import Table
 from grpo_cli.update import step as step_fn  # a loop below names its counter `step`
 from grpo_cli.run import build as run_setup
 from grpo_cli.config.trainer import PRECISIONS
-from grpo_cli.models.policies import Policies
+from grpo_cli.models.policies import BASE, Policies
 from grpo_cli.rewards import Judge
 from grpo_cli.sample.metrics import PHASES
 from grpo_cli.sample.settings import StepSettings
@@ -195,11 +195,11 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         # reference is the base with the adapter off (no second copy)
         cfg.model.lora.r = opts["lora"]
         policy = add_adapter(policy.to(precision.frozen_dtype), cfg.model.lora)
-        policies = Policies(policy, (lambda: adapter_disabled(policy)) if cfg.algo.beta else None)
+        policies = Policies(policy, BASE if cfg.algo.beta else None)
     else:  # the reference: the initial policy in the compute dtype, only when used
         policy = policy.to(precision.param_dtype)
         reference = copy.deepcopy(policy).to(precision.frozen_dtype).requires_grad_(False) if cfg.algo.beta else None
-        policies = Policies.of(policy, reference)
+        policies = Policies(policy, reference)
     generator = make_generator(GeneratorConfig(name=opts["generator"]), tokenizer, chat_template=False,
                                precision=precision, device=device, seed=cfg.trainer.seed)
     params = sum(p.numel() for p in policy.parameters())

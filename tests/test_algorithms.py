@@ -17,7 +17,7 @@ from grpo_cli.models.loading import load_model, load_tokenizer
 from grpo_cli.rewards import build_reward
 from grpo_cli.models.distributed import SINGLE
 from grpo_cli.generate.hf import HFGenerator
-from grpo_cli.models.policies import RunPolicies
+from grpo_cli.models.policies import Policies
 from grpo_cli.models.precision import Precision
 from grpo_cli.sample.rollout import Rollout
 from grpo_cli.data.tasks import PromptBatch
@@ -59,8 +59,8 @@ def test_two_inner_iterations_make_two_optimiser_steps_and_the_first_pass_ratios
     monkeypatch.setattr(step, "policy_loss", recording)
     batch = PromptBatch(["1+2=", "3+4=", "5+5=", "9+8="], ["3", "7", "10", "17"], seeds=[0, 1, 2, 3])
     reward, settings = build_reward(cfg.reward), StepSettings.of(cfg, Judge(cfg.reward, build_reward(cfg.reward)))
-    scored = source.LocalSource(HFGenerator(tok), Policies.of(policy), reward, settings).sample(batch)
-    step.grpo_step(Policies.of(policy), optimizer, scored, settings)
+    scored = source.LocalSource(HFGenerator(tok), Policies(policy), reward, settings).sample(batch)
+    step.grpo_step(Policies(policy), optimizer, scored, settings)
     steps = {int(s["step"]) for s in optimizer.state.values()}
     assert steps == {2}  # AdamW counted two optimiser steps for every parameter
     micro_batches = len(seen) // 2
@@ -98,13 +98,13 @@ def test_a_frozen_behaviour_keeps_sampling_from_the_initial_weights_while_the_po
 def test_a_lagged_behaviour_is_refreshed_to_the_policy_every_k_steps(monkeypatch, tmp_path):
     snapshots = recorded_samplers(monkeypatch)
     saved = []
-    real_refresh = RunPolicies.refresh
+    real_refresh = Policies.refresh
 
     def spy(self, step):
         real_refresh(self, step)
         saved.append(params(self.policy))
 
-    monkeypatch.setattr(RunPolicies, "refresh", spy)
+    monkeypatch.setattr(Policies, "refresh", spy)
     cfg = small_config(behaviour="lagged", behaviour_refresh=2, beta=0.0)
     cfg.trainer.steps = 4
     trainer.train(cfg, tmp_path, Console(progress=False))
@@ -115,14 +115,14 @@ def test_a_lagged_behaviour_is_refreshed_to_the_policy_every_k_steps(monkeypatch
 
 def test_the_reference_is_refreshed_to_the_policy_only_on_its_schedule():
     policy = load_model("builtin:tiny", device="cpu")
-    policies = RunPolicies(small_config(ref_refresh=2), Precision("fp32"), policy)
+    policies = Policies.load(small_config(ref_refresh=2), Precision("fp32"), policy)
     with torch.no_grad():
         for p in policy.parameters():
             p.add_(0.01)
     policies.refresh(1)
-    assert not same(params(policies.reference), params(policy))
+    assert not same(params(policies.held_reference), params(policy))
     policies.refresh(2)
-    assert same(params(policies.reference), params(policy))
+    assert same(params(policies.held_reference), params(policy))
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills_the_batch():

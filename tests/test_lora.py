@@ -20,7 +20,7 @@ from grpo_cli.config import SamplerConfig
 from helpers import padded, token_logprobs
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, adapter_state
 from grpo_cli.models.loading import load_model, load_tokenizer
-from grpo_cli.models.policies import RunPolicies, load_policy
+from grpo_cli.models.policies import BASE, Policies, load_policy
 from grpo_cli.models.precision import Precision
 from grpo_cli.run.trainer import train
 from helpers import SMALL, SMALL_DATA, generate, grpo, metric_rows
@@ -70,9 +70,9 @@ def test_the_reference_under_lora_is_the_base_model_even_after_the_adapter_has_m
     base = load_model("builtin:tiny", torch.float32, "cpu")
     tok = load_tokenizer("builtin:tiny")
     roll = generate(base, tok, ["1+2=", "13+4=", "5+25="], 3, max_new_tokens=4, seeds=[0, 1, 2])
-    policies = RunPolicies(cfg, Precision("fp32"), policy)
-    assert policies.reference is None  # no second model is loaded
-    with policies.roles().reference() as reference:
+    policies = Policies.load(cfg, Precision("fp32"), policy)
+    assert policies.held_reference == BASE  # no second model is loaded: the policy with its adapter off
+    with policies.reference() as reference:
         got = score(reference, roll, 1.0, StepSettings.of(cfg), Precision("fp32"))
     want = score(base, roll, 1.0, StepSettings.of(cfg), Precision("fp32"))
     moved = score(policy, roll, 1.0, StepSettings.of(cfg), Precision("fp32"))
@@ -84,18 +84,18 @@ def test_the_reference_under_lora_is_the_base_model_even_after_the_adapter_has_m
 def test_a_lagged_behaviour_under_lora_is_a_copy_of_the_adapter_swapped_in_and_out_bit_for_bit():
     cfg = lora_cfg(behaviour="lagged", behaviour_refresh=2)
     policy = load_policy(cfg.model, Precision("fp32"))
-    policies = RunPolicies(cfg, Precision("fp32"), policy)
-    assert isinstance(policies.behaviour, AdapterCopy)
+    policies = Policies.load(cfg, Precision("fp32"), policy)
+    assert isinstance(policies.held_behaviour, AdapterCopy)
     lagged = adapter_state(policy)
     nudge_adapter(policy)
     own = adapter_state(policy)
-    with policies.roles().behaviour() as sampler:
+    with policies.behaviour() as sampler:
         assert all(torch.equal(p, lagged[n]) for n, p in adapter_state(sampler).items())
     assert all(torch.equal(p, own[n]) for n, p in adapter_state(policy).items())  # restored exactly
     policies.refresh(1)
-    assert all(torch.equal(v, lagged[n]) for n, v in policies.behaviour.state.items())  # not yet: every 2 steps
+    assert all(torch.equal(v, lagged[n]) for n, v in policies.held_behaviour.state.items())  # not yet: every 2 steps
     policies.refresh(2)
-    assert all(torch.equal(v, own[n]) for n, v in policies.behaviour.state.items())
+    assert all(torch.equal(v, own[n]) for n, v in policies.held_behaviour.state.items())
 
 
 def test_a_lora_run_s_reward_rises_on_the_default_task(tmp_path):

@@ -31,7 +31,7 @@ from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer
 from grpo_cli.algo.objective import group_advantages, policy_loss
-from grpo_cli.models.policies import RunPolicies
+from grpo_cli.models.policies import Policies
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr
 from helpers import flat_inputs, floats, from_grid, generate, grid, padded, token_logprobs
 from ranks import run_ranks
@@ -127,8 +127,8 @@ def test_frozen_models_are_stored_in_the_compute_dtype(tmp_path):
     cfg = small_cfg(precision="bf16-mixed")
     cfg.algo.behaviour = "lagged"
     cfg.algo.behaviour_refresh = 1
-    policies = RunPolicies(cfg, Precision("bf16-mixed"), load_model("builtin:tiny", torch.float32, "cpu"))
-    frozen = [policies.reference, policies.behaviour]
+    policies = Policies.load(cfg, Precision("bf16-mixed"), load_model("builtin:tiny", torch.float32, "cpu"))
+    frozen = [policies.held_reference, policies.held_behaviour]
     assert {p.dtype for m in frozen for p in m.parameters()} == {torch.bfloat16}
 
 

@@ -276,7 +276,7 @@ def test_a_sweep_job_that_crashes_with_a_bug_ends_the_sweep_with_its_trace_and_n
     def bug(cfg):
         raise RuntimeError("a bug in grpo_cli")
 
-    monkeypatch.setattr(run, "check_train", bug)  # fails before anything is loaded
+    monkeypatch.setattr(run, "check", bug)  # fails before anything is loaded
     with pytest.raises(SystemExit) as e:
         main(["train", "-m", *TINY, "trainer.steps=1", "trainer.seed=0,1", f"hydra.sweep.dir={tmp_path}"])
     assert e.value.code == 1

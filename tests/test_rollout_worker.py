@@ -241,7 +241,7 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
         def restore(self, state):
             self.received = dict(state)
 
-    warned, policies = [], Policies.of(torch.nn.Linear(1, 1))
+    warned, policies = [], Policies(torch.nn.Linear(1, 1))
     scored = stored()
     LocalSource(None, policies, None, None, warn=warned.append).load_state_dict({3: scored})
     assert len(warned) == 1 and "step(s) 3 " in warned[0] and "dropped" in warned[0]
@@ -318,7 +318,7 @@ def test_a_damaged_rollout_in_a_checkpoint_is_sampled_again_and_said(changes, da
 
     warned = []
     order = SimpleNamespace(share=lambda step: SimpleNamespace(prompts=["1+1="] if step == 3 else ["?"]))
-    source = WorkerSource(Worker(), Policies.of(torch.nn.Linear(1, 1)), SimpleNamespace(behaviour="current",
+    source = WorkerSource(Worker(), Policies(torch.nn.Linear(1, 1)), SimpleNamespace(behaviour="current",
                           behaviour_refresh=1, dynamic_sampling=False), max_staleness=1, first_step=3, last_step=8,
                           warn=warned.append, prompts=order)
     source.load_state_dict({3: stored()})
@@ -348,7 +348,7 @@ def test_the_worker_scores_the_kl_reference_and_the_trainer_holds_none(extra, tm
     base with the adapter off): equal, token by token, to each row scored alone here from the initial model
     (float64 log-softmax), at every step while the policy moves away; the trainer loads no reference and the
     step scores none. With generator.score_reference=false the trainer scores it, to the same numbers."""
-    from grpo_cli.models.policies import RunPolicies
+    from grpo_cli.models.policies import Policies
 
     seen, real_step = [], trainer_module.grpo_step
 
@@ -358,15 +358,15 @@ def test_the_worker_scores_the_kl_reference_and_the_trainer_holds_none(extra, tm
         return row, roll
 
     monkeypatch.setattr(trainer_module, "grpo_step", spy)
-    held, real_init = [], RunPolicies.__init__
-    monkeypatch.setattr(RunPolicies, "__init__", lambda self, *a: real_init(self, *a) or held.append(self.reference))
+    held, real_init = [], Policies.__init__
+    monkeypatch.setattr(Policies, "__init__", lambda self, *a: real_init(self, *a) or held.append(self.held_reference))
     for name, knobs in (("worker", []), ("here", ["generator.score_reference=false"])):
         assert train(f"output_dir={tmp_path / name}", "trainer.steps=3", "trainer.max_staleness=1", "algo.beta=0.1",
                      *extra, *knobs) == 0
     initial = load_model("builtin:tiny")
     worker, here = seen[:3], seen[3:]
     assert [r is None for r, _, _ in worker] == [True] * 3 and held[0] is None
-    assert all(r is not None for r, _, _ in here) and (held[1] is not None) == (not extra)
+    assert all(r is not None for r, _, _ in here) and isinstance(held[1], torch.nn.Module) == (not extra)
     for (_, row, roll), (_, row_here, roll_here) in zip(worker, here):
         expected = completion_logp(initial, roll, 1.0)
         got = grid(roll, roll.ref_logp)
@@ -394,7 +394,7 @@ def test_a_checkpoint_rollout_without_the_reference_is_sampled_again_when_the_wo
 
     warned = []
     algo = SimpleNamespace(behaviour="current", behaviour_refresh=1, dynamic_sampling=False)
-    source = WorkerSource(Worker(), Policies.of(torch.nn.Linear(1, 1)), algo, max_staleness=1, first_step=3,
+    source = WorkerSource(Worker(), Policies(torch.nn.Linear(1, 1)), algo, max_staleness=1, first_step=3,
                           last_step=8, warn=warned.append, reference=True)
     source.load_state_dict({3: stored(ref_logp=torch.full((5,), -0.7))})
     assert list(source.worker.received) == [3] and warned == []

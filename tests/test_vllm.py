@@ -84,8 +84,8 @@ def one_step(policy, engine, optimizer, batch, cfg) -> dict:
     """A training step as the loop runs it: the rollout source samples with the engine, the step updates,
     the source pushes the update to the engine."""
     reward, settings = build_reward(cfg.reward), StepSettings.of(cfg, Judge(cfg.reward, build_reward(cfg.reward)))
-    source = LocalSource(engine, Policies.of(policy), reward, settings)
-    row, _ = step.grpo_step(Policies.of(policy), optimizer, source.sample(batch), settings)
+    source = LocalSource(engine, Policies(policy), reward, settings)
+    row, _ = step.grpo_step(Policies(policy), optimizer, source.sample(batch), settings)
     source.update(policy, 1)
     return row
 

@@ -14,7 +14,6 @@ Frozen models are stored in the compute dtype: nothing updates them.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 import torch
@@ -22,24 +21,6 @@ import torch
 from grpo_cli.config import reference_in_worker
 from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, load_adapter
 from grpo_cli.models.loading import load_model
-
-
-@dataclass
-class Policies:
-    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None
-    when beta = 0) and the behaviour policy that samples (None on-policy, where the policy samples).
-    A reference or behaviour is a context-manager factory yielding the model to run: a separate frozen
-    model, or, under LoRA, the policy itself with its adapter off or a lagged adapter swapped in."""
-
-    policy: torch.nn.Module
-    reference: Callable[[], ContextManager] | None = None
-    behaviour: Callable[[], ContextManager] | None = None
-
-    @classmethod
-    def of(cls, policy, reference=None, behaviour=None) -> "Policies":
-        """From plain models: each role runs its own model."""
-        scope = lambda model: (lambda: nullcontext(model)) if model is not None else None  # noqa: E731
-        return cls(policy, scope(reference), scope(behaviour))
 
 
 def load_policy(m, precision, resume_from=None):
@@ -67,68 +48,79 @@ def frozen_model(m, precision, path: str | None = None, key: str = "model.path")
     return load_model(path or m.path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(False)
 
 
-class RunPolicies:
-    """The policy with its reference and behaviour: what each role runs, when copies refresh, and the
-    state a checkpoint must keep for them (a refreshed reference, a lagged behaviour)."""
+BASE = "base"  # a role the policy itself runs with its LoRA adapter off: exactly the initial model, no second copy
 
-    def __init__(self, cfg, precision, policy):
-        self.policy, self.algo = policy, cfg.algo
+
+class Policies:
+    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None when beta = 0)
+    and the behaviour policy that samples (None on-policy). A role holds a frozen model, BASE, or (a lagged behaviour
+    under LoRA) an AdapterCopy swapped into the policy; `reference` and `behaviour` are context factories yielding
+    the model to run. A refreshed reference and a lagged behaviour are the state a checkpoint keeps."""
+
+    def __init__(self, policy, reference=None, behaviour=None, algo=None):
+        self.policy, self.held_reference, self.held_behaviour, self.algo = policy, reference, behaviour, algo
+
+    @classmethod
+    def load(cls, cfg, precision, policy) -> "Policies":
+        """The run's roles around `policy`, loaded as the config asks (frozen models in the compute dtype)."""
         m, algo, lora = cfg.model, cfg.algo, cfg.model.lora.r > 0
         scored_here = algo.beta != 0 and not reference_in_worker(cfg)  # else the worker scores the reference
-        self.reference = frozen_model(m, precision) if scored_here and not lora else None
-        self.behaviour = None  # a frozen model, or (LoRA, lagged) an AdapterCopy
-        self.behaviour_is_base = lora and algo.behaviour == "frozen" and not algo.behaviour_path
-        if algo.behaviour == "frozen" and not self.behaviour_is_base:
-            self.behaviour = frozen_model(m, precision, algo.behaviour_path,
-                                          "algo.behaviour_path" if algo.behaviour_path else "model.path")
+        reference = (BASE if lora else frozen_model(m, precision)) if scored_here else None
+        behaviour = None
+        if algo.behaviour == "frozen":
+            behaviour = BASE if lora and not algo.behaviour_path else frozen_model(
+                m, precision, algo.behaviour_path, "algo.behaviour_path" if algo.behaviour_path else "model.path")
         elif algo.behaviour == "lagged":
-            self.behaviour = AdapterCopy(policy) if lora else frozen_model(m, precision)
-        self.reference_is_base = lora and scored_here
+            behaviour = AdapterCopy(policy) if lora else frozen_model(m, precision)
+        return cls(policy, reference, behaviour, algo)
 
-    def roles(self) -> Policies:
-        """The step's view: a context per role yielding the model to run."""
-        policy = self.policy
-        reference = behaviour = None
-        if self.reference_is_base:
-            reference = lambda: adapter_disabled(policy)  # noqa: E731
-        elif self.reference is not None:
-            reference = lambda: nullcontext(self.reference)  # noqa: E731
-        if self.behaviour_is_base:
-            behaviour = lambda: adapter_disabled(policy)  # noqa: E731
-        elif isinstance(self.behaviour, AdapterCopy):
-            behaviour = lambda: self.behaviour.swapped_in(policy)  # noqa: E731
-        elif self.behaviour is not None:
-            behaviour = lambda: nullcontext(self.behaviour)  # noqa: E731
-        return Policies(policy, reference, behaviour)
+    @property
+    def reference(self) -> Callable[[], ContextManager] | None:
+        return self._role(self.held_reference)
+
+    @property
+    def behaviour(self) -> Callable[[], ContextManager] | None:
+        return self._role(self.held_behaviour)
+
+    def _role(self, held) -> Callable[[], ContextManager] | None:
+        if held is None:
+            return None
+        if held is BASE:
+            return lambda: adapter_disabled(self.policy)
+        if isinstance(held, AdapterCopy):
+            return lambda: held.swapped_in(self.policy)
+        return lambda: nullcontext(held)
 
     def refresh(self, step: int) -> None:
-        """Copy the policy into the lagged behaviour every behaviour_refresh steps and into the reference
-        every ref_refresh steps (DeepSeekMath's iterative RL); load_state_dict casts to the frozen dtype."""
-        algo = self.algo
-        if self.reference is not None and algo.ref_refresh and step % algo.ref_refresh == 0:
-            self.reference.load_state_dict(self.policy.state_dict())
+        """Copy the policy into the lagged behaviour every behaviour_refresh steps and into the reference every
+        ref_refresh steps (DeepSeekMath's iterative RL); load_state_dict casts to the frozen dtype."""
+        algo, reference, behaviour = self.algo, self.held_reference, self.held_behaviour
+        if algo is None:
+            return
+        if isinstance(reference, torch.nn.Module) and algo.ref_refresh and step % algo.ref_refresh == 0:
+            reference.load_state_dict(self.policy.state_dict())
         if algo.behaviour == "lagged" and step % algo.behaviour_refresh == 0:
-            if isinstance(self.behaviour, AdapterCopy):
-                self.behaviour.refresh(self.policy)
+            if isinstance(behaviour, AdapterCopy):
+                behaviour.refresh(self.policy)
             else:
-                self.behaviour.load_state_dict(self.policy.state_dict())
+                behaviour.load_state_dict(self.policy.state_dict())
 
     def state_dict(self) -> dict:
         """What is not on disk already: a refreshed reference, a lagged behaviour."""
-        out = {}
-        if self.reference is not None and self.algo.ref_refresh:
-            out["reference"] = self.reference.state_dict()
-        if self.algo.behaviour == "lagged":
-            out["behaviour"] = self.behaviour.state if isinstance(self.behaviour, AdapterCopy) else self.behaviour.state_dict()
+        out, algo = {}, self.algo
+        if isinstance(self.held_reference, torch.nn.Module) and algo.ref_refresh:
+            out["reference"] = self.held_reference.state_dict()
+        if algo.behaviour == "lagged":
+            held = self.held_behaviour
+            out["behaviour"] = held.state if isinstance(held, AdapterCopy) else held.state_dict()
         return out
 
     def load_state_dict(self, state: dict) -> None:
         if "reference" in state:
-            self.reference.load_state_dict(state["reference"])
+            self.held_reference.load_state_dict(state["reference"])
         if "behaviour" in state:
-            if isinstance(self.behaviour, AdapterCopy):
-                held = self.behaviour.state
-                self.behaviour.state = {k: v.to(held[k].device) for k, v in state["behaviour"].items()}
+            held = self.held_behaviour
+            if isinstance(held, AdapterCopy):
+                held.state = {k: v.to(held.state[k].device) for k, v in state["behaviour"].items()}
             else:
-                self.behaviour.load_state_dict(state["behaviour"])
-
+                held.load_state_dict(state["behaviour"])

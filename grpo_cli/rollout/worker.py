@@ -212,7 +212,7 @@ def _sampler(spec: WorkerSpec):
 
 
 def _reference(spec: WorkerSpec, model, precision):
-    """A context yielding the KL reference (update.policies.RunPolicies, as the trainer would hold it): the
+    """A context yielding the KL reference (models.policies.Policies, as the trainer would hold it): the
     model's base with its adapter off under LoRA, else a frozen copy of the initial weights; None when the
     trainer scores it."""
     from grpo_cli.models.lora import adapter_disabled
@@ -240,7 +240,7 @@ def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     generator = with_env(make_generator(spec.generator, tokenizer, chat_template=spec.chat_template, precision=precision,
                                device=device, seed=spec.seed), env, tokenizer, chat_template=spec.chat_template, system_prompt=spec.system_prompt)
     settings = replace(spec.settings, judge=Judge(spec.reward, reward_fn))
-    return LocalSource(generator, Policies.of(model), reward_fn, settings, precision=precision, prompts=prompts)
+    return LocalSource(generator, Policies(model), reward_fn, settings, precision=precision, prompts=prompts)
 
 
 def _serve(channel: Channel, opening) -> None:

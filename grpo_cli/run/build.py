@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 import os
 import shutil
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,11 @@ import torch
 from omegaconf import OmegaConf
 from rich.markup import escape
 
-from grpo_cli.run.floors import StepFloors, bottleneck_line, cached_peaks
-from grpo_cli.run.checkpoint import (CONFIG_FILE, OptimizerState, PerRank, Rng, Stateful, clean_temporaries,
-                                     experiment_diff, load_state, resolve_resume, save_checkpoint, save_final,
-                                     write_config)
+from grpo_cli.run.floors import StepFloors, cached_peaks
+from grpo_cli.run.observers import AfterStep
+from grpo_cli.run.state import Run
+from grpo_cli.run.checkpoint import (CONFIG_FILE, clean_temporaries,
+                                     experiment_diff, load_state, resolve_resume, write_config)
 from grpo_cli.config import check
 from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
@@ -30,18 +30,17 @@ from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.episodes.environments import environment, reward_with
 from grpo_cli.episodes.notes import env_notes
 from grpo_cli.config import reference_in_worker
-from grpo_cli.errors import GrpoError, SourceLost, first_line
+from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import check_available, make_generator
 from grpo_cli.episodes.driver import with_env
 from grpo_cli.rollout.held_out import HeldOut
 from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.models.lora import merged_copy
 from grpo_cli.run.plan import planned
-from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
-from grpo_cli.models.policies import RunPolicies, load_policy
+from grpo_cli.models.loading import load_tokenizer, resolve_device
+from grpo_cli.models.policies import Policies, load_policy
 from grpo_cli.update.schedules import schedule
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
-from grpo_cli.run.publish import check_push, push, write_model_card
+from grpo_cli.run.publish import check_push
 from grpo_cli.rollout import worker as rollout_worker
 from grpo_cli.rewards import Judge, check_reward_columns, load_user_rewards
 from grpo_cli.models.runtime import prepare_process
@@ -142,100 +141,6 @@ def builtin_settings_note(cfg) -> str | None:
             "start from a preset (experiment=instruct, experiment=qwen_gsm8k) or set those keys.")
 
 
-@dataclass
-class Run:
-    """Everything the loop uses, built once by `start_run`."""
-
-    cfg: object
-    run_dir: Path
-    console: Console
-    dist: Dist
-    command: str | None
-    precision: Precision
-    tokenizer: object
-    policy: torch.nn.Module  # wrapped for DDP / FSDP when launched so
-    policies: RunPolicies
-    reward_fn: object
-    settings: StepSettings
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    prompts: PromptOrder  # this rank's prompts of each step, from the training split
-    user_text: dict  # chat-rendered prompt -> what the user wrote, for completions.jsonl
-    metrics: MetricsLog
-    samples_log: MetricsLog
-    first_step: int
-    source: RolloutSource | None = None  # the rollout stage (source.py): in this process or a worker's
-    held_out: HeldOut | None = None  # scored through the source
-    held_out_before: dict | None = None
-    saved: int = 0  # the newest step saved by this run
-    resumed_from: Path | None = None  # the checkpoint this run started from
-    plan: object = None  # the memory plan (memory.py), shown again from the first step's samples
-    floors: StepFloors | None = None  # each step's phases against this machine's peaks (floors.py)
-
-    def parts(self) -> dict[str, Stateful]:
-        """The run's state, part by part, in the order a resume loads them (the RNG last): each saves and
-        loads its own, and a checkpoint's trainer state is their collection. The policy's weights are the
-        checkpoint's model files; the data has no position (PromptOrder makes every step's prompts a
-        function of seed and step); the logs' cursor is the step, read where they open. The source's part is
-        each rank's rollouts sampled ahead and not yet trained on: a resumed run trains on these, as the
-        uninterrupted one would."""
-        return {"policies": self.policies, "optimizer": OptimizerState(self.optimizer, self.policy, self.resumed_from),
-                "scheduler": self.scheduler, "source": PerRank(self.source, self.dist, lambda ranks: {}),
-                "rng": PerRank(Rng(), self.dist, lambda ranks: ranks[0])}
-
-    def save(self, step: int) -> None:
-        """A checkpoint of this step: the weights, every part's state, and what a resume reads first."""
-        save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
-            **{name: part.state_dict() for name, part in self.parts().items()},
-            "config": asdict(self.cfg), "held_out_before": self.held_out_before,
-            "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
-        }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
-        self.saved = step
-
-    def restore(self, state: dict) -> None:
-        """Every part takes its state back from a checkpoint's (none for a new run)."""
-        if not state:
-            return
-        for name, part in self.parts().items():
-            try:
-                part.load_state_dict(state[name])
-            except (KeyError, ValueError, TypeError, RuntimeError) as e:  # the file's content, not this code
-                raise GrpoError(f"The checkpoint {self.resumed_from}'s {name} state does not load ({first_line(e)}); "
-                                "resume from another checkpoint with resume=PATH, or start a new run.") from None
-        if state.get("world_size", 1) != self.dist.world_size:
-            self.console.print(f"resuming a {state.get('world_size', 1)}-process run on {self.dist.world_size}: the "
-                               "prompts and sampled completions of each step are the same (they depend on the seed "
-                               "and step alone)")
-
-    @contextmanager
-    def stop_if_source_lost(self, step: int):
-        """A rollout source that cannot sample step `step` (a dead or stuck worker) stops the run: a
-        checkpoint of the last finished step first, then one sentence naming it and the resume command.
-        Under torchrun the other ranks are elsewhere in the step (a save is collective), so this rank
-        names the newest checkpoint and exits, and its exit takes the others down."""
-        try:
-            yield
-        except SourceLost as e:
-            from grpo_cli.run.checkpoint import list_checkpoints
-
-            done = step - 1
-            if self.first_step <= done != self.saved and self.dist.world_size == 1:
-                self.save(done)
-            kept = list_checkpoints(self.run_dir)
-            where = (f"{kept[-1].name} is the newest checkpoint; continue with: {resume_command(self.command, self.run_dir)}"
-                     if kept else "no checkpoint was written yet; start the run again")
-            raise GrpoError(f"Training stopped at step {step}: {e}; {where}.") from None
-
-
-def resume_command(command: str | None, run_dir: Path) -> str:
-    """The command that continues this run where it stopped: the same overrides, this directory, resume=auto."""
-    import shlex
-
-    kept = [a for a in (command or "grpo train").split()[2:]
-            if not a.startswith(("output_dir=", "resume=", "hydra.run.dir=", "overwrite="))]
-    return shlex.join(["grpo", "train", *kept, f"output_dir={run_dir}", "resume=auto"])
-
-
 def check_run(cfg, console: Console, dist: Dist):
     """What can be refused before anything loads: the config, the user's reward and environment files, a
     hub push, the strategy for this launch; returns (the environment, the strategy)."""
@@ -304,6 +209,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
               optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts, metrics=metrics,
               samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at, resumed_from=resume_from, plan=plan)
     run.source = open_source(run, env, worker_device, cfg.generator.threads or threads)
+    run.after = AfterStep(run, StepFloors.of(cfg, policy, precision, world))  # the peaks: probed once, cached
     try:
         run.restore(state)  # the RNG last: nothing below draws from it
         run.source.update(run.policy, run.first_step - 1)  # the weights the run starts from
@@ -347,7 +253,7 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
         generator = with_env(make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
                                    precision=run.precision, device=resolve_device(cfg.model.device),
                                    world_size=dist.world_size, seed=t.seed), env, run.tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
-        local = LocalSource(generator, run.policies.roles(), run.reward_fn, run.settings, precision=run.precision,
+        local = LocalSource(generator, run.policies, run.reward_fn, run.settings, precision=run.precision,
                             dist=dist, prompts=run.prompts, warn=run.console.warn)
     if worker_device is None:
         return local
@@ -360,7 +266,7 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     spec = rollout_worker.WorkerSpec.of(cfg, run.settings, worker_device, threads)
     worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
                                           cfg.generator.timeout_s)
-    return WorkerSource(worker, run.policies.roles(), cfg.algo, max_staleness=t.max_staleness,
+    return WorkerSource(worker, run.policies, cfg.algo, max_staleness=t.max_staleness,
                         first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local,
                         prompts=run.prompts, reference=spec.reference)
 
@@ -405,44 +311,9 @@ def load_policies(cfg, precision: Precision, strategy: str, resume_from, state: 
     policy = load_policy(cfg.model, precision, None if sharded else resume_from)  # FSDP restores its shards below
     if precision.name == "bf16" and not cfg.model.lora.r:  # a LoRA adapter is float32 whatever the base
         check_pure_bf16_lr(policy, cfg.optimizer.lr)
-    policies = RunPolicies(cfg, precision, policy)
+    policies = Policies.load(cfg, precision, policy)
     policy = dist.wrap(policy, strategy)
     if sharded and policies.reference is not None:
         dist.wrap(policies.reference, strategy)  # the reference is sharded too
     policies.policy = policy
     return policy, policies
-
-
-def finish_run(run: Run, seconds: float) -> dict:
-    """final/ (a merged model under LoRA), the summary, the held-out scores after training, the model
-    card and the hub push. Returns the summary `grpo train` prints."""
-    cfg, t = run.cfg, run.cfg.trainer
-    run.policy.eval()
-    merge = None
-    if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
-        merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
-    save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
-    after = run.held_out.final(t.steps) if run.held_out_before or run.held_out.deferred else None  # the curve's end
-    before = run.held_out_before or (run.held_out.initial(lambda: load_policy(cfg.model, run.precision, None))
-                                     if after is not None else None)
-    run.metrics.close()
-    rows = [r for r in run.metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
-    last = rows[-20:]
-    summary = {
-        "steps": t.steps,
-        "reward_first": rows[0]["reward_mean"] if rows else None,
-        "reward_last20": sum(r["reward_mean"] for r in last) / len(last) if last else None,
-        "seconds": seconds,
-        "health": ", ".join(dict.fromkeys(k.split("/", 1)[1] for r in rows for k in r if k.startswith("health/")))
-                  or ("not checked" if t.health == "off" else "no rule fired"),
-        "run_dir": str(run.run_dir),
-    }
-    if after is not None:
-        summary.update(run.held_out.after(before, after))
-    if run.dist.is_main and rows:  # where the time went, against the floor (floors.py)
-        run.console.print(escape(bottleneck_line(rows, run.floors) or ""), highlight=False, soft_wrap=True)
-    if run.dist.is_main:
-        card = write_model_card(run.run_dir / "final", cfg, summary, run.command or "grpo train")
-        if cfg.hub.push:
-            summary["pushed"] = push(card.parent, cfg, run.console)
-    return summary

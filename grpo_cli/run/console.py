@@ -48,6 +48,13 @@ class Console:
         the wait before the first step is never silent, in a terminal or a log file."""
         self.rich.print(f"[dim]{time.perf_counter() - STARTED:5.1f}s[/] {escape(message)}", highlight=False)
 
+    def announce_stop(self, signum: int) -> None:
+        """A signal's first time: the run finishes its step and saves (stopping.GracefulStop calls it)."""
+        import signal
+
+        self.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint (press Ctrl-C again to "
+                  "stop at once)")
+
     def warn(self, message: str) -> None:
         self.rich.print(f"[bold yellow]warning:[/] {message}")
 

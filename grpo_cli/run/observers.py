@@ -1,12 +1,44 @@
-"""What watches a step after it ran: its metrics row and a sample of its completions written and shown, and
-updates that were not finite counted."""
+"""What watches a step once it ran, behind the one call the loop makes (`AfterStep`): the step's wall time and its
+phases against this machine's floors, updates that were not finite counted, the health rules, the metrics row and
+a sample of its completions written and shown, the memory plan again from the first step's samples, and the
+held-out scores every trainer.eval_every steps."""
 
 from __future__ import annotations
+
+from rich.markup import escape
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import no_score_none
 from grpo_cli.run.console import Console
+from grpo_cli.run.floors import StepFloors
+from grpo_cli.run.health import Health
 from grpo_cli.sample.rollout import Rollout
+
+
+class AfterStep:
+    """The loop's one call after each step (the module docstring); `unhealthy` is the health rule that stops the run
+    under trainer.health=stop, else None."""
+
+    def __init__(self, run, floors: StepFloors):
+        t = run.cfg.trainer
+        self.run, self.floors, self.watch = run, floors, Watch(t, run.console)
+        self.health = Health(run.cfg, run.console.warn, t.health)  # every rank sees the same rows: all stop together
+        self.unhealthy: str | None = None
+
+    def __call__(self, step: int, row: dict, roll: Rollout, seconds: float) -> None:
+        run, dist, t = self.run, self.run.dist, self.run.cfg.trainer
+        wall = dist.all_max(seconds)  # the step's wall time, every wait included
+        row.update(seconds=wall, tokens_per_s=row["completion_tokens"] / max(wall, 1e-9))
+        row.update(self.floors.efficiency(row, roll, dist.all_max))  # efficiency/<phase>: floor over seconds
+        self.watch.updates(step, row)
+        row = {"step": step, **row}
+        self.unhealthy = self.health.check(step, row)  # adds health/<rule> to the row
+        log_step(run, step, row, roll)
+        if step == run.first_step and dist.is_main:  # the memory plan again, from what was really sampled
+            run.console.print(escape("from this step's samples, " + run.plan.from_samples(row).line()),
+                              highlight=False, soft_wrap=True)
+        if t.eval_every and step % t.eval_every == 0:
+            run.held_out.during(step)
 
 
 def log_step(run, step: int, row: dict, roll) -> None:
