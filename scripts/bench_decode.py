@@ -96,11 +96,13 @@ def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: i
 def step_ms(model, prompts, device: str, steps: int = 32) -> float:
     """The model's part of a static decode step alone: ms per graph replay (a static-cache forward on a CPU),
     with none of the host's sampling work around it."""
-    from grpo_cli.generate.hf import decode_steps, prefill
+    from grpo_cli.generate.hf import prefill_rows
+    from grpo_cli.generate.steps import decode_steps
 
-    cache, _, mask, position = prefill(model, prompts, 1, 0)
-    stepper = decode_steps(model, cache, mask, position, steps + 1, "static")
-    run = stepper.graph.replay if stepper.graph is not None else stepper._forward
+    cache, _, mask, position, source = prefill_rows(model, prompts, 1, 0)
+    stepper = decode_steps(model, cache, mask, position, 2 * steps + 2, "static", source)
+    ids = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+    run = stepper.graph.replay if stepper.graph is not None else (lambda: stepper.step(ids))
     run()
     sync(device)
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ recorded as not run. The JSON is rewritten after every stage, so a run cut short
 
 Stages:
   probe       GPU, driver-visible memory, torch/transformers, measured copy bandwidth and bf16 matmul TFLOP/s
-  static      tests/test_static_decode.py on CUDA: CUDA-graph decoding samples eager's tokens and log-probs
+  static      tests/test_static_steps.py on CUDA: CUDA-graph decoding samples eager's tokens and log-probs
   decode      scripts/bench_decode.py: ms per token at batch 1/16/64, eager and static, against the HBM floor
   train       bf16-mixed full training of the 0.5B model, trainer.deterministic=true: s/step, tokens/s, peak
               memory against the planner's prediction, and how far the weights moved
@@ -172,7 +172,7 @@ def stage_probe(c: Check) -> dict:
 
 def stage_static(c: Check) -> dict:
     code, tail, seconds = c.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                                 "tests/test_static_decode.py"], 240)
+                                 "tests/test_static_steps.py"], 240)
     summary = re.findall(r"(\d+) (passed|failed|skipped|error)", tail)
     return {"ok": code == 0, "wall_s": round(seconds, 1), **{k: int(v) for v, k in summary},
             **({"tail": tail} if code else {})}

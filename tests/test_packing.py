@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from grpo_cli.generate import hf as generation
+from grpo_cli.generate import steps as steps_module
 from grpo_cli.config import LoraConfig
 from grpo_cli.models.distributed import Dist
 from grpo_cli.models.logprobs import can_pack, enable_logprob_forward
@@ -240,7 +241,7 @@ def test_finished_rows_leave_the_decode_batch_without_changing_a_sampled_token(t
     prompts = ["3+4=", "12+30=", "7+7=", "50+25="]
     runs = {}
     for name, threshold in (("drop", 1.0), ("keep", -1.0)):
-        monkeypatch.setattr(generation, "DROP_FINISHED_AT", threshold)
+        monkeypatch.setattr(steps_module, "DROP_FINISHED_AT", threshold)
         torch.manual_seed(0)
         runs[name] = with_batch_sizes(model, lambda: generate(model, tok, prompts, 4, max_new_tokens=12, temperature=1.5))
     (drop, drop_rows), (keep, keep_rows) = runs["drop"], runs["keep"]

@@ -34,17 +34,13 @@ from grpo_cli.models.memory import noise_steps_ahead
 from grpo_cli.generate.packed import float32_attention, has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
-from grpo_cli.generate.direct_steps import DirectSteps
-from grpo_cli.generate.static_cache import StaticSteps, cache_kwarg
+from grpo_cli.generate.steps import cache_kwarg, decode_steps
 from grpo_cli.generate.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
 from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.sample.rollout import Rollout
 from grpo_cli.config import SamplerConfig
 
 NEG_INF = float("-inf")
-# Finished rows leave the decode batch once the live rows are at most this share of it: each drop copies
-# the KV cache, so it waits until a quarter of the batch has finished.
-DROP_FINISHED_AT = 0.75
 # How often decoding reads the rows' end-of-sequence flags on a GPU: each read makes the host wait for the GPU,
 # so read every token the host could not queue the next token's work while the GPU runs this one. A row
 # that ended meanwhile samples a few tokens more, never read (what a row holds after its EOS is arbitrary).
@@ -118,46 +114,10 @@ class _Noise:
         return self.drawn[:, step].reshape(-1, self.vocab).index_select(0, self._index[1])
 
 
-class EagerSteps:
-    """One-token steps over the prefill's growing cache: every step's forward launched op by op."""
-
-    def __init__(self, model, cache, mask: Tensor, position: Tensor):
-        self.model, self.cache, self.mask, self.position = model, cache, mask, position
-        self.kwarg = cache_kwarg(model)
-
-    @property
-    def drop_at(self) -> float:
-        return DROP_FINISHED_AT
-
-    def step(self, tokens: Tensor) -> Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.position[:, None],
-                         **{self.kwarg: self.cache}, use_cache=True)
-        self.position = self.position + 1
-        return out.logits[:, -1]
-
-    def keep(self, index: Tensor) -> None:
-        self.cache.batch_select_indices(index)
-        self.mask, self.position = self.mask[index], self.position[index]
-
-    def held(self):
-        """The cache's layers and each row's [rows, width] mask of the positions it holds."""
-        return self.cache.layers, self.mask
-
-
-def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
-    """Each distinct prompt's forward once, its cache copied to every row that decodes from it (G per
-    prompt): (cache, [rows, vocab] next-token logits, [rows, width] attention mask, [rows] next position)."""
-    cache, logits, mask, position, source = prefill_rows(model, prompt_ids, group_size, pad_id)
-    if source is not None:
-        cache.batch_select_indices(source)
-    return cache, logits, mask, position
-
-
 def prefill_rows(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
-    """As `prefill`, but the cache keeps one row per distinct prompt: (cache, logits, mask, position, source),
-    `source` each decode row's cache row (None when they are the same rows), so a decode that copies the
-    cache into buffers of its own (DirectSteps) copies it once, not twice."""
+    """Each distinct prompt's forward once: (cache, [rows, vocab] next-token logits, [rows, width] attention mask,
+    [rows] next position, `source`), the cache holding one row per distinct prompt and `source` each decode row's
+    row of it (None when they are the same rows), so the decode's steps copy it to their rows once."""
     device = next(model.parameters()).device
     firsts, rows_of = distinct_rows(prompt_ids)  # each distinct prompt runs once
     ids, mask = left_pad([list(prompt_ids[i]) for i in firsts], pad_id, device)
@@ -168,28 +128,6 @@ def prefill_rows(model, prompt_ids: list[list[int]], group_size: int, pad_id: in
         source = torch.tensor(rows_of, device=device).repeat_interleave(group_size)
         logits, mask, positions = logits[source], mask[source], positions[source]
     return cache, logits, mask, positions[:, -1] + 1, source
-
-
-def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str,
-                 source: Tensor | None = None):
-    """The one-token steps decoding runs, by `kind` (generator.decode): static (a static cache, each step
-    a CUDA graph replay on CUDA, where the model allows it), direct (the model's layers called directly over
-    a cache with room, where the model allows it), eager, or auto (static on CUDA, direct elsewhere).
-    `source`: each row's row of `cache` (prefill_rows), None when the rows are the cache's."""
-    chosen = ("static" if mask.device.type == "cuda" else "direct") if kind == "auto" else kind
-    steps = {"eager": EagerSteps, "direct": DirectSteps}.get(chosen, StaticSteps)
-    reason = None if steps is EagerSteps else steps.reason_unsupported(model)
-    if reason is not None:
-        if kind != "auto":
-            warnings.warn(f"generator.decode={kind}, but {reason}: decoding eagerly", RuntimeWarning, stacklevel=2)
-        steps = EagerSteps
-    if steps is DirectSteps:
-        return DirectSteps(model, cache, mask, position, max_new_tokens, DROP_FINISHED_AT, source=source)
-    if source is not None:
-        cache.batch_select_indices(source)
-    if steps is EagerSteps:
-        return EagerSteps(model, cache, mask, position)
-    return StaticSteps(model, cache, mask, position, max_new_tokens, graphs=mask.device.type == "cuda")
 
 
 @torch.no_grad()

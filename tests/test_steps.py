@@ -1,4 +1,4 @@
-"""Decoding through the model's layers directly (grpo_cli/generate/direct_steps.py) samples bitwise what decoding
+"""Decoding through the model's layers directly (grpo_cli/generate/steps.py, direct) samples bitwise what decoding
 through the model's forward samples: the same tokens and the same sampling log-probs, for SDPA and eager
 attention, with padded and unpadded rows, rows leaving the batch, the cache growing, under bf16 autocast, and for
 each model type it takes (checked against the forward's logits step by step)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.generate import direct_steps
-from grpo_cli.generate.direct_steps import DirectSteps
+from grpo_cli.generate import steps as steps_module
+from grpo_cli.generate.steps import Steps
 from grpo_cli.generate import hf as generation
 from grpo_cli.config import SamplerConfig
 from grpo_cli.generate.hf import completion_mask
@@ -61,15 +61,15 @@ def test_rows_leaving_and_the_cache_growing_change_no_token(tiny_model, tiny_dir
     sampling = SamplerConfig(max_new_tokens=12, temperature=1.4)
     eager = _decode(model, tok, "eager", sampling)
     built = []
-    real_init = DirectSteps.__init__
+    real_init = Steps.__init__
 
     def spy(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
         built.append(self)
 
-    monkeypatch.setattr(generation, "DROP_FINISHED_AT", 1.0)
-    monkeypatch.setattr(direct_steps, "ROOM", 3)
-    monkeypatch.setattr(DirectSteps, "__init__", spy)
+    monkeypatch.setattr(steps_module, "DROP_FINISHED_AT", 1.0)
+    monkeypatch.setattr(steps_module, "ROOM", 3)
+    monkeypatch.setattr(Steps, "__init__", spy)
     direct = _decode(model, tok, "direct", sampling)
     assert torch.equal(eager[0], direct[0]) and torch.equal(eager[1], direct[1])
     steps = built[0]
@@ -102,21 +102,21 @@ def _random_model(model_type: str):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.mark.parametrize("model_type", direct_steps.DIRECT_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", steps_module.TYPES)
 def test_each_model_type_steps_bitwise_as_its_forward(model_type):
     """Qwen2's attention biases, Qwen3's query and key norms, grouped keys and values: five steps of the same
     tokens from a padded prefill give the forward's logits exactly."""
     model = _random_model(model_type)
-    assert DirectSteps.reason_unsupported(model) is None
+    assert steps_module.unsupported(model) is None
     ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
     mask = (torch.arange(5) >= torch.tensor([[2], [0]])).long()
     position = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
-        kwarg = generation.cache_kwarg(model)
-        eager = generation.EagerSteps(model, getattr(out, kwarg), mask, position[:, -1] + 1)
+        kwarg = steps_module.cache_kwarg(model)
+        eager = steps_module.EagerSteps(model, getattr(out, kwarg), mask, position[:, -1] + 1)
         out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
-        direct = DirectSteps(model, getattr(out, kwarg), mask, position[:, -1] + 1, 5, 0.75)
+        direct = Steps(model, getattr(out, kwarg), mask, position[:, -1] + 1, 5)
         for token in ([8, 9], [10, 11], [12, 13], [14, 15], [16, 17]):
             tokens = torch.tensor(token)
             assert torch.equal(eager.step(tokens), direct.step(tokens))
@@ -125,39 +125,39 @@ def test_each_model_type_steps_bitwise_as_its_forward(model_type):
 def test_a_model_it_does_not_take_decodes_eagerly_and_an_explicit_ask_warns(tiny_model, tiny_dir):
     model = _random_model("mistral")
     model.config.sliding_window = 4
-    assert "sliding-window" in DirectSteps.reason_unsupported(model)
+    assert "sliding-window" in steps_module.unsupported(model)
     flash = _model(tiny_dir, "sdpa")
     flash.config._attn_implementation = "flash_attention_2"
-    assert "flash_attention_2" in DirectSteps.reason_unsupported(flash)
+    assert "flash_attention_2" in steps_module.unsupported(flash)
     gemma = _random_model("llama")
     gemma.config.model_type = "gemma"  # scales its embeddings in its forward: not a type the direct path takes
-    assert "'gemma'" in DirectSteps.reason_unsupported(gemma)
+    assert "'gemma'" in steps_module.unsupported(gemma)
     ids = torch.tensor([[1, 2, 3]])
     mask, position = torch.ones_like(ids), torch.tensor([3])
     with torch.no_grad():
-        cache = getattr(model(input_ids=ids, use_cache=True), generation.cache_kwarg(model))
+        cache = getattr(model(input_ids=ids, use_cache=True), steps_module.cache_kwarg(model))
     with pytest.warns(RuntimeWarning, match="generator.decode=direct, but sliding-window attention"):
-        steps = generation.decode_steps(model, cache, mask, position, 4, "direct")
-    assert isinstance(steps, generation.EagerSteps)
-    assert isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), generation.EagerSteps)
+        steps = steps_module.decode_steps(model, cache, mask, position, 4, "direct")
+    assert isinstance(steps, steps_module.EagerSteps)
+    assert isinstance(steps_module.decode_steps(model, cache, mask, position, 4, "auto"), steps_module.EagerSteps)
     tiny, _ = tiny_model
     with torch.no_grad():
-        cache = getattr(tiny(input_ids=ids, use_cache=True), generation.cache_kwarg(tiny))
-    assert isinstance(generation.decode_steps(tiny, cache, mask, position, 4, "auto"), DirectSteps)  # a CPU
+        cache = getattr(tiny(input_ids=ids, use_cache=True), steps_module.cache_kwarg(tiny))
+    assert isinstance(steps_module.decode_steps(tiny, cache, mask, position, 4, "auto"), Steps)  # a CPU
 
 
 def test_the_prefill_keeps_one_row_a_prompt_and_the_buffers_get_every_rows_copy(tiny_model, tiny_dir):
     """prefill_rows runs and keeps each distinct prompt once (PADDED has a twin: 5 of 6), naming each of the
-    6 x G rows' source; DirectSteps gathers those into its buffers, equal to the cache prefill() spreads."""
+    6 x G rows' source; the steps gather those into their buffers, equal to the cache spread to every row."""
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa")
     ids = encode_prompts(tok, PADDED, False)
     cache, logits, mask, position, source = generation.prefill_rows(model, ids, 3, tok.pad_token_id)
     assert cache.layers[0].keys.shape[0] == 5 and mask.shape[0] == logits.shape[0] == 18
     assert source.tolist() == [r for r in (0, 1, 2, 3, 0, 4) for _ in range(3)]
-    spread, spread_logits, spread_mask, spread_position = generation.prefill(model, ids, 3, tok.pad_token_id)
-    assert torch.equal(logits, spread_logits) and torch.equal(mask, spread_mask) and torch.equal(position, spread_position)
-    steps = DirectSteps(model, cache, mask, position, 4, 0.75, source=source)
+    spread = generation.prefill_rows(model, ids, 3, tok.pad_token_id)[0]
+    spread.batch_select_indices(source)
+    steps = Steps(model, cache, mask, position, 4, source=source)
     width = mask.shape[1]
     for mine, theirs in zip(steps.layers, spread.layers):
         assert mine.keys.shape[2] == width + 4  # room for the 4 new tokens
@@ -188,6 +188,6 @@ def test_a_bf16_decode_on_a_cpu_takes_the_direct_path_with_float32_attention(tin
              .generate(model, PADDED, 3, sampling, seeds=list(range(6)), with_logprobs=True) for kind in ("auto", "eager")]
     from grpo_cli.generate.packed import FLOAT32_SDPA
 
-    assert chosen == [("DirectSteps", FLOAT32_SDPA), ("EagerSteps", FLOAT32_SDPA)]
+    assert chosen == [("Steps", FLOAT32_SDPA), ("EagerSteps", FLOAT32_SDPA)]
     assert torch.equal(rolls[0].tokens, rolls[1].tokens) and torch.equal(rolls[0].sampler_logp, rolls[1].sampler_logp)
     assert len(set(rolls[0].completions)) > 3  # varied completions, not one answer sampled 18 times

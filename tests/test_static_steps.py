@@ -1,4 +1,4 @@
-"""Decoding over a static KV cache (grpo_cli/generate/static_cache.py) samples exactly what eager decoding
+"""Decoding over a static KV cache (grpo_cli/generate/steps.py, static) samples exactly what eager decoding
 samples: the same tokens and the same sampling log-probs, with finished rows leaving the batch, for SDPA
 and eager attention, and on CUDA with each step replayed as a CUDA graph (run there by `make gpu-check`;
 on a machine without CUDA those cases skip, saying so)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_cli.generate.direct_steps import DirectSteps
-from grpo_cli.generate.static_cache import StaticSteps
+from grpo_cli.generate import steps as steps_module
+from grpo_cli.generate.steps import Steps
 from grpo_cli.generate import hf as generation
 from helpers import with_batch_sizes
 from grpo_cli.generate.hf import HFGenerator, decode, eos_token_ids
@@ -65,7 +65,7 @@ def test_finished_rows_leave_the_static_batch_without_changing_a_token(tiny_mode
     sampling = SamplerConfig(max_new_tokens=12, temperature=1.5)
     runs = {}
     for name, drop_at in (("drop", 1.0), ("keep", -1.0)):
-        monkeypatch.setattr(StaticSteps, "drop_at", drop_at)
+        monkeypatch.setattr(steps_module, "STATIC_DROP_AT", drop_at)
         runs[name] = with_batch_sizes(model, lambda: _decode(model, tok, "static", sampling))
     ((drop, drop_lp), drop_rows), ((keep, keep_lp), keep_rows) = runs["drop"], runs["keep"]
     W = drop.shape[1]
@@ -87,8 +87,8 @@ def test_reading_the_end_flags_every_few_tokens_changes_no_token_before_an_eos(t
     its log-prob is what reading every token gives, and the batch still stops once all have ended."""
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa", device)
-    monkeypatch.setattr(StaticSteps, "drop_at", 1.0)  # rows leave at every read where one has ended
-    monkeypatch.setattr(generation, "DROP_FINISHED_AT", 1.0)
+    monkeypatch.setattr(steps_module, "STATIC_DROP_AT", 1.0)  # rows leave at every read where one has ended
+    monkeypatch.setattr(steps_module, "DROP_FINISHED_AT", 1.0)
     sampling = SamplerConfig(max_new_tokens=24, temperature=1.3)
     (every, every_lp), every_rows = with_batch_sizes(model, lambda: _decode(model, tok, kind, sampling, read_eos_every=1))
     (fifth, fifth_lp), fifth_rows = with_batch_sizes(model, lambda: _decode(model, tok, kind, sampling, read_eos_every=5))
@@ -115,9 +115,9 @@ def test_without_a_graph_each_step_attends_over_the_slots_written_so_far(tiny_mo
         return sdpa(query, key, value, attn_mask, *args, **kwargs)
 
     ids = encode_prompts(tok, PROMPTS[:2], False)
-    cache, logits, mask, position = generation.prefill(model, ids, 1, tok.pad_token_id)
-    steps = generation.decode_steps(model, cache, mask, position, 16, "static")
-    assert isinstance(steps, StaticSteps) and steps.length == mask.shape[1] + 16
+    cache, logits, mask, position, _ = generation.prefill_rows(model, ids, 1, tok.pad_token_id)
+    steps = steps_module.decode_steps(model, cache, mask, position, 16, "static")
+    assert isinstance(steps, Steps) and steps.allowed.shape[1] == mask.shape[1] + 16  # every slot at once
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     layers = model.config.num_hidden_layers
     for _ in range(3):
@@ -138,48 +138,39 @@ def test_the_generator_setting_picks_the_steps_and_an_unsupported_model_decodes_
     assert torch.equal(rolls[0].tokens, rolls[1].tokens) and rolls[0].completions == rolls[1].completions
     flash = _model(tiny_dir, "sdpa", "cpu")
     flash.config._attn_implementation = "flash_attention_2"
-    assert "flash_attention_2" in StaticSteps.reason_unsupported(flash)
-    cache, logits, mask, position = generation.prefill(model, encode_prompts(tok, PROMPTS[:2], False), 1,
-                                                       tok.pad_token_id)
+    assert "flash_attention_2" in steps_module.unsupported(flash)
+    cache, logits, mask, position, _ = generation.prefill_rows(model, encode_prompts(tok, PROMPTS[:2], False), 1,
+                                                               tok.pad_token_id)
     with pytest.warns(RuntimeWarning, match="generator.decode=static, but attention 'flash_attention_2'"):
-        steps = generation.decode_steps(flash, cache, mask, position, 4, "static")
-    assert isinstance(steps, generation.EagerSteps)
-    assert isinstance(generation.decode_steps(model, cache, mask, position, 4, "auto"), DirectSteps)  # a CPU
+        steps = steps_module.decode_steps(flash, cache, mask, position, 4, "static")
+    assert isinstance(steps, steps_module.EagerSteps)
+    auto = steps_module.decode_steps(model, cache, mask, position, 4, "auto")
+    assert isinstance(auto, Steps) and not auto.static  # a CPU: direct
 
 
 def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(tiny_model, tiny_dir, monkeypatch):
-    """Under bf16-mixed the keys leave the rotary embedding in float32 and the values in bf16. transformers
-    5.17 (found on an H100) holds both in float32: its growing cache promotes the values on concatenation,
-    and its static layers allocate both in the keys' dtype, so the first bf16 value written failed. Here
-    both are emulated (the prefill's values promoted to float32, the static buffers allocated in the keys'
-    dtype): the steps decode, with eager's tokens from the same cache."""
-    from transformers.cache_utils import StaticLayer
-
+    """Under bf16-mixed the keys leave the rotary embedding in float32 and the values in bf16; a transformers whose
+    cache promotes the values on concatenation (5.17, found on an H100) hands the steps float32 values. Emulated
+    (the prefill's values promoted to float32): the buffers keep each dtype, and the steps decode eager's tokens."""
     from grpo_cli.models.precision import Precision
 
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa", "cpu")
-    original = StaticLayer.lazy_initialization
-
-    def keys_dtype_only(self, key_states, value_states=None):
-        original(self, key_states, key_states)
-
-    monkeypatch.setattr(StaticLayer, "lazy_initialization", keys_dtype_only)
-    real_prefill = generation.prefill
+    real_prefill = generation.prefill_rows
 
     def promoted_prefill(*args, **kwargs):
-        cache, logits, mask, position = real_prefill(*args, **kwargs)
+        cache, *rest = real_prefill(*args, **kwargs)
         for layer in cache.layers:
             layer.values = layer.values.float()
-        return cache, logits, mask, position
+        return cache, *rest
 
-    monkeypatch.setattr(generation, "prefill", promoted_prefill)
+    monkeypatch.setattr(generation, "prefill_rows", promoted_prefill)
     sampling = SamplerConfig(max_new_tokens=10, temperature=1.2)
     with Precision("bf16-mixed", "cpu").autocast():
         eager, eager_lp = _decode(model, tok, "eager", sampling)
         static, static_lp = _decode(model, tok, "static", sampling)
     assert torch.equal(eager, static)
-    torch.testing.assert_close(static_lp, eager_lp, atol=0.05, rtol=0.01)  # bf16 attention over more (masked) slots
+    torch.testing.assert_close(static_lp, eager_lp, atol=0.05, rtol=0.01)
 
 
 def test_noise_drawn_ahead_is_exactly_the_one_step_draws_and_survives_rows_leaving():
@@ -236,16 +227,14 @@ def test_sampling_costs_a_few_ops_per_token_whatever_the_number_of_groups(tiny_d
 
 
 def test_a_capture_that_fails_decodes_without_graphs_and_says_so(tiny_model, tiny_dir, monkeypatch):
-    """Graphs are an optimisation: where capturing a step fails (an op a graph cannot hold, on some
-    transformers), the steps warn and run over the same static cache without them, with eager's tokens.
-    Simulated on CPU by asking for graphs with no CUDA: the capture's first CUDA call fails."""
-    from grpo_cli.generate import static_cache
-
+    """Graphs are an optimisation: where capturing a step fails (an op a graph cannot hold, on some transformers),
+    the steps warn and run over the same static buffers without them, with eager's tokens. Simulated on CPU by
+    asking for graphs with no CUDA: the capture's first CUDA call fails."""
     _, tok = tiny_model
     model = _model(tiny_dir, "sdpa", "cpu")
     sampling = SamplerConfig(max_new_tokens=10, temperature=1.3)
     eager, eager_lp = _decode(model, tok, "eager", sampling)
-    real_init = static_cache.StaticSteps.__init__
+    real_init = Steps.__init__
 
     def with_graphs(self, *args, graphs, **kwargs):
         real_init(self, *args, graphs=True, **kwargs)
@@ -253,7 +242,7 @@ def test_a_capture_that_fails_decodes_without_graphs_and_says_so(tiny_model, tin
     def no_stream(*args, **kwargs):
         raise RuntimeError("no CUDA here")
 
-    monkeypatch.setattr(static_cache.StaticSteps, "__init__", with_graphs)
+    monkeypatch.setattr(Steps, "__init__", with_graphs)
     monkeypatch.setattr(torch.cuda, "Stream", no_stream)
     with pytest.warns(RuntimeWarning, match=r"decoding without CUDA graphs: capturing a decode step failed \(no CUDA"):
         static, static_lp = _decode(model, tok, "static", sampling)
