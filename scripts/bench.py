@@ -52,7 +52,7 @@ from grpo_cli.models.policies import BASE, Policies
 from grpo_cli.rewards import Judge
 from grpo_cli.sample.metrics import PHASES
 from grpo_cli.sample.settings import StepSettings
-from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig
+from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig, check
 from grpo_cli.data.tasks import PromptBatch, PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
 from grpo_cli.sample.rollout import group_seed
@@ -63,7 +63,7 @@ from grpo_cli.models.lora import adapter_disabled, add_adapter
 from grpo_cli.models.precision import training_precision
 from grpo_cli.models.runtime import prepare_libraries, prepare_process
 from grpo_cli.rollout.source import LocalSource
-from grpo_cli.rewards import build_reward, checked
+from grpo_cli.rewards import build_reward
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def random_reward(seed: int):
     def reward(prompts, completions, answers):
         return [float(rng.random() < 0.5) for _ in completions]
 
-    return checked("random", reward)
+    return reward
 
 
 def build_qwen_shape(cfg, shape: Shape, precision):
@@ -185,7 +185,7 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
     cfg.trainer.seed = opts["seed"]
     cfg.algo.beta = opts["beta"]
     cfg.optimizer.lr = shape.lr
-    run_setup.check_train(cfg)
+    check(cfg)
     run_setup.set_seed(cfg.trainer.seed)
 
     log(f"[{name}] building")

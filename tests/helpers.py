@@ -249,3 +249,14 @@ def forget_generator(name: str) -> None:
 
     GENERATORS.pop(name)
     ConfigStore.instance().repo["generator"].pop(f"{name}.yaml", None)
+
+
+def checked(name: str, fn):
+    """A plain fn(prompts, completions, answers) with the checks every built-in reward term has."""
+    from grpo_cli.rewards import Batch, run_term
+
+    def call(prompts, completions, answers) -> list[float]:
+        batch = Batch(list(prompts), list(completions), list(answers))
+        return run_term(name, lambda b: fn(b.prompts, b.completions, b.answers), batch, user_code=True)
+
+    return call

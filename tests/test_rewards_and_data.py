@@ -3,13 +3,13 @@ import sys
 
 import pandas as pd
 import pytest
-from helpers import refusal
+from helpers import checked, refusal
 
 from grpo_cli.demo import tiny
 from grpo_cli.config import DataConfig, RewardConfig
 from grpo_cli.data.tasks import PromptOrder, arithmetic_problems, load_data, long_addition_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards import BUILDERS, build_reward, checked, score_batch
+from grpo_cli.rewards import BUILDERS, build_reward, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, extract_answer, is_correct
 from grpo_cli.rewards.length import overlong_penalty
 

@@ -287,24 +287,3 @@ class VLLMGenerator(PromptIds):
             logps = [entry[t].logprob for t, entry in zip(ids, c.logprobs)] if with_logprobs else None
             out.append((ids, logps, c.finish_reason != "length"))
         return out
-
-    def token_logprobs(self, model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """The log-probabilities (temperature 1) of given completions after given prompts under `model`'s
-        weights, as the engine computes them (pushing them first if they are not the engine's)."""
-        self.engine(model)
-        return self.engine_logprobs(prompt_ids, completion_ids)
-
-    def engine_logprobs(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """The same with whatever weights the engine holds now (vLLM's prompt log-probs of the joined
-        sequence): what tells whether a push happened."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p + c) for p, c in zip(prompt_ids, completion_ids)],
-                                 params, use_tqdm=False)
-        result = []
-        for out, p, c in zip(outs, prompt_ids, completion_ids):
-            seq = p + c
-            result.append([out.prompt_logprobs[i][seq[i]].logprob for i in range(len(p), len(seq))])
-        return result

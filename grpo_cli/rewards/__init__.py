@@ -345,13 +345,3 @@ def _failing_row(fn: TermFn, batch: Batch) -> str:
 
 def _short(text: str, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
-
-
-def checked(name: str, fn: Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[float]]):
-    """A plain fn(prompts, completions, answers) with the same checks as every built-in term."""
-
-    def call(prompts, completions, answers) -> list[float]:
-        batch = Batch(list(prompts), list(completions), list(answers))
-        return run_term(name, lambda b: fn(b.prompts, b.completions, b.answers), batch, user_code=True)
-
-    return call

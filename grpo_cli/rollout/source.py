@@ -241,7 +241,7 @@ class WorkerSource:
         """Keep the rollouts a checkpoint holds for the steps this run samples ahead; say which steps
         are sampled again instead."""
         expected = range(self.first_step, min(self.first_step - 1 + self.k, self.last_step) + 1)
-        dropped = sorted(s for s, r in state.items() if s not in expected or "metrics" not in r)  # or unscored (older)
+        dropped = sorted(s for s in state if s not in expected)
         for step in sorted(s for s in state if s not in dropped):
             drawn = None if self.prompts is None else list(self.prompts.share(step).prompts)
             damage = stored_damage(state[step], step, self.k, drawn, self.reference)
@@ -252,7 +252,7 @@ class WorkerSource:
         missing = [s for s in expected if s not in state or s in dropped]
         if dropped:
             self.warn(f"the checkpoint holds rollouts sampled ahead for step(s) {', '.join(map(str, dropped))} that "
-                      f"this run does not take (more than trainer.max_staleness={self.k} ahead, or unscored), so they "
+                      f"this run does not take (more than trainer.max_staleness={self.k} ahead), so they "
                       "are dropped and sampled again: from there this run differs from an uninterrupted one")
         elif missing:
             self.warn(f"the checkpoint holds no rollouts sampled ahead for step(s) {', '.join(map(str, missing))}, "
@@ -300,7 +300,7 @@ def stored_damage(state: dict, step: int, k: int, prompts: list | None = None, r
         if prompts is not None and list(state["prompts"]) != prompts:
             return f"it holds other prompts than this run draws for step {step} (were the data or trainer.seed changed?)"
         if reference and state.get("ref_logp") is None:
-            return "it carries no KL reference log-probs: it was written with generator.score_reference=false or by an older grpo-cli"
+            return "it carries no KL reference log-probs: it was written with generator.score_reference=false"
         tokens, lengths = state["tokens"], state["lengths"]
         rows = len(state["prompts"]) * state["group_size"]
         if tokens.dim() != 1 or lengths.shape != (rows,) or int(lengths.sum()) != tokens.numel():
@@ -321,8 +321,8 @@ def stored_damage(state: dict, step: int, k: int, prompts: list | None = None, r
 
 def scored_from_state(state: dict, device) -> ScoredRollout:
     """The scored rollout, its token fields and metrics on `device` (rewards stay on the host, as sampled)."""
-    rows = {k: None if state.get(k) is None else state[k].to("cpu" if k.endswith("lengths") else device)
-            for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}  # a field added since (ref_logp) is absent from older ones
+    rows = {k: None if state[k] is None else state[k].to("cpu" if k.endswith("lengths") else device)
+            for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}
     episodes = None if state["episodes"] is None else [Episode(**e) for e in state["episodes"]]
     roll = Rollout(**{k: state[k] for k in STATE_FIELDS}, **rows, episodes=episodes)
     return ScoredRollout(roll, StepMetrics.from_state(state["metrics"], device), state["gen_s"], state["score_s"])

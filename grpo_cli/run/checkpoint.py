@@ -118,19 +118,6 @@ class OptimizerState:
             self.optimizer.load_state_dict(state)
 
 
-def upgraded(state: dict) -> dict:
-    """A trainer state written before the parts had names of their own (flat keys) in today's layout."""
-    if "rng_per_rank" not in state:
-        return state
-    state = dict(state)
-    state["rng"] = {"per_rank": state.pop("rng_per_rank")}
-    state["source"] = {"per_rank": state.pop("sampled_ahead_per_rank", [])}  # none kept: each rank's is empty
-    state["policies"] = {k: state.pop(k) for k in ("reference", "behaviour") if k in state}
-    if state.get("sharded"):
-        state["optimizer"] = {"sharded": True}
-    return state
-
-
 # --- writing ----------------------------------------------------------------------------------------
 
 
@@ -404,7 +391,7 @@ def load_state(checkpoint: Path) -> dict:
                         "written by grpo-cli.") from None
     if not isinstance(state, dict) or "step" not in state:
         raise GrpoError(f"{f} is not a grpo-cli trainer state (no step recorded).")
-    return upgraded(state)
+    return state
 
 
 def load_sharded(checkpoint: Path, model, optimizer) -> None:
