@@ -56,7 +56,7 @@ ZSH_PREAMBLE = "autoload -U +X bashcompinit && bashcompinit\n"
 _job_started = False  # a Hydra exit before any job started is a composition (user) error
 _result = None  # what the last job returned (the run summary, eval.json's content, the samples): main returns it
 _error: str | None = None  # the last user mistake's sentence, for the Python API (grpo_cli.api) to raise
-_dist = None  # the process group under torchrun (distributed.TorchDist), else None
+_dist = None  # the process group under torchrun (torchrun.TorchDist), else None
 
 
 def _run(command: str, cfg) -> object:
@@ -139,7 +139,7 @@ def _job(command: str, cfg) -> object:
         console.print("[bold red]interrupted[/]")
         sys.exit(130)
     except Exception as e:
-        from grpo_cli.models.distributed import peer_failure
+        from grpo_cli.models.torchrun import peer_failure
 
         if _dist is None or not peer_failure(e):
             raise
@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> object:
     sys.argv = [f"grpo {command}"] + rest
     try:
         _entry(command)()
-        from grpo_cli.commands.sweep import failed_jobs
-
+        sweep = sys.modules.get("grpo_cli.commands.sweep")  # imported by a multirun's callback alone
+        failed_jobs = sweep.failed_jobs if sweep else []
         if failed_jobs:
             print(f"error: sweep jobs {', '.join(failed_jobs)} failed (see the table above).", file=sys.stderr)
             sys.exit(2)
@@ -255,6 +255,8 @@ def _answered_without_a_job(argv: list[str]) -> bool:
         print(COMPLETION if shell == "bash" else ZSH_PREAMBLE + COMPLETION)
         sys.exit(0)
     if len(argv) > 1 and argv[1] in ("-sc", "--shell-completion"):  # the completion script asking Hydra
+        import grpo_cli.generate.base  # noqa: F401 - registers the generator back-ends' options
+
         register_configs(CONFIG_OF.get(argv[0], argv[0]))
         sys.argv = [f"grpo {argv[0]}"] + argv[1:]
         _entry(argv[0])()
@@ -273,7 +275,7 @@ def _join_process_group(command: str, overrides: list[str]) -> list[str]:
     global _dist
     if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):  # distributed.launched(), without importing torch
         return overrides
-    from grpo_cli.models.distributed import from_environment
+    from grpo_cli.models.torchrun import from_environment
 
     if command != "train":
         print(f"error: grpo {command} runs in one process; launch it without torchrun.", file=sys.stderr)

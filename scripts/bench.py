@@ -50,12 +50,12 @@ from grpo_cli.run import build as run_setup
 from grpo_cli.config.trainer import PRECISIONS
 from grpo_cli.models.policies import BASE, Policies
 from grpo_cli.rewards import Judge
-from grpo_cli.sample.metrics import PHASES
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.metrics import PHASES
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig, check
 from grpo_cli.data.tasks import PromptBatch, PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.sample.rollout import group_seed
+from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.base import make_generator
 from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer, resolve_device

@@ -52,10 +52,10 @@ def child(args) -> dict:
     from grpo_cli.models.logprobs import enable_logprob_forward
     from grpo_cli.models.memory import peak_resident_bytes
     from grpo_cli.models.precision import Precision
-    from grpo_cli.sample.rollout import Rollout
+    from grpo_cli.samples.rollout import Rollout
     from grpo_cli.models.runtime import prepare_process
     from grpo_cli.models.forward import score
-    from grpo_cli.sample.settings import StepSettings
+    from grpo_cli.samples.settings import StepSettings
     from grpo_cli.update.step import optimise
 
     device = torch.device(args.device)

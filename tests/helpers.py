@@ -123,7 +123,7 @@ def rollout_from_padded(prompts, group_size, input_ids, attention_mask, completi
                         sampler_logp=None, **rest):
     """A flat Rollout from padded rows: `input_ids`/`attention_mask` [B, P+T] (each row's real tokens contiguous: a
     left-padded prompt, then T columns right-padded), `completion_mask` and `sampler_logp` [B, T]."""
-    from grpo_cli.sample.rollout import Rollout
+    from grpo_cli.samples.rollout import Rollout
 
     T = completion_mask.shape[1]
     real = attention_mask.bool()

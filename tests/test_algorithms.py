@@ -9,7 +9,7 @@ from grpo_cli.run import build as run_setup
 from grpo_cli.rollout import source
 from grpo_cli.update import step
 from grpo_cli.rewards import Judge
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.run import trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console
@@ -19,7 +19,7 @@ from grpo_cli.models.distributed import SINGLE
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.models.policies import Policies
 from grpo_cli.models.precision import Precision
-from grpo_cli.sample.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout
 from grpo_cli.data.tasks import PromptBatch
 from grpo_cli.models.policies import Policies
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from grpo_cli.rollout import source
 from grpo_cli.rewards import Judge
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.demo import tiny
 from helpers import SMALL, grpo, grpo_process, read_jsonl
 from grpo_cli.config import RewardConfig, register_configs

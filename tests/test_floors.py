@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo_cli.run import floors
+from grpo_cli.run import floors, probe
 from helpers import FAST, grpo
 
 ROWS = [{"gen_s": 1.0, "env_s": 0.25, "score_s": 0.5, "update_s": 2.0, "push_s": 0.25, "wait_s": 0.5, "completion_len_max": 10,
@@ -100,7 +100,7 @@ def test_the_peaks_are_probed_once_per_machine_and_cached(tmp_path, monkeypatch)
     calls = []
     monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
     monkeypatch.setattr(floors, "_PROBED", {})
-    monkeypatch.setattr(floors, "machine_peaks", lambda device, dtype: calls.append(dtype) or (2e9, 3e10))
+    monkeypatch.setattr(probe, "machine_peaks", lambda device, dtype: calls.append(dtype) or (2e9, 3e10))
     assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10)
     assert floors.cached_peaks(torch.device("cpu"), torch.float32) == (2e9, 3e10)
     assert floors.cached_peaks(torch.device("cpu"), torch.bfloat16) == (2e9, 3e10)
@@ -116,11 +116,11 @@ def test_the_bandwidth_probe_reads_twice_the_last_level_cache(tmp_path, monkeypa
     for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "32768K"), ("index4", "odd")):
         (tmp_path / index).mkdir()
         (tmp_path / index / "size").write_text(size + "\n")
-    assert floors.last_level_cache(tmp_path) == 32 << 20
-    assert floors.last_level_cache(tmp_path / "absent") == 32 << 20  # not Linux: a common size
-    for cache, probe in ((32 << 20, 64 << 20), (8 << 20, 64 << 20), (96 << 20, 192 << 20), (1 << 30, 256 << 20)):
-        monkeypatch.setattr(floors, "last_level_cache", lambda cache=cache: cache)
-        assert floors.probe_bytes(torch.device("cpu")) == probe
+    assert probe.last_level_cache(tmp_path) == 32 << 20
+    assert probe.last_level_cache(tmp_path / "absent") == 32 << 20  # not Linux: a common size
+    for cache, size in ((32 << 20, 64 << 20), (8 << 20, 64 << 20), (96 << 20, 192 << 20), (1 << 30, 256 << 20)):
+        monkeypatch.setattr(probe, "last_level_cache", lambda cache=cache: cache)
+        assert probe.probe_bytes(torch.device("cpu")) == size
 
 
 def test_the_line_names_the_largest_phase_and_its_ratio():
@@ -191,7 +191,7 @@ def test_the_benchmark_table_sums_floors_and_seconds_by_hand():
 PROBE = """
 import json, torch
 from grpo_cli.models.runtime import returned_when_freed, reuse_freed_memory
-from grpo_cli.run.floors import machine_peaks, probe_bytes
+from grpo_cli.run.probe import machine_peaks, probe_bytes
 def anon():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon")) / 1024
 applied, grown = reuse_freed_memory(), {}
@@ -224,7 +224,7 @@ def test_the_machine_probe_leaves_no_memory_behind():
 
 
 def _rollout(lengths, prompt_lengths, loss_mask, group_size, weight=None):
-    from grpo_cli.sample.rollout import Rollout
+    from grpo_cli.samples.rollout import Rollout
 
     return Rollout(prompts=["p"] * (len(lengths) // group_size), group_size=group_size,
                    tokens=torch.zeros(sum(lengths), dtype=torch.long), lengths=torch.tensor(lengths),

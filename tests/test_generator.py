@@ -13,7 +13,7 @@ import torch
 from helpers import flat_inputs, forget_generator
 
 from grpo_cli.models.distributed import SINGLE
-from grpo_cli.sample.metrics import StepMetrics
+from grpo_cli.samples.metrics import StepMetrics
 from grpo_cli.algo.objective import policy_loss, sampler_correction_weight
 from grpo_cli.update.step import record_mismatch
 from grpo_cli.generate.vllm import fingerprint, full_weights

@@ -13,7 +13,7 @@ MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 12
 MAX_MODULE_LINES = 450
 # The stages, bottom up: a package imports only from those before it and from the shared root modules.
-STAGES = ("procs", "sandbox", "sample", "models", "algo", "rewards", "data", "generate", "episodes", "rollout", "update",
+STAGES = ("procs", "sandbox", "samples", "models", "algo", "rewards", "data", "generate", "episodes", "rollout", "update",
           "demo", "run", "commands")
 SHARED = ("errors", "registry", "config", "conf")  # the shared vocabulary: root modules and the config package
 

@@ -9,7 +9,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.models.forward import score
 from grpo_cli.cli import main
 from grpo_cli.config import LoraConfig, TrainConfig

@@ -13,10 +13,10 @@ from grpo_cli.models.distributed import Dist
 from grpo_cli.models.logprobs import can_pack, enable_logprob_forward
 from grpo_cli.algo.objective import policy_loss
 from grpo_cli.models.precision import Precision
-from grpo_cli.sample.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout
 from grpo_cli.models.packer import LAYOUTS, fill_bins, largest_micro_batch, pack
 from grpo_cli.models.forward import StepBatch
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.update.step import optimise
 from helpers import flat_inputs, generate, pack_rows, rollout_from_padded, token_logprobs, with_batch_sizes
 
@@ -222,7 +222,7 @@ def test_token_budget_micro_batches_give_the_whole_batch_s_loss_and_update(packi
                      _settings(max_tokens=20, packing=packing)):
         model = llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        from grpo_cli.sample.metrics import StepMetrics
+        from grpo_cli.samples.metrics import StepMetrics
 
         record = StepMetrics()
         _, norm = optimise(model, optimizer, _rollout(ids, mask, cmask), settings, Precision("fp32"), record=record,

@@ -17,14 +17,14 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_cli.run import build as run_setup
 from grpo_cli.update import step
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.models.forward import score
 from grpo_cli.run import trainer
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console
 from grpo_cli.models.distributed import SINGLE
 from grpo_cli.errors import GrpoError
-from grpo_cli.sample.metrics import StepMetrics
+from grpo_cli.samples.metrics import StepMetrics
 from grpo_cli.generate.hf import HFGenerator, eos_token_ids
 from grpo_cli.config import SamplerConfig
 from grpo_cli.data.prompts import encode_prompts

@@ -166,7 +166,7 @@ def test_a_rollout_s_rows_are_flat_and_its_padded_view_is_the_padded_batch_it_ca
 
 
 def test_picking_groups_and_joining_rollouts_moves_whole_rows_without_re_padding():
-    from grpo_cli.sample.rollout import concat_rollouts
+    from grpo_cli.samples.rollout import concat_rollouts
 
     roll, *_ = _padded_three_rows()
     roll.group_size = 1

@@ -67,7 +67,8 @@ def test_an_environment_that_scores_is_the_whole_reward_unless_a_reward_is_named
     """reward=auto (the default) with an environment that has get_reward(): its term alone, as TRL scores with
     an environment_factory and no reward_funcs; the answer column adds nothing. Naming a reward adds it."""
     from grpo_cli.config import RewardConfig
-    from grpo_cli.episodes.environments import EnvSpec, reward_with
+    from grpo_cli.episodes.environments import EnvSpec
+    from grpo_cli.rewards import reward_with
 
     spec = EnvSpec(EnvConfig(factory="trl_env.py:Counter"), str(INPUTS))
     assert list(reward_with(RewardConfig(), spec).terms) == ["Counter"]

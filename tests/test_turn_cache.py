@@ -148,7 +148,7 @@ def test_identical_contexts_run_once_and_sample_what_whole_prefills_sample(tiny_
 
 
 def test_distinct_rows_names_each_row_s_first_twin():
-    from grpo_cli.generate.turn_cache import distinct_rows
+    from grpo_cli.generate.steps import distinct_rows
 
     assert distinct_rows([[1, 2], [3], [1, 2], [], [3], [1]]) == ([0, 1, 3, 5], [0, 1, 0, 2, 1, 3])
     assert distinct_rows([[4], [5]]) == ([0, 1], [0, 1]) and distinct_rows([]) == ([], [])

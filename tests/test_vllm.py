@@ -22,7 +22,7 @@ if importlib.util.find_spec("vllm") is None:
 from grpo_cli.run import build as run_setup
 from grpo_cli.update import step  # noqa: E402
 from grpo_cli.rewards import Judge
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.models.forward import score
 from grpo_cli.config import GeneratorConfig, TrainConfig  # noqa: E402
 from grpo_cli.generate.hf import HFGenerator
@@ -30,7 +30,7 @@ from grpo_cli.config import SamplerConfig  # noqa: E402
 from grpo_cli.models.loading import load_model, load_tokenizer  # noqa: E402
 from grpo_cli.models.precision import Precision  # noqa: E402
 from grpo_cli.rewards import build_reward  # noqa: E402
-from grpo_cli.sample.rollout import concat_rollouts  # noqa: E402
+from grpo_cli.samples.rollout import concat_rollouts  # noqa: E402
 from grpo_cli.data.tasks import PromptBatch  # noqa: E402
 from grpo_cli.rollout.source import LocalSource  # noqa: E402
 from helpers import grid, padded  # noqa: E402

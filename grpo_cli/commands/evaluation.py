@@ -72,9 +72,9 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
     from grpo_cli.data.tasks import answer_column, check_answers
-    from grpo_cli.episodes.environments import environment, reward_with
+    from grpo_cli.episodes import environment, with_env
+    from grpo_cli.rewards import reward_with
     from grpo_cli.generate.base import check_available, make_generator
-    from grpo_cli.episodes.driver import with_env
     from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
     from grpo_cli.models.precision import DTYPES, Precision
     from grpo_cli.models.runtime import prepare_process

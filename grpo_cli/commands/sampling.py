@@ -14,12 +14,12 @@ from grpo_cli.run.checkpoint import list_checkpoints
 from grpo_cli.config import check
 from grpo_cli.errors import GrpoError
 from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
-from grpo_cli.episodes.environments import environment, reward_with
+from grpo_cli.episodes import environment, with_env
+from grpo_cli.rewards import reward_with
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.runtime import prepare_process
-from grpo_cli.sample.rollout import group_seed
+from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.base import check_available, generate, make_generator
-from grpo_cli.episodes.driver import with_env
 from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
 from grpo_cli.models.precision import DTYPES, Precision

@@ -123,9 +123,10 @@ def is_int(kind) -> bool:
     return kind is int or typing.get_args(kind) == (int, type(None))
 
 
-def value_problem(key: str, value, d: Declared, kind) -> str | None:
-    """The clause for a value its declaration refuses, or None."""
-    allowed = d.allowed() if d.choices is not None else None
+def value_problem(key: str, value, d: Declared, kind, default=MISSING) -> str | None:
+    """The clause for a value its declaration refuses, or None. A choice left at its default is not looked up
+    (a registry's module is imported only when a run names one of its entries)."""
+    allowed = d.allowed() if d.choices is not None and value != default else None
     if allowed is not None:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if v not in allowed:
@@ -148,7 +149,7 @@ def check(config) -> None:
         d = declared(f)
         if d is None or (value is None and f.default is None) or (d.when is not None and not d.when(config)):
             continue
-        problem = value_problem(key, value, d, kind)
+        problem = value_problem(key, value, d, kind, f.default)
         if problem:
             problems.append(problem)
     groups = {f.name for f in fields(config)}

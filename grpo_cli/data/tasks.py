@@ -21,7 +21,7 @@ import torch
 
 from grpo_cli.config.data import FILE_FORMATS
 from grpo_cli.errors import GrpoError, first_line
-from grpo_cli.sample.rollout import group_seed
+from grpo_cli.samples.rollout import group_seed
 from grpo_cli.config.reward import ANSWER_READERS
 from grpo_cli.rewards import PROMPT_MESSAGES  # where rewards read chat prompts
 from grpo_cli.rewards.exact_match import extract_answer

@@ -1,1 +1,31 @@
-"""Multi-turn episodes: the driver, tools and environments, tool-call formats, environment workers."""
+"""Multi-turn episodes: the driver, tools and environments, tool-call formats, environment workers.
+
+A single-turn run imports none of it: these three load the rest only when the env group is on.
+"""
+
+
+def environment(cfg, schemas: bool = True):
+    """The env group's tools and environment (environments.EnvSpec), or None when single-turn."""
+    if not (cfg.tools or cfg.factory):
+        return None
+    from grpo_cli.episodes.environments import environment as load
+
+    return load(cfg, schemas)
+
+
+def with_env(generator, env, tokenizer, **kwargs):
+    """`generator` driven turn by turn through `env` (driver.EpisodeGenerator), or as it is without one."""
+    if env is None:
+        return generator
+    from grpo_cli.episodes.driver import with_env as drive
+
+    return drive(generator, env, tokenizer, **kwargs)
+
+
+def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:
+    """The warnings worth giving before training with `env` (notes.py); none without one."""
+    if env is None:
+        return []
+    from grpo_cli.episodes.notes import env_notes as notes
+
+    return notes(cfg, env, model, tokenizer, prompts)

@@ -36,10 +36,10 @@ from grpo_cli.episodes.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import replace_live
 from grpo_cli.config import SamplerConfig
-from grpo_cli.sample.rollout import group_seed
+from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.hf import eos_token_ids
 from grpo_cli.generate.turn_cache import count_prefill
-from grpo_cli.sample.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout
 
 
 # ---- episodes ---------------------------------------------------------------------------------------

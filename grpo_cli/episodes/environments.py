@@ -72,25 +72,6 @@ def environment(cfg, schemas: bool = True) -> "EnvSpec | EnvChoice | None":
     return spec
 
 
-def reward_with(reward_cfg, spec: "EnvSpec | None"):
-    """The reward group's Reward for this environment: an environment that scores episodes (get_reward(),
-    or a step environment's rewards) is one more term (rewards.Reward.add_environment_term), and with
-    reward=auto the only one, as TRL's GRPOTrainer scores with an environment and no reward_funcs. A
-    reward that would score nothing is one sentence."""
-    from grpo_cli.rewards import build_reward, resolved
-
-    scores = spec is not None and spec.reward_name is not None
-    reward = build_reward(resolved(reward_cfg, scores))
-    if scores:
-        spec.score_with(reward)
-    if not reward.terms:
-        what = (f"env.factory={spec.cfg.factory} has no get_reward() and no step()" if spec is not None and spec.cfg.factory
-                else "there is no env.factory")
-        raise GrpoError(f"reward=none leaves the scoring to the environment, but {what}; give the environment a "
-                        "get_reward() method, or name a reward (reward=exact_match, reward=python, ...).")
-    return reward
-
-
 class EnvSpec:
     """What `env.*` names, loaded: standalone tools, the environment class, and their schemas."""
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,11 +35,13 @@ from grpo_cli.models.memory import noise_steps_ahead
 from grpo_cli.generate.packed import float32_attention, has_packable, packed_linears, packing_helps
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.precision import Precision, decode_ratio
-from grpo_cli.generate.steps import cache_kwarg, decode_steps
-from grpo_cli.generate.turn_cache import TurnCache, distinct_rows, kept_length, left_pad, prefill_after, row_kv
+from grpo_cli.generate.steps import cache_kwarg, decode_steps, distinct_rows, left_pad
 from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.sample.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout
 from grpo_cli.config import SamplerConfig
+
+if TYPE_CHECKING:
+    from grpo_cli.generate.turn_cache import TurnCache
 
 NEG_INF = float("-inf")
 # How often decoding reads the rows' end-of-sequence flags on a GPU: each read makes the host wait for the GPU,
@@ -130,6 +133,16 @@ def prefill_rows(model, prompt_ids: list[list[int]], group_size: int, pad_id: in
     return cache, logits, mask, positions[:, -1] + 1, source
 
 
+def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int, turns: TurnCache | None):
+    """prefill_rows, or under a session (`turns`) each row from its kept prefix where it has one."""
+    found = turns.lookup(prompt_ids) if turns is not None and group_size == 1 else None
+    if found and any(found):
+        from grpo_cli.generate.turn_cache import prefill_after
+
+        return (*prefill_after(model, prompt_ids, found, pad_id, cache_kwarg(model)), None)
+    return prefill_rows(model, prompt_ids, group_size, pad_id)
+
+
 @torch.no_grad()
 def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: SamplerConfig, *, eos_ids: list[int],
            pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager",
@@ -143,9 +156,7 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sample
     device = next(model.parameters()).device
     n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
     every = read_eos_every or (1 if device.type == "cpu" else READ_EOS_EVERY)
-    found = turns.lookup(prompt_ids) if turns is not None and G == 1 else None  # each row's kept prefix
-    cache, logits, mask, position, source = ((*prefill_after(model, prompt_ids, found, pad_id, cache_kwarg(model)), None)
-                                             if found and any(found) else prefill_rows(model, prompt_ids, G, pad_id))
+    cache, logits, mask, position, source = prefill(model, prompt_ids, G, pad_id, turns)
     stepper = decode_steps(model, cache, mask, position, T, steps, source) if T > 1 else None
     del cache, mask, position, source  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
@@ -157,6 +168,8 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sample
     done = torch.zeros(B, dtype=torch.bool, device=device)  # each live row's: it has sampled an EOS
 
     def keep_rows(local: list[int], fed: int) -> None:  # the session keeps these rows, `fed` tokens decoded
+        from grpo_cli.generate.turn_cache import kept_length, row_kv
+
         layers, held = stepper.held()
         for i in local:
             r = int(host_rows[i])
@@ -310,6 +323,8 @@ class HFGenerator(PromptIds):
         """Within it, `complete` keeps every decoded row's keys and values and starts the next call's rows
         from them (turn_cache.py): an episode's turn prefills only what the environment added. Open for one
         `generate` of episodes: the kept cache belongs to the weights it was computed with."""
+        from grpo_cli.generate.turn_cache import TurnCache
+
         self.turns = TurnCache()
         try:
             yield self.turns

@@ -256,3 +256,28 @@ def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: i
         return EagerSteps(model, cache, mask, position)
     static = chosen == "static"
     return Steps(model, cache, mask, position, max_new_tokens, static=static, graphs=static and cuda, source=source)
+
+
+def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Where each distinct row first stands, and for every row the place of its distinct row among those:
+    a prefill runs the distinct rows once and spreads them back by that index."""
+    firsts: list[int] = []
+    slots: dict[tuple[int, ...], int] = {}
+    rows_of = []
+    for i, row in enumerate(rows):
+        rows_of.append(slots.setdefault(tuple(row), len(slots)))
+        if rows_of[-1] == len(firsts):
+            firsts.append(i)
+    return firsts, rows_of
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """[rows, width] ids, each row right-aligned after `pad_id`s, and its 0/1 attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(r)
+            mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)

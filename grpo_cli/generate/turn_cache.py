@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from grpo_cli.generate.steps import distinct_rows, left_pad
+
 KV = list[tuple[Tensor, Tensor]]  # per layer: keys and values of one row, [kv heads, tokens, head dim]
 
 
@@ -61,31 +63,6 @@ class TurnCache:
 
     def store(self, context: list[int], generated: list[int], kv: KV) -> None:
         self.entries[tuple(context) + tuple(generated)] = kv
-
-
-def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Where each distinct row first stands, and for every row the place of its distinct row among those:
-    a prefill runs the distinct rows once and spreads them back by that index."""
-    firsts: list[int] = []
-    slots: dict[tuple[int, ...], int] = {}
-    rows_of = []
-    for i, row in enumerate(rows):
-        rows_of.append(slots.setdefault(tuple(row), len(slots)))
-        if rows_of[-1] == len(firsts):
-            firsts.append(i)
-    return firsts, rows_of
-
-
-def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
-    """[rows, width] ids, each row right-aligned after `pad_id`s, and its 0/1 attention mask."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def kept_length(tokens: Tensor, fed: int, eos: Tensor) -> int:

@@ -50,7 +50,7 @@ from grpo_cli.generate.base import VLLM_INSTALL
 from grpo_cli.generate.hf import PromptIds, assemble, eos_token_ids
 from grpo_cli.config import SamplerConfig
 from grpo_cli.models.precision import Precision
-from grpo_cli.sample.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout
 
 
 

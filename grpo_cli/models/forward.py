@@ -14,8 +14,8 @@ from grpo_cli.models.logprobs import (LogProbRequest, attends_by_block, can_pack
                                      packed_logprobs, padded_logprobs)
 from grpo_cli.models.packer import pack, packed_inputs, shared_inputs
 from grpo_cli.models.precision import Precision
-from grpo_cli.sample.rollout import Rollout
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.rollout import Rollout
+from grpo_cli.samples.settings import StepSettings
 
 
 def forward_layout(model, settings: StepSettings) -> str:

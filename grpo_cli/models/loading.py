@@ -10,8 +10,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.models.logprobs import enable_logprob_forward
-from grpo_cli.models.hub import check_hub
-from grpo_cli.models.lora import adapter_base, load_adapter
 from grpo_cli.models import recompute
 from grpo_cli.models.paths import BUILTIN, is_adapter_dir, local_problem
 
@@ -26,6 +24,8 @@ def resolve_path(path: str, key: str = "model.path") -> str:
     local = Path(path).expanduser()
     if local.exists():
         return str(local.resolve())  # absolute: a LoRA adapter records its base by this path
+    from grpo_cli.models.hub import check_hub
+
     check_hub(path, key)
     return path  # a hub id such as Qwen/Qwen2.5-0.5B-Instruct
 
@@ -78,6 +78,8 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "aut
     recomputed whole."""
     location = resolve_path(path, key)
     if is_adapter_dir(location) and not (Path(location) / "config.json").exists():
+        from grpo_cli.models.lora import adapter_base, load_adapter
+
         base = load_model(adapter_base(location), dtype, device, trust_remote_code, key=f"the base of {key}={path}")
         return load_adapter(base, location, trainable=False).merge_and_unload().eval()
     extra = {}

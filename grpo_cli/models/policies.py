@@ -19,7 +19,6 @@ from typing import Callable, ContextManager
 import torch
 
 from grpo_cli.config import reference_in_worker
-from grpo_cli.models.lora import AdapterCopy, adapter_disabled, add_adapter, load_adapter
 from grpo_cli.models.loading import load_model
 
 
@@ -33,9 +32,9 @@ def load_policy(m, precision, resume_from=None):
     base = load_model(m.path, precision.frozen_dtype, m.device, m.trust_remote_code,
                       gradient_checkpointing=m.gradient_checkpointing, quantize=m.lora.quantize,
                       recompute_pointwise=m.recompute_pointwise)
-    if m.lora.quantize:
-        from grpo_cli.models.lora import peft_module
+    from grpo_cli.models.lora import add_adapter, load_adapter, peft_module
 
+    if m.lora.quantize:
         base = peft_module().prepare_model_for_kbit_training(base, use_gradient_checkpointing=m.gradient_checkpointing)
     if resume_from:
         return load_adapter(base, resume_from, trainable=True)
@@ -54,7 +53,7 @@ BASE = "base"  # a role the policy itself runs with its LoRA adapter off: exactl
 class Policies:
     """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None when beta = 0)
     and the behaviour policy that samples (None on-policy). A role holds a frozen model, BASE, or (a lagged behaviour
-    under LoRA) an AdapterCopy swapped into the policy; `reference` and `behaviour` are context factories yielding
+    under LoRA) an AdapterCopy (lora.py) swapped into the policy; `reference` and `behaviour` are context factories yielding
     the model to run. A refreshed reference and a lagged behaviour are the state a checkpoint keeps."""
 
     def __init__(self, policy, reference=None, behaviour=None, algo=None):
@@ -70,8 +69,12 @@ class Policies:
         if algo.behaviour == "frozen":
             behaviour = BASE if lora and not algo.behaviour_path else frozen_model(
                 m, precision, algo.behaviour_path, "algo.behaviour_path" if algo.behaviour_path else "model.path")
+        elif algo.behaviour == "lagged" and lora:
+            from grpo_cli.models.lora import AdapterCopy
+
+            behaviour = AdapterCopy(policy)
         elif algo.behaviour == "lagged":
-            behaviour = AdapterCopy(policy) if lora else frozen_model(m, precision)
+            behaviour = frozen_model(m, precision)
         return cls(policy, reference, behaviour, algo)
 
     @property
@@ -86,10 +89,12 @@ class Policies:
         if held is None:
             return None
         if held is BASE:
+            from grpo_cli.models.lora import adapter_disabled
+
             return lambda: adapter_disabled(self.policy)
-        if isinstance(held, AdapterCopy):
-            return lambda: held.swapped_in(self.policy)
-        return lambda: nullcontext(held)
+        if isinstance(held, torch.nn.Module):
+            return lambda: nullcontext(held)
+        return lambda: held.swapped_in(self.policy)  # an AdapterCopy (lora.py)
 
     def refresh(self, step: int) -> None:
         """Copy the policy into the lagged behaviour every behaviour_refresh steps and into the reference every
@@ -100,10 +105,10 @@ class Policies:
         if isinstance(reference, torch.nn.Module) and algo.ref_refresh and step % algo.ref_refresh == 0:
             reference.load_state_dict(self.policy.state_dict())
         if algo.behaviour == "lagged" and step % algo.behaviour_refresh == 0:
-            if isinstance(behaviour, AdapterCopy):
-                behaviour.refresh(self.policy)
-            else:
+            if isinstance(behaviour, torch.nn.Module):
                 behaviour.load_state_dict(self.policy.state_dict())
+            else:
+                behaviour.refresh(self.policy)
 
     def state_dict(self) -> dict:
         """What is not on disk already: a refreshed reference, a lagged behaviour."""
@@ -112,7 +117,7 @@ class Policies:
             out["reference"] = self.held_reference.state_dict()
         if algo.behaviour == "lagged":
             held = self.held_behaviour
-            out["behaviour"] = held.state if isinstance(held, AdapterCopy) else held.state_dict()
+            out["behaviour"] = held.state_dict() if isinstance(held, torch.nn.Module) else held.state
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -120,7 +125,7 @@ class Policies:
             self.held_reference.load_state_dict(state["reference"])
         if "behaviour" in state:
             held = self.held_behaviour
-            if isinstance(held, AdapterCopy):
-                held.state = {k: v.to(held.state[k].device) for k, v in state["behaviour"].items()}
-            else:
+            if isinstance(held, torch.nn.Module):
                 held.load_state_dict(state["behaviour"])
+            else:
+                held.state = {k: v.to(held.state[k].device) for k, v in state["behaviour"].items()}

@@ -178,11 +178,12 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
     """The dataset columns the reward reads are there and readable (reward=code: every row's tests), before
     any model loads, and every python reward takes what a call passes. `rows`: a prepared split (Rows), the
     `split` named in the sentence."""
-    from grpo_cli.rewards.python_fn import check_signature
     from grpo_cli.registry import load_function
 
     for _, kind, spec in term_specs(cfg):
         if kind == "python" and spec:
+            from grpo_cli.rewards.python_fn import check_signature
+
             check_signature(load_function(spec, getattr(cfg, "fn_dir", None)), spec, rows.column_names)
     if not any(kind == "code" for _, kind, _ in term_specs(cfg)):
         return
@@ -236,6 +237,23 @@ def build_reward(cfg, workers: bool = True) -> Reward:
         pool = RewardPool(cfg, cfg.workers, cfg.timeout_s, cfg.worker_memory_gib)
     return Reward(terms, dict(zip([label for label, _, _ in specs], map(float, weights))), pool,
                   getattr(cfg, "max_failed_fraction", 1.0))
+
+
+def reward_with(reward_cfg, spec):
+    """The reward group's Reward for this environment (an episodes.environments.EnvSpec, or None): an environment that scores episodes (get_reward(),
+    or a step environment's rewards) is one more term (rewards.Reward.add_environment_term), and with
+    reward=auto the only one, as TRL's GRPOTrainer scores with an environment and no reward_funcs. A
+    reward that would score nothing is one sentence."""
+    scores = spec is not None and spec.reward_name is not None
+    reward = build_reward(resolved(reward_cfg, scores))
+    if scores:
+        spec.score_with(reward)
+    if not reward.terms:
+        what = (f"env.factory={spec.cfg.factory} has no get_reward() and no step()" if spec is not None and spec.cfg.factory
+                else "there is no env.factory")
+        raise GrpoError(f"reward=none leaves the scoring to the environment, but {what}; give the environment a "
+                        "get_reward() method, or name a reward (reward=exact_match, reward=python, ...).")
+    return reward
 
 
 class Judge:

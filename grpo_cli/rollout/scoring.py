@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_cli.config import SamplerConfig
-from grpo_cli.sample.rollout import group_seed
+from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.base import generate
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, normalise

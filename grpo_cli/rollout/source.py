@@ -30,19 +30,18 @@ from torch.profiler import record_function
 
 from grpo_cli.data.tasks import PromptBatch
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
-from grpo_cli.episodes.driver import Episode, episode_metrics
 from grpo_cli.errors import SourceLost
 from grpo_cli.generate.base import generate
 from grpo_cli.rollout.held_out import part_scores
-from grpo_cli.sample.metrics import StepMetrics
+from grpo_cli.samples.metrics import StepMetrics
 from grpo_cli.algo.objective import flat_groups
 from grpo_cli.models.precision import Precision
 from grpo_cli.rewards import score_batch
-from grpo_cli.sample.rollout import ROW_FIELDS, TOKEN_FIELDS, Rollout, concat_rollouts
+from grpo_cli.samples.rollout import ROW_FIELDS, TOKEN_FIELDS, Rollout, concat_rollouts
 from grpo_cli.models.forward import score
 from grpo_cli.models.policies import Policies
-from grpo_cli.sample.metrics import PHASES, clock
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.metrics import PHASES, clock
+from grpo_cli.samples.settings import StepSettings
 
 
 @dataclass
@@ -149,7 +148,8 @@ class LocalSource:
                       "uninterrupted run")
 
     def close(self) -> None:
-        """Nothing to end: the generator is the run's (held-out scoring uses it too)."""
+        """The generator, with what it holds (an engine, environment workers): the run has finished with it."""
+        self.generator.close()
 
 
 class WorkerSource:
@@ -263,6 +263,8 @@ class WorkerSource:
 
     def close(self) -> None:
         self.worker.close()
+        if self.evaluator is not None:
+            self.evaluator.close()
 
 
 def pushed_tensors(model, policy) -> list[torch.Tensor]:
@@ -323,7 +325,11 @@ def scored_from_state(state: dict, device) -> ScoredRollout:
     """The scored rollout, its token fields and metrics on `device` (rewards stay on the host, as sampled)."""
     rows = {k: None if state[k] is None else state[k].to("cpu" if k.endswith("lengths") else device)
             for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)}
-    episodes = None if state["episodes"] is None else [Episode(**e) for e in state["episodes"]]
+    episodes = None
+    if state["episodes"] is not None:
+        from grpo_cli.episodes.driver import Episode
+
+        episodes = [Episode(**e) for e in state["episodes"]]
     roll = Rollout(**{k: state[k] for k in STATE_FIELDS}, **rows, episodes=episodes)
     return ScoredRollout(roll, StepMetrics.from_state(state["metrics"], device), state["gen_s"], state["score_s"])
 
@@ -344,6 +350,8 @@ def score_round(roll: Rollout, batch: PromptBatch, reward_fn, judge, metrics: St
         columns={k: per_completion(v) for k, v in batch.columns.items()}, episodes=roll.episodes,
     )
     if roll.episodes is not None:
+        from grpo_cli.episodes.driver import episode_metrics
+
         episode_metrics(roll.episodes, metrics)
     rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)  # NaN: no score
     terms = {k: torch.tensor(v).view(rewards.shape) for k, v in terms.items()}  # [n, G] each

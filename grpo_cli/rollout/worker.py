@@ -228,9 +228,9 @@ def _reference(spec: WorkerSpec, model, precision):
 
 def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     """The rollout chain of this process: source.LocalSource with the run's generator, environment and reward."""
-    from grpo_cli.episodes.environments import environment, reward_with
+    from grpo_cli.episodes import environment, with_env
+    from grpo_cli.rewards import reward_with
     from grpo_cli.generate.base import make_generator
-    from grpo_cli.episodes.driver import with_env
     from grpo_cli.rewards import Judge
     from grpo_cli.rollout.source import LocalSource
     from grpo_cli.models.policies import Policies
@@ -253,7 +253,7 @@ def _serve(channel: Channel, opening) -> None:
     prepare_libraries()  # as the trainer's job does, before the model classes are imported
     from grpo_cli.rollout.source import scored_state
     from grpo_cli.models.forward import score
-    from grpo_cli.sample.metrics import clock
+    from grpo_cli.samples.metrics import clock
 
     spec, tokenizer, prompts, factory, address = opening
     from grpo_cli.generate.base import register_generator

@@ -27,12 +27,12 @@ from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
 from grpo_cli.data.prompts import USER_PROMPT
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
-from grpo_cli.episodes.environments import environment, reward_with
-from grpo_cli.episodes.notes import env_notes
+from grpo_cli.episodes import environment, with_env
+from grpo_cli.rewards import reward_with
+from grpo_cli.episodes import env_notes
 from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import check_available, make_generator
-from grpo_cli.episodes.driver import with_env
 from grpo_cli.rollout.held_out import HeldOut
 from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.run.plan import planned
@@ -41,11 +41,10 @@ from grpo_cli.models.policies import Policies, load_policy
 from grpo_cli.update.schedules import schedule
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.run.publish import check_push
-from grpo_cli.rollout import worker as rollout_worker
 from grpo_cli.rewards import Judge, check_reward_columns, load_user_rewards
 from grpo_cli.models.runtime import prepare_process
 from grpo_cli.rollout.source import LocalSource, RolloutSource, WorkerSource
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 from grpo_cli.run.trackers import check_trackers, open_trackers
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
@@ -171,7 +170,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     env, strategy = check_run(cfg, console, dist)
     t, world = cfg.trainer, dist.world_size
     device = resolve_device(cfg.model.device)
-    worker_device = rollout_worker.worker_device(cfg, device, dist.local_rank) if t.max_staleness or cfg.generator.worker else None
+    worker_device = generation_device(cfg, device, dist.local_rank)
     shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
     threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1), t.deterministic)
     trackers = list(dict.fromkeys(t.trackers))
@@ -226,6 +225,15 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     return run
 
 
+def generation_device(cfg, device: torch.device, local_rank: int) -> torch.device | None:
+    """The generation worker's device (rollout/worker.py), or None when the run generates in-process."""
+    if not (cfg.trainer.max_staleness or cfg.generator.worker):
+        return None
+    from grpo_cli.rollout.worker import worker_device
+
+    return worker_device(cfg, device, local_rank)
+
+
 def warn_env(cfg, env, model, tokenizer, prompts: list[str], console: Console) -> None:
     """Before training with an environment: what env_notes.py finds worth a warning."""
     for note in env_notes(cfg, env, model, tokenizer, prompts):
@@ -263,6 +271,8 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
                         "or run one process.")
     run.console.phase(f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
                       f"max_staleness={t.max_staleness}")
+    from grpo_cli.rollout import worker as rollout_worker
+
     spec = rollout_worker.WorkerSpec.of(cfg, run.settings, worker_device, threads)
     worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
                                           cfg.generator.timeout_s)

@@ -10,7 +10,6 @@ import torch
 from rich.markup import escape
 
 from grpo_cli.models.loading import load_model
-from grpo_cli.models.lora import merged_copy
 from grpo_cli.models.policies import load_policy
 from grpo_cli.run.checkpoint import save_final
 from grpo_cli.run.floors import bottleneck_line
@@ -25,6 +24,8 @@ def finish_run(run: Run) -> dict:
     run.policy.eval()
     merge = None
     if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
+        from grpo_cli.models.lora import merged_copy
+
         merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
     save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
     after = run.held_out.final(t.steps) if run.held_out_before or run.held_out.deferred else None  # the curve's end

@@ -12,7 +12,7 @@ from grpo_cli.rewards import no_score_none
 from grpo_cli.run.console import Console
 from grpo_cli.run.floors import StepFloors
 from grpo_cli.run.health import Health
-from grpo_cli.sample.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout
 
 
 class AfterStep:

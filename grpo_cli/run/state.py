@@ -22,7 +22,7 @@ from grpo_cli.run.checkpoint import OptimizerState, PerRank, Rng, Stateful, list
 from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.run.health import stop_run
 from grpo_cli.run.stopping import GracefulStop, Stopped
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.settings import StepSettings
 
 
 @dataclass

@@ -23,9 +23,9 @@ from grpo_cli.models.forward import LogProbRequest, StepBatch, score_tokens
 from grpo_cli.models.memory import GIB, current_bytes, peak_bytes
 from grpo_cli.models.policies import Policies
 from grpo_cli.models.precision import Precision
-from grpo_cli.sample.metrics import PHASES, StepMetrics, clock
-from grpo_cli.sample.rollout import Rollout
-from grpo_cli.sample.settings import StepSettings
+from grpo_cli.samples.metrics import PHASES, StepMetrics, clock
+from grpo_cli.samples.rollout import Rollout
+from grpo_cli.samples.settings import StepSettings
 
 
 def loss_mask(roll: Rollout, mask_truncated: bool, row_of_token: Tensor) -> Tensor:
