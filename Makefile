@@ -18,7 +18,7 @@ TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # What `make setup` installs is pinned by requirements/lock.txt (pip-tools: `make lock` rewrites it from
 # pyproject.toml's ranges), used as constraints so each extra installed later gets the tested version too.
 LOCK    := requirements/lock.txt
-EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps
+EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps,lint
 PIN     := -c $(LOCK)
 
 .PHONY: gpu-wheels gpu-check setup lock docs test-lowest test-newest train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
@@ -101,7 +101,7 @@ test-real: $(STAMP) smollm2
 # The trackers' own clients, each in its offline or local mode (extras wandb, mlflow, trackio).
 test-trackers: $(STAMP)
 	$(BIN)/pip install -q $(PIN) -e ".[wandb,mlflow,trackio]"
-	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/test_trackers.py $(ARGS)
+	$(TEST_ENV) WANDB_MODE=offline $(BIN)/python -m pytest -q tests/run/test_trackers.py $(ARGS)
 
 # Runs of several processes (torchrun ranks, kill -9 and resume, sweeps): about 5 minutes on 2 cores.
 test-slow: $(STAMP)
@@ -111,12 +111,12 @@ test-slow: $(STAMP)
 test-timing: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m timing $(ARGS)
 
-# The losses against TRL 1.16's own loss code (tests/test_losses_trl.py; the compare extra installs TRL).
+# The losses against TRL 1.16's own loss code (tests/slow/test_losses_trl.py; the compare extra installs TRL).
 test-trl: $(STAMP)
 	$(BIN)/pip install -q $(PIN) -e ".[compare]"
-	$(TEST_ENV) $(BIN)/python -m pytest -q -m trl tests/test_losses_trl.py $(ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m trl tests/slow/test_losses_trl.py $(ARGS)
 
-# generator=vllm on CPU: vLLM's CPU build in .venv-vllm, the tests marked vllm (tests/test_vllm.py).
+# generator=vllm on CPU: vLLM's CPU build in .venv-vllm, the tests marked vllm (tests/slow/test_vllm.py).
 vllm-env: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml
@@ -130,7 +130,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py $(ARGS)
+	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/slow/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, TRL's losses, the real model, vLLM).
 ci: test docs test-slow test-timing test-trackers test-trl test-real test-vllm test-lowest test-newest

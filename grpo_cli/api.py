@@ -9,15 +9,7 @@
     scores = evaluate(f"checkpoint={summary['run_dir']}", "samples=0")
     rows = sample(f"checkpoint={summary['run_dir']}", "prompt='3+4='")
 
-Each call runs exactly what `grpo <command> ...` runs, in this process, and returns what the command
-reports: `train` the run summary (reward_first, reward_last20, held-out accuracies, seconds, run_dir),
-`evaluate` the content of eval.json, `sample` one dict per completion. A mistake raises `GrpoError` with
-the sentence the command prints. `reward_funcs` (one callable or a list) takes functions defined in
-the notebook: each becomes a `reward=python` term named after the function, weighted by
-`reward_weights`. `tools` and `environment_factory` take TRL's tool functions and environment class
-(docs/how-to/tools.md); `train_dataset` and `eval_dataset` `datasets.Dataset` objects
-(written once to a parquet file in ~/.cache/grpo-cli/datasets, named by their fingerprint). A run trained this way records the functions by name only:
-evaluate it from Python with the same `reward_funcs`, `tools` and `environment_factory`.
+How it works in detail: docs/internals.md, grpo_cli/api.py.
 """
 
 from __future__ import annotations
@@ -84,8 +76,10 @@ def _dataset_file(ds, name: str) -> str:
     from pathlib import Path
 
     if not hasattr(ds, "to_parquet") or not hasattr(ds, "column_names"):
-        raise GrpoError(f"{name} must be a datasets.Dataset (a DatasetDict: pass one split, e.g. ds['train']), "
-                        f"not {type(ds).__name__}.")
+        raise GrpoError(
+            f"{name} must be a datasets.Dataset (a DatasetDict: pass one split, e.g. ds['train']), "
+            f"not {type(ds).__name__}."
+        )
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo-cli" / "datasets"
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{getattr(ds, '_fingerprint', None) or abs(hash(tuple(map(str, ds[:50].items()))))}.parquet"
@@ -121,26 +115,51 @@ def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
         raise GrpoError(cli._error or f"grpo {command} stopped with exit code {e.code}; see the lines above.") from None
 
 
-def train(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
-          reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
-          environment_factory: Callable | None = None, train_dataset=None, eval_dataset=None) -> dict:
+def train(
+    *overrides: str,
+    reward_funcs: Callable | Sequence[Callable] | None = None,
+    reward_weights: Sequence[float] | None = None,
+    tools: Sequence[Callable] | None = None,
+    environment_factory: Callable | None = None,
+    train_dataset=None,
+    eval_dataset=None,
+) -> dict:
     """`grpo train OVERRIDES`; the run summary. `train_dataset` / `eval_dataset`: `datasets.Dataset` objects,
     as TRL's trainer takes them (without eval_dataset, data.test_size of the training rows are held out)."""
-    return _call("train", overrides, _reward_overrides(reward_funcs, reward_weights)
-                 + _env_overrides(tools, environment_factory) + _data_overrides(overrides, train_dataset, eval_dataset))
+    return _call(
+        "train",
+        overrides,
+        _reward_overrides(reward_funcs, reward_weights)
+        + _env_overrides(tools, environment_factory)
+        + _data_overrides(overrides, train_dataset, eval_dataset),
+    )
 
 
-def evaluate(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
-             reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
-             environment_factory: Callable | None = None) -> dict:
+def evaluate(
+    *overrides: str,
+    reward_funcs: Callable | Sequence[Callable] | None = None,
+    reward_weights: Sequence[float] | None = None,
+    tools: Sequence[Callable] | None = None,
+    environment_factory: Callable | None = None,
+) -> dict:
     """`grpo evaluate OVERRIDES`; the scores of every model (eval.json's content)."""
-    return _call("evaluate", overrides, _reward_overrides(reward_funcs, reward_weights)
-                 + _env_overrides(tools, environment_factory))
+    return _call(
+        "evaluate",
+        overrides,
+        _reward_overrides(reward_funcs, reward_weights) + _env_overrides(tools, environment_factory),
+    )
 
 
-def sample(*overrides: str, reward_funcs: Callable | Sequence[Callable] | None = None,
-           reward_weights: Sequence[float] | None = None, tools: Sequence[Callable] | None = None,
-           environment_factory: Callable | None = None) -> list[dict]:
+def sample(
+    *overrides: str,
+    reward_funcs: Callable | Sequence[Callable] | None = None,
+    reward_weights: Sequence[float] | None = None,
+    tools: Sequence[Callable] | None = None,
+    environment_factory: Callable | None = None,
+) -> list[dict]:
     """`grpo sample OVERRIDES`; one dict per completion (prompt, completion, tokens, reward when scored)."""
-    return _call("sample", overrides, _reward_overrides(reward_funcs, reward_weights)
-                 + _env_overrides(tools, environment_factory))
+    return _call(
+        "sample",
+        overrides,
+        _reward_overrides(reward_funcs, reward_weights) + _env_overrides(tools, environment_factory),
+    )

@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 
 from grpo_cli.commands.compose import check_command_line, config_file_overrides
 from grpo_cli.config import COMMAND_SCHEMAS, register_configs
-from grpo_cli.run.console import Console
 from grpo_cli.errors import GrpoError
+from grpo_cli.run.console import Console
 from grpo_cli.run.stopping import Stopped
 
 COMMANDS = {
@@ -31,9 +31,12 @@ COMMANDS = {
     "tools": "the tool-call format of a model's chat template, and whether each format reads its calls back",
 }
 CONFIG_OF = {"tools": "train"}  # grpo tools composes train's config: the model (and env) named as there
-USAGE = "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg job] [--help]\n       grpo --version\n\ncommands:\n" + "\n".join(
-    f"  {name:<9} {what}" for name, what in COMMANDS.items()
-) + "\n\n`grpo <command> --help` lists that command's config groups and options."
+USAGE = (
+    "usage: grpo <command> [key=value ...] [group=option ...] [-m] [--cfg job] [--help]\n       grpo "
+    "--version\n\ncommands:\n"
+    + "\n".join(f"  {name:<9} {what}" for name, what in COMMANDS.items())
+    + "\n\n`grpo <command> --help` lists that command's config groups and options."
+)
 
 # `eval "$(grpo --completion bash)"`: the subcommand, then Hydra's own completion of that command's config
 # (groups, keys, options), asked with the subcommand taken out of the line as Hydra expects.
@@ -95,19 +98,27 @@ def _job(command: str, cfg) -> object:
     prepare_libraries()  # here, not before Hydra: --help and --cfg never pay for importing transformers
     rank = _dist.rank if _dist is not None else 0
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    console = Console(progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)), quiet=rank > 0,
-                      label=f"job {HydraConfig.get().job.num} " if in_sweep else "")
+    console = Console(
+        progress=bool(OmegaConf.select(cfg, "trainer.progress", default=True)),
+        quiet=rank > 0,
+        label=f"job {HydraConfig.get().job.num} " if in_sweep else "",
+    )
     try:
         # A sweep's job always writes its own directory (output_dir became the sweep's directory: _run_directory).
-        out_dir = (Path(cfg.output_dir) if cfg.get("output_dir") and not in_sweep
-                   else Path(HydraConfig.get().runtime.output_dir))
+        out_dir = (
+            Path(cfg.output_dir)
+            if cfg.get("output_dir") and not in_sweep
+            else Path(HydraConfig.get().runtime.output_dir)
+        )
         plain = OmegaConf.to_object(cfg)
         if command == "train":
             from grpo_cli.models.distributed import SINGLE
             from grpo_cli.run.trainer import train
 
             overrides = list(HydraConfig.get().overrides.task)
-            summary = train(plain, out_dir, console, _dist or SINGLE, command=f"grpo train {' '.join(overrides)}".strip())
+            summary = train(
+                plain, out_dir, console, _dist or SINGLE, command=f"grpo train {' '.join(overrides)}".strip()
+            )
             console.summary(summary)
             if in_sweep and rank == 0:
                 write_job_summary(out_dir, {"status": "done", **summary})
@@ -144,8 +155,10 @@ def _job(command: str, cfg) -> object:
         if _dist is None or not peer_failure(e):
             raise
         # Another rank died (or stopped answering): say so and exit instead of waiting forever.
-        console.error(f"rank {rank}: another rank stopped ({type(e).__name__}: {str(e).splitlines()[0][:200]}), so this "
-                      "rank stops too; see that rank's output, then continue with resume=auto.")
+        console.error(
+            f"rank {rank}: another rank stopped ({type(e).__name__}: {str(e).splitlines()[0][:200]}), so this "
+            "rank stops too; see that rank's output, then continue with resume=auto."
+        )
         sys.exit(1)
 
 
@@ -160,8 +173,9 @@ def write_job_summary(out_dir: Path, row: dict) -> None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / SUMMARY_FILE).write_text(json.dumps(row, indent=1) + "\n")
     except OSError as e:  # the job's result is still printed; only the sweep table will miss it
-        Console(progress=False).warn(f"could not write {Path(out_dir) / SUMMARY_FILE} ({e.strerror}); the sweep table "
-                                     "will not list this job")
+        Console(progress=False).warn(
+            f"could not write {Path(out_dir) / SUMMARY_FILE} ({e.strerror}); the sweep table will not list this job"
+        )
 
 
 def _entry(command: str):
@@ -210,7 +224,8 @@ def main(argv: list[str] | None = None) -> object:
         sys.exit(2)
     if command == "train" and not any(a in ("--cfg", "-c", "--info", "-i") for a in rest):  # the first line, at once
         Console(progress=False, quiet=os.environ.get("RANK", "0") != "0").phase(
-            "grpo train: the config is checked; loading torch and transformers")
+            "grpo train: the config is checked; loading torch and transformers"
+        )
     rest = _join_process_group(command, rest)
     sys.argv = [f"grpo {command}"] + rest
     try:
@@ -239,16 +254,22 @@ def _answered_without_a_job(argv: list[str]) -> bool:
     """Usage, the version and shell completion: answered here (exiting where the answer is an exit code).
     True when the completion script asked Hydra and was answered."""
     if not argv:  # a bare `grpo`: one sentence and where to go next
-        print("error: no command given; run grpo train (the built-in default run), or grpo --help for the commands.",
-              file=sys.stderr)
+        print(
+            "error: no command given; run grpo train (the built-in default run), or grpo --help for the commands.",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         sys.exit(0)
-    if argv[0] == "--completion" or (len(argv) > 1 and argv[1] in ("--shell-completion", "-sc") and
-                                     any(a.startswith("install=") for a in argv[2:])):
-        shell = argv[1] if argv[0] == "--completion" and len(argv) > 1 else next(
-            (a.split("=", 1)[1] for a in argv[2:] if a.startswith("install=")), "bash")
+    if argv[0] == "--completion" or (
+        len(argv) > 1 and argv[1] in ("--shell-completion", "-sc") and any(a.startswith("install=") for a in argv[2:])
+    ):
+        shell = (
+            argv[1]
+            if argv[0] == "--completion" and len(argv) > 1
+            else next((a.split("=", 1)[1] for a in argv[2:] if a.startswith("install=")), "bash")
+        )
         if shell not in ("bash", "zsh"):
             print(f"error: completion for {shell!r} is not available; use bash or zsh.", file=sys.stderr)
             sys.exit(2)
@@ -281,8 +302,11 @@ def _join_process_group(command: str, overrides: list[str]) -> list[str]:
         print(f"error: grpo {command} runs in one process; launch it without torchrun.", file=sys.stderr)
         sys.exit(2)
     if any(o in ("-m", "--multirun") for o in overrides):
-        print("error: a sweep (-m) cannot run under torchrun; launch each job with torchrun, or use a launcher such "
-              "as hydra/launcher=submitit_slurm whose jobs are torchrun runs.", file=sys.stderr)
+        print(
+            "error: a sweep (-m) cannot run under torchrun; launch each job with torchrun, or use a launcher such "
+            "as hydra/launcher=submitit_slurm whose jobs are torchrun runs.",
+            file=sys.stderr,
+        )
         sys.exit(2)
     _dist = from_environment()
     given = [o for o in overrides if o.split("=", 1)[0] in ("hydra.run.dir", "output_dir")]
@@ -317,8 +341,13 @@ def _run_directory(command: str, overrides: list[str]) -> list[str]:
         return overrides
     path = Path(str(target).strip("'\"") if target else DEFAULT_RUN_ROOTS[command]).expanduser()
     existing = next(p for p in [path, *path.parents] if p.exists())
-    why = (f"{existing} is not a directory" if not existing.is_dir() else
-           f"{existing} is not writable" if not os.access(existing, os.W_OK) else None)
+    why = (
+        f"{existing} is not a directory"
+        if not existing.is_dir()
+        else f"{existing} is not writable"
+        if not os.access(existing, os.W_OK)
+        else None
+    )
     if why is None:
         try:  # access() says yes to root everywhere; /sys and read-only mounts only refuse the attempt
             path.mkdir(parents=True, exist_ok=True)

@@ -21,5 +21,7 @@ def write_failure(what, e: OSError) -> GrpoError:
     import errno
 
     why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or first_line(e))
-    return GrpoError(f"Could not write {what} ({why}); nothing half-written was kept and the previous checkpoint is "
-                     "untouched: free space (or fix the directory) and continue with resume=auto.")
+    return GrpoError(
+        f"Could not write {what} ({why}); nothing half-written was kept and the previous checkpoint is "
+        "untouched: free space (or fix the directory) and continue with resume=auto."
+    )

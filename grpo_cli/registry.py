@@ -73,8 +73,10 @@ def _import_file(spec: str, path: str, key: str = "reward.fn"):
 
     path = os.path.normpath(path)
     if not os.path.isfile(path):
-        raise GrpoError(f"{key}={spec!r}: there is no file {path}; give the path to your file "
-                        "(relative to the directory grpo runs in).")
+        raise GrpoError(
+            f"{key}={spec!r}: there is no file {path}; give the path to your file "
+            "(relative to the directory grpo runs in)."
+        )
     name = "grpo_reward_" + re.sub(r"\W", "_", path)
     if name in sys.modules:
         return sys.modules[name]

@@ -41,29 +41,28 @@ from multiprocessing import get_context
 
 import torch
 import transformers
-from torch.profiler import ProfilerActivity
 from rich.console import Console
 from rich.table import Table
+from torch.profiler import ProfilerActivity
 
-from grpo_cli.update import step as step_fn  # a loop below names its counter `step`
-from grpo_cli.run import build as run_setup
-from grpo_cli.config.trainer import PRECISIONS
-from grpo_cli.models.policies import BASE, Policies
-from grpo_cli.rewards import Judge
-from grpo_cli.samples.metrics import PHASES
-from grpo_cli.samples.settings import StepSettings
 from grpo_cli.config import GeneratorConfig, RewardConfig, TrainConfig, check
+from grpo_cli.config.trainer import PRECISIONS
 from grpo_cli.data.tasks import PromptBatch, PromptOrder, arithmetic_problems
 from grpo_cli.errors import GrpoError
-from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.base import make_generator
-from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.loading import disable_dropout, load_model, load_tokenizer, resolve_device
-from grpo_cli.models.lora import adapter_disabled, add_adapter
+from grpo_cli.models.logprobs import enable_logprob_forward
+from grpo_cli.models.lora import add_adapter
+from grpo_cli.models.policies import BASE, Policies
 from grpo_cli.models.precision import training_precision
 from grpo_cli.models.runtime import prepare_libraries, prepare_process
+from grpo_cli.rewards import Judge, build_reward
 from grpo_cli.rollout.source import LocalSource
-from grpo_cli.rewards import build_reward
+from grpo_cli.run import build as run_setup
+from grpo_cli.samples.metrics import PHASES
+from grpo_cli.samples.rollout import group_seed
+from grpo_cli.samples.settings import StepSettings
+from grpo_cli.update import step as step_fn  # a loop below names its counter `step`
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,15 @@ DEFAULTS = {
 # Qwen2.5-0.5B's shape. The ids of its <|endoftext|> and <|im_end|> serve as pad and EOS, and
 # prompts draw from the ids below them (the real tokenizer's ordinary tokens).
 QWEN_SHAPE = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True,
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
 )
 QWEN_PAD_ID, QWEN_EOS_ID = 151643, 151645
 
@@ -105,7 +111,10 @@ def id_tokenizer(vocab_size: int, pad_id: int, eos_id: int) -> transformers.PreT
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<t\d+>"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=f"<t{pad_id}>", eos_token=f"<t{eos_id}>", unk_token=f"<t{pad_id}>",
+        tokenizer_object=tok,
+        pad_token=f"<t{pad_id}>",
+        eos_token=f"<t{eos_id}>",
+        unk_token=f"<t{pad_id}>",
         padding_side="left",
     )
 
@@ -200,8 +209,14 @@ def bench_model(name: str, shape: Shape, opts: dict) -> dict:
         policy = policy.to(precision.param_dtype)
         reference = copy.deepcopy(policy).to(precision.frozen_dtype).requires_grad_(False) if cfg.algo.beta else None
         policies = Policies(policy, reference)
-    generator = make_generator(GeneratorConfig(name=opts["generator"]), tokenizer, chat_template=False,
-                               precision=precision, device=device, seed=cfg.trainer.seed)
+    generator = make_generator(
+        GeneratorConfig(name=opts["generator"]),
+        tokenizer,
+        chat_template=False,
+        precision=precision,
+        device=device,
+        seed=cfg.trainer.seed,
+    )
     params = sum(p.numel() for p in policy.parameters())
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     warmup, repeats = opts["warmup"], opts["repeats"]
@@ -287,8 +302,11 @@ class Variant:
     generator: str = "hf"
 
     def __str__(self) -> str:
-        return (self.precision + (f" + LoRA r={self.lora}" if self.lora else "")
-                + (f" + {self.generator}" if self.generator != "hf" else ""))
+        return (
+            self.precision
+            + (f" + LoRA r={self.lora}" if self.lora else "")
+            + (f" + {self.generator}" if self.generator != "hf" else "")
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -299,24 +317,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, help="completion length cap (default: per model)")
     p.add_argument("--prompt-len", type=int, help="prompt tokens for qwen0.5b-shape (default 16)")
     p.add_argument("--micro-batch", type=int, help="completions per forward/backward (default: per model)")
-    p.add_argument("--precision", default=None,
-                   help=f"comma-separated trainer.precision values from {', '.join(PRECISIONS)}, each benchmarked "
-                        "(default fp32 on CPU, bf16-mixed on CUDA)")
+    p.add_argument(
+        "--precision",
+        default=None,
+        help=f"comma-separated trainer.precision values from {', '.join(PRECISIONS)}, each benchmarked "
+        "(default fp32 on CPU, bf16-mixed on CUDA)",
+    )
     p.add_argument("--lora", default="0", help="comma-separated LoRA ranks, each benchmarked (0 = full fine-tuning)")
-    p.add_argument("--generator", default="hf", help="comma-separated, from hf, vllm: each benchmarked (vllm needs "
-                   "vLLM: run with .venv-vllm/bin/python after `make vllm-env` on CPU)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run every model and variant this many times, interleaved; times are averaged (default 1)")
+    p.add_argument(
+        "--generator",
+        default="hf",
+        help="comma-separated, from hf, vllm: each benchmarked (vllm needs "
+        "vLLM: run with .venv-vllm/bin/python after `make vllm-env` on CPU)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every model and variant this many times, interleaved; times are averaged (default 1)",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--beta", type=float, default=0.04,
-                   help="KL weight; != 0 loads a reference model and times its log-prob pass (default 0.04; 0 skips it)")
+    p.add_argument(
+        "--beta",
+        type=float,
+        default=0.04,
+        help="KL weight; != 0 loads a reference model and times its log-prob pass (default 0.04; 0 skips it)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (default 1)")
     p.add_argument("--repeats", type=int, default=1, help="timed steps, averaged (default 1)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="profile the timed steps (torch.profiler) and print each phase's N costliest operators by "
-                        "self time, in ms per step (default 0: off; the profiler slows the step it watches)")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile the timed steps (torch.profiler) and print each phase's N costliest operators by "
+        "self time, in ms per step (default 0: off; the profiler slows the step it watches)",
+    )
     args = p.parse_args(argv)
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.model_list if m not in DEFAULTS]
@@ -385,8 +423,10 @@ def main(argv=None) -> int:
     variants = [Variant(p, r, g) for p in precisions for r in args.ranks for g in args.generators]
     threads = args.threads or torch.get_num_threads()
     where = f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
-    out.print(f"device [bold]{where}[/]  torch {torch.__version__}  transformers {transformers.__version__}  "
-              f"threads {threads}")
+    out.print(
+        f"device [bold]{where}[/]  torch {torch.__version__}  transformers {transformers.__version__}  "
+        f"threads {threads}"
+    )
     out.print(
         f"one grpo_step per row: beta {args.beta} ({'reference scored' if args.beta else 'no reference'}), mu 1, "
         f"{args.warmup} warm-up + {args.repeats} timed step(s) per process, {args.rounds} round(s) interleaved, "
@@ -396,9 +436,18 @@ def main(argv=None) -> int:
     for round_ in range(args.rounds):
         for name in args.model_list:
             for v in variants:
-                opts = dict(device=args.device, precision=v.precision, lora=v.lora, generator=v.generator,
-                            beta=args.beta, warmup=args.warmup,
-                            repeats=args.repeats, threads=args.threads, seed=args.seed, profile=args.profile)
+                opts = dict(
+                    device=args.device,
+                    precision=v.precision,
+                    lora=v.lora,
+                    generator=v.generator,
+                    beta=args.beta,
+                    warmup=args.warmup,
+                    repeats=args.repeats,
+                    threads=args.threads,
+                    seed=args.seed,
+                    profile=args.profile,
+                )
                 log(f"round {round_ + 1}/{args.rounds}: {name}, {v}")
                 try:
                     runs.setdefault((name, v), []).append(run_in_child(name, shape_for(name, args), opts))
@@ -409,49 +458,85 @@ def main(argv=None) -> int:
 
     cuda = device.type == "cuda"
     table = Table(title="one GRPO step (means over the timed steps and rounds)")
-    for col in ("model", "variant", "params\ntrained", "batch\nprompts x G", "completion\ntokens", "generation\ns",
-                "scoring\ns", "update\ns", "total\ns", "tokens/s", "peak MiB\n" + ("(CUDA alloc)" if cuda else "(CPU RSS)")):
+    for col in (
+        "model",
+        "variant",
+        "params\ntrained",
+        "batch\nprompts x G",
+        "completion\ntokens",
+        "generation\ns",
+        "scoring\ns",
+        "update\ns",
+        "total\ns",
+        "tokens/s",
+        "peak MiB\n" + ("(CUDA alloc)" if cuda else "(CPU RSS)"),
+    ):
         table.add_column(col, justify="left" if col in ("model", "variant") else "right")
     for (name, v), r in results.items():
         table.add_row(
-            name + (" *" if name == "qwen0.5b-shape" else ""), str(v), f"{r['trained'] / 1e6:.1f}M", r["batch"],
-            f"{r['tokens']:.0f}", f"{r['gen_s']:.2f}", f"{r['score_s']:.2f}", f"{r['update_s']:.2f}",
-            f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['peak_mib']:,.0f}",
+            name + (" *" if name == "qwen0.5b-shape" else ""),
+            str(v),
+            f"{r['trained'] / 1e6:.1f}M",
+            r["batch"],
+            f"{r['tokens']:.0f}",
+            f"{r['gen_s']:.2f}",
+            f"{r['score_s']:.2f}",
+            f"{r['update_s']:.2f}",
+            f"{r['seconds']:.2f}",
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['peak_mib']:,.0f}",
         )
     out.print(table)
     for name in args.model_list:
         base = results[(name, variants[0])]
         for v in variants[1:]:
             r = results[(name, v)]
-            out.print(f"{name}: {v} vs {variants[0]}: {r['seconds'] / base['seconds']:.2f}x the step time "
-                      f"(generation {r['gen_s'] / base['gen_s']:.2f}x, scoring "
-                      f"{r['score_s'] / max(base['score_s'], 1e-9):.2f}x, update {r['update_s'] / base['update_s']:.2f}x), "
-                      f"{r['peak_mib'] / base['peak_mib']:.2f}x the peak memory")
+            out.print(
+                f"{name}: {v} vs {variants[0]}: {r['seconds'] / base['seconds']:.2f}x the step time "
+                f"(generation {r['gen_s'] / base['gen_s']:.2f}x, scoring "
+                f"{r['score_s'] / max(base['score_s'], 1e-9):.2f}x, update {r['update_s'] / base['update_s']:.2f}x), "
+                f"{r['peak_mib'] / base['peak_mib']:.2f}x the peak memory"
+            )
 
     if args.profile:
         out.print("[dim]--profile: the times above were taken under the profiler, which slows a step[/]")
         for (name, v), r in runs.items():
             for phase, ops in r[-1]["profile"].items():  # the last round's profile
                 if ops:
-                    out.print(f"{name}, {v}, {phase}: " + ", ".join(f"{op} {ms:.1f}" for op, ms in ops) + " (ms per step)")
+                    out.print(
+                        f"{name}, {v}, {phase}: " + ", ".join(f"{op} {ms:.1f}" for op, ms in ops) + " (ms per step)"
+                    )
 
     notes = [
         "tokens/s = completion tokens (up to and including EOS) / total seconds of the step.",
-        *([f"{name} {v}: {r['push_s']:.2f} s per step pushing the weights into the engine (in update)"
-           for (name, v), r in results.items() if v.generator == "vllm"]),
-        ("peak = torch.cuda.max_memory_allocated over the timed steps (after reset_peak_memory_stats)."
-         if cuda else
-         "peak = the child process's peak RSS (resource.getrusage ru_maxrss): interpreter, libraries, "
-         "policy, " + ("reference, " if args.beta else "") + "gradients and AdamW state included."),
+        *(
+            [
+                f"{name} {v}: {r['push_s']:.2f} s per step pushing the weights into the engine (in update)"
+                for (name, v), r in results.items()
+                if v.generator == "vllm"
+            ]
+        ),
+        (
+            "peak = torch.cuda.max_memory_allocated over the timed steps (after reset_peak_memory_stats)."
+            if cuda
+            else "peak = the child process's peak RSS (resource.getrusage ru_maxrss): interpreter, libraries, "
+            "policy, " + ("reference, " if args.beta else "") + "gradients and AdamW state included."
+        ),
         "generation = sampling + reward calls; scoring = advantages + the reference's log-prob pass"
-        + (" (beta != 0; under LoRA the policy with its adapter off)." if args.beta else "; with --beta 0 there is none."),
+        + (
+            " (beta != 0; under LoRA the policy with its adapter off)."
+            if args.beta
+            else "; with --beta 0 there is none."
+        ),
     ]
     for (name, v), r in results.items():
         if v != variants[0]:
             continue
         extra = f", prompt {r['prompt_len']} tokens" if r["prompt_len"] else ""
-        notes.append(f"{name}: max_new_tokens {r['max_new_tokens']}, micro-batch {r['micro_batch']}{extra}, "
-                     f"{r['truncated_frac']:.0%} of completions hit max_new_tokens.")
+        notes.append(
+            f"{name}: max_new_tokens {r['max_new_tokens']}, micro-batch {r['micro_batch']}{extra}, "
+            f"{r['truncated_frac']:.0%} of completions hit max_new_tokens."
+        )
     if "qwen0.5b-shape" in args.model_list:
         notes.append(
             f"* random weights in Qwen2.5-0.5B's shape, id-per-token tokenizer, random 0/1 reward; "

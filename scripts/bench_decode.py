@@ -2,7 +2,8 @@
 
     python scripts/bench_decode.py --device cuda                       # Qwen2.5-0.5B's shape, bf16, batch 1/16/64
     python scripts/bench_decode.py --device cpu --shape small --batch 1 4 --new-tokens 16   # a smoke run
-    python scripts/bench_decode.py --device cpu --model models/SmolLM2-135M-Instruct --dtype fp32 --batch 1 16 --new-tokens 256
+    python scripts/bench_decode.py --device cpu --model models/SmolLM2-135M-Instruct --dtype fp32 \
+        --batch 1 16 --new-tokens 256
 
 The floor of one decode step is the longer of reading the weights and every row's KV cache once from memory,
 (weight bytes + batch x context x KV bytes per token) / bandwidth, and computing 2 x parameters FLOPs a row at
@@ -31,8 +32,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 RATED_TBPS = {"H100": 3.35, "H200": 4.8, "A100": 2.0}  # HBM bandwidth by GPU name (SXM parts)
-SMALL_SHAPE = dict(vocab_size=4096, hidden_size=128, intermediate_size=344, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+SMALL_SHAPE = dict(
+    vocab_size=4096,
+    hidden_size=128,
+    intermediate_size=344,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(shape: str, dtype: torch.dtype, device: str, path: str | None = None):
@@ -41,7 +50,11 @@ def build_model(shape: str, dtype: torch.dtype, device: str, path: str | None = 
     import transformers
 
     if path:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        return (
+            transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+            .to(device)
+            .eval()
+        )
 
     from bench import QWEN_SHAPE
 
@@ -86,8 +99,9 @@ def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: i
     sampling = SamplerConfig(max_new_tokens=new_tokens, temperature=1.0)
     sync(device)
     t0 = time.perf_counter()
-    tokens, _ = decode(model, prompts, 1, sampling, eos_ids=[eos], pad_id=0, seeds=list(range(len(prompts))),
-                       steps=kind)
+    tokens, _ = decode(
+        model, prompts, 1, sampling, eos_ids=[eos], pad_id=0, seeds=list(range(len(prompts))), steps=kind
+    )
     sync(device)
     return time.perf_counter() - t0, tokens
 
@@ -172,24 +186,43 @@ def main(argv=None) -> int:
     measured, rated = bandwidth(args.device)
     flops = cached_peaks(torch.device(args.device), dtype)[1]
     bw = max(measured, rated or 0.0)
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({torch.backends.cpu.get_cpu_capability()})"
+    device_name = (
+        torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({torch.backends.cpu.get_cpu_capability()})"
+    )
     params = sum(p.numel() for p in model.parameters())
-    print(f"{device_name}; {args.model or args.shape} ({params / 1e6:.0f}M parameters, {args.dtype}); prompt "
-          f"{args.prompt_len}, {args.new_tokens} new tokens; bandwidth: measured copy {measured / 1e12:.3f} TB/s, rated "
-          f"{'%.2f TB/s' % (rated / 1e12) if rated else 'unknown'}; floor at {bw / 1e12:.3f} TB/s and "
-          f"{flops / 1e9:.0f} GFLOP/s")
+    print(
+        f"{device_name}; {args.model or args.shape} ({params / 1e6:.0f}M parameters, {args.dtype}); prompt "
+        f"{args.prompt_len}, {args.new_tokens} new tokens; bandwidth: measured copy {measured / 1e12:.3f} TB/s, rated "
+        f"{'%.2f TB/s' % (rated / 1e12) if rated else 'unknown'}; floor at {bw / 1e12:.3f} TB/s and "
+        f"{flops / 1e9:.0f} GFLOP/s"
+    )
     rows = [case(model, b, args, bw, flops) for b in args.batch]
-    print(f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} "
-          f"{'step alone':>11} {'x floor':>8} {'same tokens':>12}")
+    print(
+        f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} "
+        f"{'step alone':>11} {'x floor':>8} {'same tokens':>12}"
+    )
     for r in rows:
-        print(f"{r['batch']:>5} {r['floor_ms']:>9.3f} {r['eager_ms']:>9.3f} {r['eager_x_floor']:>7.1f}x "
-              f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['step_ms']:>11.3f} {r['step_x_floor']:>7.1f}x "
-              f"{r['same_tokens']:>12.3f}")
+        print(
+            f"{r['batch']:>5} {r['floor_ms']:>9.3f} {r['eager_ms']:>9.3f} {r['eager_x_floor']:>7.1f}x "
+            f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['step_ms']:>11.3f} {r['step_x_floor']:>7.1f}x "
+            f"{r['same_tokens']:>12.3f}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device_name, "shape": args.model or args.shape, "dtype": args.dtype,
-                                               "flops": flops,
-                                               "parameters": params, "bandwidth_measured": measured,
-                                               "bandwidth_rated": rated, "rows": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "device": device_name,
+                    "shape": args.model or args.shape,
+                    "dtype": args.dtype,
+                    "flops": flops,
+                    "parameters": params,
+                    "bandwidth_measured": measured,
+                    "bandwidth_rated": rated,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -32,8 +32,11 @@ def replaying(turns: int):
             out, eos = [], self.tokenizer.eos_token_id
             for ctx in contexts:
                 turn = self.tokenizer.decode(ctx).count("</tool_response>")
-                text = ("<tool_call>\n" + json.dumps({"name": "look", "arguments": {"k": turn}}) + "\n</tool_call>"
-                        if turn < turns else "done")
+                text = (
+                    "<tool_call>\n" + json.dumps({"name": "look", "arguments": {"k": turn}}) + "\n</tool_call>"
+                    if turn < turns
+                    else "done"
+                )
                 ids = self.tokenizer.encode(text, add_special_tokens=False) + [eos]
                 out.append((ids, [0.0] * len(ids) if with_logprobs else None, True))
             return out
@@ -41,8 +44,9 @@ def replaying(turns: int):
     return Replaying
 
 
-def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency: int, workers: int = 0,
-            sandbox: str = "none") -> tuple[float, list]:
+def measure(
+    episodes: int, turns: int, delay: float, jitter: float, concurrency: int, workers: int = 0, sandbox: str = "none"
+) -> tuple[float, list]:
     """(seconds of one step's episodes, their transcripts as (messages, ids)) at this concurrency, the
     environments in this process (workers=0) or in that many environment workers (confined with
     sandbox="os")."""
@@ -52,12 +56,11 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
         sys.path.insert(0, str(INPUTS))
     import sleepy_env  # the module env.factory names below, so DELAY and JITTER are set where they are read
 
-    from grpo_cli.config import EnvConfig, TrainConfig
-    from grpo_cli.models.loading import load_model, load_tokenizer
-    from grpo_cli.episodes.environments import environment
-    from grpo_cli.config import SamplerConfig
-    from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+    from grpo_cli.config import EnvConfig, SamplerConfig, TrainConfig
     from grpo_cli.episodes.driver import with_env
+    from grpo_cli.episodes.environments import environment
+    from grpo_cli.generate.base import GENERATORS, make_generator, register_generator
+    from grpo_cli.models.loading import load_model, load_tokenizer
 
     sleepy_env.DELAY, sleepy_env.JITTER = delay, jitter
     os.environ["SLEEPY_DELAY"], os.environ["SLEEPY_JITTER"] = str(delay), str(jitter)  # for environment workers
@@ -66,16 +69,41 @@ def measure(episodes: int, turns: int, delay: float, jitter: float, concurrency:
         tokenizer, model = load_tokenizer("builtin:tiny-tools"), load_model("builtin:tiny-tools", device="cpu")
         settings = TrainConfig().generator
         settings.name = "replaying"
-        env = EnvConfig(factory="sleepy_env:Sleepy", fn_dir=str(INPUTS), max_turns=turns + 1, max_tokens=2048,
-                        concurrency=concurrency, workers=workers, sandbox=sandbox)
+        env = EnvConfig(
+            factory="sleepy_env:Sleepy",
+            fn_dir=str(INPUTS),
+            max_turns=turns + 1,
+            max_tokens=2048,
+            concurrency=concurrency,
+            workers=workers,
+            sandbox=sandbox,
+        )
         spec = environment(env)
-        gen = with_env(make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu"), spec, tokenizer, chat_template=True)
+        gen = with_env(
+            make_generator(settings, tokenizer, chat_template=True, precision=None, device="cpu"),
+            spec,
+            tokenizer,
+            chat_template=True,
+        )
         groups = max(1, episodes // 4)
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{i}+{i}="}], tools=spec.schemas,
-                                                 tokenize=False, add_generation_prompt=True) for i in range(groups)]
+        prompts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"{i}+{i}="}],
+                tools=spec.schemas,
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for i in range(groups)
+        ]
         start = time.perf_counter()
-        roll = gen.generate(model, prompts, episodes // groups, SamplerConfig(96), seeds=list(range(groups)),
-                            columns={"answer": ["0"] * groups})
+        roll = gen.generate(
+            model,
+            prompts,
+            episodes // groups,
+            SamplerConfig(96),
+            seeds=list(range(groups)),
+            columns={"answer": ["0"] * groups},
+        )
         seconds = time.perf_counter() - start
         gen.close()
         return seconds, [(ep.messages, ep.ids) for ep in roll.episodes]
@@ -89,10 +117,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=3, help="tool-calling turns per episode (one more answers)")
     parser.add_argument("--delay", type=float, default=0.1, help="seconds each reset and tool call sleeps")
     parser.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more per call, at random")
-    parser.add_argument("--concurrency", default="1,64", help="comma-separated env.concurrency values; the first is the baseline")
+    parser.add_argument(
+        "--concurrency", default="1,64", help="comma-separated env.concurrency values; the first is the baseline"
+    )
     parser.add_argument("--workers", type=int, default=0, help="env.workers: environment processes (0 = this one)")
-    parser.add_argument("--sandbox", default="none", choices=("none", "os"),
-                        help="env.sandbox of the workers (os: confined by the kernel; with --workers)")
+    parser.add_argument(
+        "--sandbox",
+        default="none",
+        choices=("none", "os"),
+        help="env.sandbox of the workers (os: confined by the kernel; with --workers)",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -101,15 +135,21 @@ def main(argv: list[str] | None = None) -> None:
     prepare_libraries()
     torch.set_num_threads(1)
     levels = [int(c) for c in args.concurrency.split(",")]
-    print(f"{args.episodes} episodes x {args.turns} tool turns (+1 answer), reset and each call {args.delay:g} s "
-          f"(+ up to {args.jitter:g} s); CPU: {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"{args.episodes} episodes x {args.turns} tool turns (+1 answer), reset and each call {args.delay:g} s "
+        f"(+ up to {args.jitter:g} s); CPU: {torch.backends.cpu.get_cpu_capability()}"
+    )
     base_s, base_t = measure(args.episodes, args.turns, args.delay, args.jitter, levels[0])
     print(f"env.concurrency={levels[0]:<4} {base_s:7.2f} s/step  1.00x")
     for level in levels[1:]:
-        seconds, transcripts = measure(args.episodes, args.turns, args.delay, args.jitter, level, args.workers,
-                                       args.sandbox)
-        print(f"env.concurrency={level:<4} workers={args.workers} sandbox={args.sandbox} {seconds:7.2f} s/step  {seconds / base_s:.3f}x  "
-              f"transcripts {'equal' if transcripts == base_t else 'DIFFER'}")
+        seconds, transcripts = measure(
+            args.episodes, args.turns, args.delay, args.jitter, level, args.workers, args.sandbox
+        )
+        print(
+            f"env.concurrency={level:<4} workers={args.workers} sandbox={args.sandbox} {seconds:7.2f} s/step  "
+            f"{seconds / base_s:.3f}x  "
+            f"transcripts {'equal' if transcripts == base_t else 'DIFFER'}"
+        )
 
 
 if __name__ == "__main__":

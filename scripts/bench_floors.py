@@ -27,8 +27,14 @@ TASKS = {
     "default": [],
     "smollm2": ["experiment=smollm2_arithmetic", f"model.path={SMOLLM2}"],
     # the long, variable-length workload's shape: a real model, G = 4, completions up to 256 tokens, fp32
-    "long": ["experiment=smollm2_arithmetic", f"model.path={SMOLLM2}", "sampler.group_size=4",
-             "sampler.max_new_tokens=256", "data.system_prompt=null", "trainer.precision=fp32"],
+    "long": [
+        "experiment=smollm2_arithmetic",
+        f"model.path={SMOLLM2}",
+        "sampler.group_size=4",
+        "sampler.max_new_tokens=256",
+        "data.system_prompt=null",
+        "trainer.precision=fp32",
+    ],
 }
 PHASES = ("generation", "scoring", "update")
 
@@ -53,8 +59,10 @@ def table(rows: list[dict]) -> list[str]:
     out.append(f"{'step (wall)':<12}{wall:>10.3f}")
     positions = sum(r.get("completion_len_max", 0.0) for r in rows)  # decode steps: the longest row's length
     if positions:
-        out.append(f"generation: {1000 * spent['generation'] / positions:.1f} ms a decode step "
-                   f"({positions / len(rows):.0f} steps a step, the longest completion's length)")
+        out.append(
+            f"generation: {1000 * spent['generation'] / positions:.1f} ms a decode step "
+            f"({positions / len(rows):.0f} steps a step, the longest completion's length)"
+        )
     return out
 
 
@@ -71,10 +79,22 @@ def main(argv=None) -> int:
     cache = Path(os.environ.get("GRPO_CLI_CACHE") or Path.home() / ".cache" / "grpo-cli") / "peaks.json"
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "grpo_cli", "train", *TASKS[args.task], f"trainer.steps={args.steps}",
-                   f"trainer.threads={args.threads}", "trainer.eval_before_after=false", "trainer.eval_every=0",
-                   "trainer.log_completions_every=0", "trainer.progress=false", f"trainer.save_every={args.steps}",
-                   f"output_dir={tmp}/run", *args.overrides]
+        command = [
+            sys.executable,
+            "-m",
+            "grpo_cli",
+            "train",
+            *TASKS[args.task],
+            f"trainer.steps={args.steps}",
+            f"trainer.threads={args.threads}",
+            "trainer.eval_before_after=false",
+            "trainer.eval_every=0",
+            "trainer.log_completions_every=0",
+            "trainer.progress=false",
+            f"trainer.save_every={args.steps}",
+            f"output_dir={tmp}/run",
+            *args.overrides,
+        ]
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode:
             print(done.stderr[-3000:], file=sys.stderr)

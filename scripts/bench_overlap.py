@@ -37,14 +37,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-REWARD = '''import random
+REWARD = """import random
 
 _rng = random.Random(0)
 
 
 def coin(completions, **_):
     return [float(_rng.random() < 0.5) for _ in completions]
-'''
+"""
 
 
 def cpu_name() -> str:
@@ -70,8 +70,9 @@ def byte_tokenizer(vocab_size: int, pad_id: int, eos_id: int):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=f"<t{pad_id}>", eos_token=f"<t{eos_id}>",
-                                                padding_side="left")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=f"<t{pad_id}>", eos_token=f"<t{eos_id}>", padding_side="left"
+    )
 
 
 def build_qwen_shape(out: Path, prompts: int, prompt_len: int) -> list[str]:
@@ -82,12 +83,12 @@ def build_qwen_shape(out: Path, prompts: int, prompt_len: int) -> list[str]:
 
     import torch
     import transformers
-
     from bench import QWEN_EOS_ID, QWEN_PAD_ID, QWEN_SHAPE
 
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(**QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID,
-                                      bos_token_id=QWEN_PAD_ID)
+    config = transformers.Qwen2Config(
+        **QWEN_SHAPE, pad_token_id=QWEN_PAD_ID, eos_token_id=QWEN_EOS_ID, bos_token_id=QWEN_PAD_ID
+    )
     model = transformers.Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = QWEN_EOS_ID, QWEN_PAD_ID
     model.save_pretrained(out / "model")
@@ -98,17 +99,32 @@ def build_qwen_shape(out: Path, prompts: int, prompt_len: int) -> list[str]:
     (out / "coin.py").write_text(REWARD)
     from grpo_cli.models.loading import load_tokenizer
 
-    assert len(load_tokenizer(str(out / "model"))(rows[0]).input_ids) == prompt_len, "the prompts must keep their length"
-    return [f"model.path={out / 'model'}", "data=files", f"data.train_file={out / 'prompts.jsonl'}", "data.test_size=2",
-            "reward=python", f"reward.fn={out / 'coin.py'}:coin", "optimizer.lr=1e-6", "model.gradient_checkpointing=false"]
+    assert len(load_tokenizer(str(out / "model"))(rows[0]).input_ids) == prompt_len, (
+        "the prompts must keep their length"
+    )
+    return [
+        f"model.path={out / 'model'}",
+        "data=files",
+        f"data.train_file={out / 'prompts.jsonl'}",
+        "data.test_size=2",
+        "reward=python",
+        f"reward.fn={out / 'coin.py'}:coin",
+        "optimizer.lr=1e-6",
+        "model.gradient_checkpointing=false",
+    ]
 
 
 def run(args: list[str], warmup: int, log) -> list[float]:
     """`grpo train ARGS`; the seconds between consecutive step lines after `warmup` steps."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OMP_NUM_THREADS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_cli.cli", "train", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     stamps, tail = {}, []
     for line in proc.stdout:
         tail = (tail + [line])[-40:]
@@ -138,8 +154,11 @@ def main(argv=None) -> None:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     import torch
 
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
-          f"({torch.backends.cpu.get_cpu_capability()}), fp32", flush=True)
+    print(
+        f"CPU: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()}), fp32",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if a.model == "tiny":
@@ -149,15 +168,29 @@ def main(argv=None) -> None:
             model_args = build_qwen_shape(tmp, 64, a.prompt_len)
         results = []
         for tokens in [int(t) for t in a.max_new_tokens.split(",")]:
-            common = [*model_args, f"trainer.steps={a.steps}", f"trainer.prompts_per_step={a.prompts}",
-                      f"sampler.group_size={a.group_size}", f"sampler.max_new_tokens={tokens}", "algo.beta=0",
-                      "trainer.eval_before_after=false", "trainer.eval_every=0", "trainer.log_completions_every=0",
-                      "trainer.progress=false", "trainer.health=off", f"trainer.save_every={a.steps + 1}"]
+            common = [
+                *model_args,
+                f"trainer.steps={a.steps}",
+                f"trainer.prompts_per_step={a.prompts}",
+                f"sampler.group_size={a.group_size}",
+                f"sampler.max_new_tokens={tokens}",
+                "algo.beta=0",
+                "trainer.eval_before_after=false",
+                "trainer.eval_every=0",
+                "trainer.log_completions_every=0",
+                "trainer.progress=false",
+                "trainer.health=off",
+                f"trainer.save_every={a.steps + 1}",
+            ]
             if a.model != "tiny":
                 common.append(f"trainer.micro_batch_size={a.group_size * a.prompts}")
             sides = {
                 "sync": ["trainer.max_staleness=0", f"trainer.threads={a.sync_threads}"],
-                "overlap": ["trainer.max_staleness=1", f"trainer.threads={a.threads}", f"generator.threads={a.threads}"],
+                "overlap": [
+                    "trainer.max_staleness=1",
+                    f"trainer.threads={a.threads}",
+                    f"generator.threads={a.threads}",
+                ],
             }
             times: dict[str, list[float]] = {k: [] for k in sides}
             for r in range(a.rounds):
@@ -167,16 +200,23 @@ def main(argv=None) -> None:
                     secs = run([*common, *extra, f"output_dir={out}"], a.warmup, log)
                     shutil.rmtree(out)  # a 0.5B run writes 4 GiB (its last checkpoint and final/)
                     times[name].append(statistics.median(secs))
-                    print(f"{a.model}, {a.prompts} x {a.group_size}, {tokens} new tokens, round {r + 1}, {name:7s}: "
-                          f"{statistics.median(secs):6.2f} s/step (steps {a.warmup + 1}-{a.steps}: "
-                          f"{', '.join(f'{s:.2f}' for s in secs)})", flush=True)
+                    print(
+                        f"{a.model}, {a.prompts} x {a.group_size}, {tokens} new tokens, round {r + 1}, {name:7s}: "
+                        f"{statistics.median(secs):6.2f} s/step (steps {a.warmup + 1}-{a.steps}: "
+                        f"{', '.join(f'{s:.2f}' for s in secs)})",
+                        flush=True,
+                    )
             sync, over = statistics.median(times["sync"]), statistics.median(times["overlap"])
             results.append((tokens, sync, over))
-        print(f"\n{'new tokens':>10} | {'sync s/step':>11} | {'overlap s/step':>14} | {'sync steps/h':>12} | "
-              f"{'overlap steps/h':>15} | speed-up")
+        print(
+            f"\n{'new tokens':>10} | {'sync s/step':>11} | {'overlap s/step':>14} | {'sync steps/h':>12} | "
+            f"{'overlap steps/h':>15} | speed-up"
+        )
         for tokens, sync, over in results:
-            print(f"{tokens:>10} | {sync:>11.2f} | {over:>14.2f} | {3600 / sync:>12.0f} | {3600 / over:>15.0f} | "
-                  f"{sync / over:.2f}x")
+            print(
+                f"{tokens:>10} | {sync:>11.2f} | {over:>14.2f} | {3600 / sync:>12.0f} | {3600 / over:>15.0f} | "
+                f"{sync / over:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -49,12 +49,12 @@ def child(args) -> dict:
     import transformers
 
     from grpo_cli.config import TrainConfig
+    from grpo_cli.models.forward import score
     from grpo_cli.models.logprobs import enable_logprob_forward
     from grpo_cli.models.memory import peak_resident_bytes
     from grpo_cli.models.precision import Precision
-    from grpo_cli.samples.rollout import Rollout
     from grpo_cli.models.runtime import prepare_process
-    from grpo_cli.models.forward import score
+    from grpo_cli.samples.rollout import Rollout
     from grpo_cli.samples.settings import StepSettings
     from grpo_cli.update.step import optimise
 
@@ -65,9 +65,16 @@ def child(args) -> dict:
         config = transformers.AutoConfig.from_pretrained(SMOLLM2)
         policy = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
     else:
-        config = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                                          tie_word_embeddings=True)
+        config = transformers.LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+        )
         policy = transformers.LlamaForCausalLM(config)
     enable_logprob_forward(policy)
     reference = transformers.AutoModelForCausalLM.from_config(config).requires_grad_(False)
@@ -78,9 +85,15 @@ def child(args) -> dict:
     B, T, P = len(lens), max(lens), PROMPT_LEN
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(3, config.vocab_size, (B, P + T), generator=g)
-    roll = Rollout.of_rows([str(i) for i in range(args.prompts)], args.group_size, [row[:P].tolist() for row in ids],
-                           [row[P : P + n].tolist() for row, n in zip(ids, lens)], truncated=[False] * B, device=device,
-                           advantages=torch.randn(B, generator=g).to(device))
+    roll = Rollout.of_rows(
+        [str(i) for i in range(args.prompts)],
+        args.group_size,
+        [row[:P].tolist() for row in ids],
+        [row[P : P + n].tolist() for row, n in zip(ids, lens)],
+        truncated=[False] * B,
+        device=device,
+        advantages=torch.randn(B, generator=g).to(device),
+    )
     cfg = TrainConfig()
     cfg.sampler.max_new_tokens, cfg.trainer.micro_batch_size = args.max_new_tokens, args.micro_batch
     cfg.trainer.packing, cfg.trainer.max_tokens_per_micro_batch = args.packing == "on", args.budget
@@ -107,9 +120,16 @@ def child(args) -> dict:
     sync()
     t2 = time.perf_counter()
     real = int(roll.lengths.sum())
-    return {"score_s": t1 - t0, "update_s": t2 - t1, "peak_score_mib": peak_score / 2**20,
-            "peak_mib": peak() / 2**20, "base_mib": base / 2**20, "real_tokens": real,
-            "padded_tokens": B * (P + T), "lengths": lens}
+    return {
+        "score_s": t1 - t0,
+        "update_s": t2 - t1,
+        "peak_score_mib": peak_score / 2**20,
+        "peak_mib": peak() / 2**20,
+        "base_mib": base / 2**20,
+        "real_tokens": real,
+        "padded_tokens": B * (P + T),
+        "lengths": lens,
+    }
 
 
 def main(argv=None) -> int:
@@ -118,7 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--micro-batch", type=int, default=4, help="rows per micro-batch, both layouts (default 4)")
-    p.add_argument("--budget", type=int, default=0, help="also run packed with micro-batches of at most this many tokens")
+    p.add_argument(
+        "--budget", type=int, default=0, help="also run packed with micro-batches of at most this many tokens"
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -133,43 +155,84 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    where = (torch.cuda.get_device_name(0) if args.device == "cuda" else
-             f"CPU {cpu} ({torch.backends.cpu.get_cpu_capability()}), {args.threads} thread(s)")
-    print(f"{where}, {args.precision}; model "
-          f"{'SmolLM2-135M-Instruct' if (SMOLLM2 / 'config.json').exists() else 'SmolLM2-135M shape, random weights'}")
-    runs = [("padded", "off", 0), ("packed", "on", 0)] + ([(f"packed, {args.budget}-token", "on", args.budget)]
-                                                         if args.budget else [])
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
+    where = (
+        torch.cuda.get_device_name(0)
+        if args.device == "cuda"
+        else f"CPU {cpu} ({torch.backends.cpu.get_cpu_capability()}), {args.threads} thread(s)"
+    )
+    print(
+        f"{where}, {args.precision}; model "
+        f"{'SmolLM2-135M-Instruct' if (SMOLLM2 / 'config.json').exists() else 'SmolLM2-135M shape, random weights'}"
+    )
+    runs = [("padded", "off", 0), ("packed", "on", 0)] + (
+        [(f"packed, {args.budget}-token", "on", args.budget)] if args.budget else []
+    )
     results = {name: [] for name, *_ in runs}
     tmp = Path(tempfile.mkdtemp(prefix="bench_packing_"))
     for r in range(args.rounds):
-        for name, packing, budget in (runs if r % 2 == 0 else runs[::-1]):
+        for name, packing, budget in runs if r % 2 == 0 else runs[::-1]:
             out = tmp / f"{r}-{packing}-{budget}.json"
-            cmd = [sys.executable, __file__, "--packing", packing, "--budget", str(budget), "--result", str(out),
-                   "--prompts", str(args.prompts), "--group-size", str(args.group_size), "--max-new-tokens",
-                   str(args.max_new_tokens), "--micro-batch", str(args.micro_batch), "--threads", str(args.threads),
-                   "--seed", str(args.seed), "--device", args.device, "--precision", args.precision,
-                   "--warmup", str(args.warmup)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--packing",
+                packing,
+                "--budget",
+                str(budget),
+                "--result",
+                str(out),
+                "--prompts",
+                str(args.prompts),
+                "--group-size",
+                str(args.group_size),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "--micro-batch",
+                str(args.micro_batch),
+                "--threads",
+                str(args.threads),
+                "--seed",
+                str(args.seed),
+                "--device",
+                args.device,
+                "--precision",
+                args.precision,
+                "--warmup",
+                str(args.warmup),
+            ]
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             subprocess.run(cmd, check=True, env=env)
             results[name].append(json.loads(out.read_text()))
             print(f"  {name}: round {r + 1} done", file=sys.stderr, flush=True)
     first = results["padded"][0]
     lens = sorted(first["lengths"])
-    print(f"rollout: {len(lens)} completions, lengths min {lens[0]}, median {lens[len(lens) // 2]}, max {lens[-1]}; "
-          f"real tokens {first['real_tokens']:,} of {first['padded_tokens']:,} padded positions "
-          f"({1 - first['real_tokens'] / first['padded_tokens']:.0%} padding)\n")
+    print(
+        f"rollout: {len(lens)} completions, lengths min {lens[0]}, median {lens[len(lens) // 2]}, max {lens[-1]}; "
+        f"real tokens {first['real_tokens']:,} of {first['padded_tokens']:,} padded positions "
+        f"({1 - first['real_tokens'] / first['padded_tokens']:.0%} padding)\n"
+    )
     print("| layout | scoring s | update s | peak while scoring MiB | peak MiB |")
     print("| --- | --- | --- | --- | --- |")
     mean = lambda rows, k: sum(x[k] for x in rows) / len(rows)  # noqa: E731
     for name, rows in results.items():
-        print(f"| {name} | {mean(rows, 'score_s'):.1f} | {mean(rows, 'update_s'):.1f} | "
-              f"{mean(rows, 'peak_score_mib'):,.0f} | {mean(rows, 'peak_mib'):,.0f} |")
+        print(
+            f"| {name} | {mean(rows, 'score_s'):.1f} | {mean(rows, 'update_s'):.1f} | "
+            f"{mean(rows, 'peak_score_mib'):,.0f} | {mean(rows, 'peak_mib'):,.0f} |"
+        )
     pad, pack = results["padded"], results["packed"]
-    print(f"\npacked / padded: scoring {mean(pack, 'score_s') / mean(pad, 'score_s'):.2f}x, update "
-          f"{mean(pack, 'update_s') / mean(pad, 'update_s'):.2f}x, peak memory "
-          f"{mean(pack, 'peak_mib') / mean(pad, 'peak_mib'):.2f}x")
+    print(
+        f"\npacked / padded: scoring {mean(pack, 'score_s') / mean(pad, 'score_s'):.2f}x, update "
+        f"{mean(pack, 'update_s') / mean(pad, 'update_s'):.2f}x, peak memory "
+        f"{mean(pack, 'peak_mib') / mean(pad, 'peak_mib'):.2f}x"
+    )
     return 0
 
 

@@ -30,8 +30,20 @@ from multiprocessing.connection import Connection
 
 def shapes(scale: float) -> list[tuple[int, ...]]:
     """Qwen2.5-0.5B's parameter shapes (tied embeddings), each row count scaled by `scale`."""
-    layer = [(896, 896), (896,), (128, 896), (128,), (128, 896), (128,), (896, 896), (4864, 896), (4864, 896),
-             (896, 4864), (896,), (896,)]
+    layer = [
+        (896, 896),
+        (896,),
+        (128, 896),
+        (128,),
+        (128, 896),
+        (128,),
+        (896, 896),
+        (4864, 896),
+        (4864, 896),
+        (896, 4864),
+        (896,),
+        (896,),
+    ]
     out = [(151936, 896), *layer * 24, (896,)]
     return [(max(1, int(s[0] * scale)), *s[1:]) for s in out]
 
@@ -57,9 +69,22 @@ def main(argv=None) -> None:
         ours, theirs = socket.socketpair()
         import subprocess
 
-        child = subprocess.Popen([sys.executable, __file__, "--rounds", str(a.rounds), "--scale", str(a.scale),
-                                  "--bucket-mb", str(a.bucket_mb), "--_rank1", str(store.port), str(theirs.fileno())],
-                                 pass_fds=[theirs.fileno()])
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--rounds",
+                str(a.rounds),
+                "--scale",
+                str(a.scale),
+                "--bucket-mb",
+                str(a.bucket_mb),
+                "--_rank1",
+                str(store.port),
+                str(theirs.fileno()),
+            ],
+            pass_fds=[theirs.fileno()],
+        )
         theirs.close()
         conn = Connection(ours.detach())
     else:
@@ -111,11 +136,16 @@ def main(argv=None) -> None:
     if rank == 1:
         return
     child.wait()
-    print(f"{sum(t.numel() for t in tensors) / 1e6:.0f}M fp32 parameters ({size / 2**30:.2f} GiB) in {len(tensors)} "
-          f"tensors, {a.rounds} rounds, CPU {os.cpu_count()} cores")
+    print(
+        f"{sum(t.numel() for t in tensors) / 1e6:.0f}M fp32 parameters ({size / 2**30:.2f} GiB) in {len(tensors)} "
+        f"tensors, {a.rounds} rounds, CPU {os.cpu_count()} cores"
+    )
     for name, ts in times.items():
         m = statistics.median(ts)
-        print(f"{name:7s} {m:6.2f} s per push  {size / 2**30 / m:6.2f} GiB/s   (rounds: {', '.join(f'{t:.2f}' for t in ts)})")
+        print(
+            f"{name:7s} {m:6.2f} s per push  {size / 2**30 / m:6.2f} GiB/s   (rounds: "
+            f"{', '.join(f'{t:.2f}' for t in ts)})"
+        )
 
 
 if __name__ == "__main__":

@@ -34,20 +34,44 @@ def free_port() -> int:
 
 
 def run(ranks: int, threads: int, strategy: str, steps: int, extra: list[str], out: Path) -> list[dict]:
-    args = [f"output_dir={out}", f"trainer.steps={steps}", f"trainer.threads={threads}", "trainer.eval_before_after=false",
-            "trainer.progress=false", "trainer.log_completions_every=0", "trainer.save_every=100000", *extra]
+    args = [
+        f"output_dir={out}",
+        f"trainer.steps={steps}",
+        f"trainer.threads={threads}",
+        "trainer.eval_before_after=false",
+        "trainer.progress=false",
+        "trainer.log_completions_every=0",
+        "trainer.save_every=100000",
+        *extra,
+    ]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if ranks == 1:
         cmd = [sys.executable, "-m", "grpo_cli", "train", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
-               "127.0.0.1", "--master-port", str(free_port()), "-m", "grpo_cli", "train",
-               f"trainer.strategy={strategy}", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(ranks),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "grpo_cli",
+            "train",
+            f"trainer.strategy={strategy}",
+            *args,
+        ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-            if "reward_mean" in json.loads(line)]
+    return [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if "reward_mean" in json.loads(line)
+    ]
 
 
 def main(argv=None) -> int:
@@ -67,19 +91,30 @@ def main(argv=None) -> int:
         for round_ in range(args.rounds):
             for r in ranks:
                 threads = max(1, args.threads_per_machine // r)
-                print(f"round {round_ + 1}/{args.rounds}: {r} rank(s) x {threads} thread(s)", file=sys.stderr, flush=True)
-                rows = run(r, threads, args.strategy, args.steps, args.overrides, Path(tmp) / f"{round_}-{r}")[args.skip:]
+                print(
+                    f"round {round_ + 1}/{args.rounds}: {r} rank(s) x {threads} thread(s)", file=sys.stderr, flush=True
+                )
+                rows = run(r, threads, args.strategy, args.steps, args.overrides, Path(tmp) / f"{round_}-{r}")[
+                    args.skip :
+                ]
                 times[r] += [row["seconds"] for row in rows]
                 tokens[r] += [row["completion_tokens"] for row in rows]
-    table = Table(title=f"grpo train on one machine: {args.threads_per_machine} threads shared, strategy {args.strategy} "
-                        f"for N > 1, steps {args.skip + 1}-{args.steps} of {args.rounds} interleaved runs each")
+    table = Table(
+        title=f"grpo train on one machine: {args.threads_per_machine} threads shared, strategy {args.strategy} "
+        f"for N > 1, steps {args.skip + 1}-{args.steps} of {args.rounds} interleaved runs each"
+    )
     for col in ("ranks", "threads/rank", "s/step (median)", "completion tokens/s", "speed-up"):
         table.add_column(col, justify="right")
     base = statistics.median(times[ranks[0]])
     for r in ranks:
         median = statistics.median(times[r])
-        table.add_row(str(r), str(max(1, args.threads_per_machine // r)), f"{median:.3f}",
-                      f"{sum(tokens[r]) / sum(times[r]):.0f}", f"{base / median:.2f}x")
+        table.add_row(
+            str(r),
+            str(max(1, args.threads_per_machine // r)),
+            f"{median:.3f}",
+            f"{sum(tokens[r]) / sum(times[r]):.0f}",
+            f"{base / median:.2f}x",
+        )
     Console(width=120).print(table)
     return 0
 

@@ -4,7 +4,8 @@
     python scripts/bench_recompute.py --model models/SmolLM2-135M-Instruct --tokens 2048
 
 Prints, for each setting: the memory a forward adds per token (what autograd keeps for the backward), after a
-warm-up forward and backward, and the process's peak RSS after its backward, both in a fresh process each where glibc maps every block of 128 KiB or
+warm-up forward and backward, and the process's peak RSS after its backward, both in a fresh process each where glibc
+maps every block of 128 KiB or
 more on its own (MALLOC_MMAP_THRESHOLD_), so the resident size follows the live tensors; then the seconds of a
 forward and backward, the two settings interleaved in one process for --rounds rounds after a warm-up. The model is
 --model when given (a local transformers directory), else a Llama with SmolLM2-135M's shape and random weights.
@@ -31,9 +32,18 @@ def build(model_path: str | None):
     if model_path:
         return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                                        tie_word_embeddings=True))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+        )
+    )
 
 
 def memory(args, setting: str) -> dict:
@@ -47,7 +57,9 @@ def memory(args, setting: str) -> dict:
     torch.set_num_threads(args.threads)
     model = build(args.model)
     recompute.recompute_pointwise(model, setting)
-    ids = torch.randint(0, min(5000, model.config.vocab_size), (1, args.tokens), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, min(5000, model.config.vocab_size), (1, args.tokens), generator=torch.Generator().manual_seed(1)
+    )
 
     def rss() -> float:
         with open("/proc/self/statm") as f:
@@ -58,7 +70,10 @@ def memory(args, setting: str) -> dict:
     hidden = model.model(ids).last_hidden_state
     added = rss() - before
     hidden.pow(2).mean().backward()
-    return {"kib_per_token": added * 1024 / args.tokens, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {
+        "kib_per_token": added * 1024 / args.tokens,
+        "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def timing(args) -> dict:
@@ -71,7 +86,9 @@ def timing(args) -> dict:
     lean = build(args.model)
     lean.load_state_dict(plain.state_dict())
     recompute.recompute_pointwise(lean, "true")
-    ids = torch.randint(0, min(5000, plain.config.vocab_size), (1, args.tokens), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, min(5000, plain.config.vocab_size), (1, args.tokens), generator=torch.Generator().manual_seed(1)
+    )
     seconds = {"false": [], "true": []}
     for round_ in range(args.rounds + 1):  # the first round warms up
         for setting, model in (("false", plain), ("true", lean)):
@@ -99,22 +116,27 @@ def main(argv=None) -> int:
     passed = list(argv if argv is not None else sys.argv[1:])
     measured = {}
     for setting in ("false", "true"):
-        out = subprocess.run([sys.executable, __file__, *passed, "--child", setting], env=env, capture_output=True,
-                             text=True)
+        out = subprocess.run(
+            [sys.executable, __file__, *passed, "--child", setting], env=env, capture_output=True, text=True
+        )
         if out.returncode != 0:
             sys.exit(f"the measuring process (recompute_pointwise={setting}) failed:\n{out.stderr[-3000:]}")
         measured[setting] = json.loads(out.stdout.strip().splitlines()[-1])
     seconds = timing(args)
     import torch
 
-    print(f"model {args.model or 'SmolLM2-135M shape, random weights'}, {args.tokens} tokens, fp32, {args.threads} "
-          f"thread(s), torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})")
+    print(
+        f"model {args.model or 'SmolLM2-135M shape, random weights'}, {args.tokens} tokens, fp32, {args.threads} "
+        f"thread(s), torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+    )
     print(f"{'recompute_pointwise':<20}{'KiB/token kept':>16}{'peak RSS MiB':>14}{'fwd+bwd s':>11}")
     for setting in ("false", "true"):
         m, s = measured[setting], seconds[setting]
         print(f"{setting:<20}{m['kib_per_token']:>16.0f}{m['peak_mib']:>14.0f}{sum(s) / len(s):>11.3f}")
-    print(f"on / off: {measured['true']['kib_per_token'] / measured['false']['kib_per_token']:.2f}x the memory kept, "
-          f"{sum(seconds['true']) / sum(seconds['false']):.2f}x the time ({args.rounds} interleaved rounds)")
+    print(
+        f"on / off: {measured['true']['kib_per_token'] / measured['false']['kib_per_token']:.2f}x the memory kept, "
+        f"{sum(seconds['true']) / sum(seconds['false']):.2f}x the time ({args.rounds} interleaved rounds)"
+    )
     return 0
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SLOW = '''import time
+SLOW = """import time
 
 def score(completions, **kw):
     out = []
@@ -31,7 +31,7 @@ def score(completions, **kw):
             time.sleep({seconds})
         out.append(float(len(c) % 2))
     return out
-'''
+"""
 
 
 def main() -> None:
@@ -51,8 +51,10 @@ def main() -> None:
     (home / "slow.py").write_text(SLOW.format(seconds=args.ms / 1000, busy=args.kind == "cpu"))
     completions = [f"completion {i}" for i in range(args.completions)]
     settings = {"in-process": 0, "1 worker": 1, "2 workers": 2}
-    rewards = {name: build_reward(RewardConfig(name="python", fn="slow.py:score", fn_dir=str(home), workers=n,
-                                               timeout_s=60.0)) for name, n in settings.items()}
+    rewards = {
+        name: build_reward(RewardConfig(name="python", fn="slow.py:score", fn_dir=str(home), workers=n, timeout_s=60.0))
+        for name, n in settings.items()
+    }
     for reward in rewards.values():  # warm-up: the workers start and build the reward
         reward.score(["p"] * 4, completions[:4], ["1"] * 4)
     rates: dict[str, list[float]] = {name: [] for name in settings}
@@ -64,12 +66,22 @@ def main() -> None:
     for reward in rewards.values():
         reward.close()
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine())
-    print(f"CPU: {cpu}, {len(os.sched_getaffinity(0))} cores, torch {torch.__version__} "
-          f"({torch.backends.cpu.get_cpu_capability()})")
-    print(f"reward: {args.ms:g} ms per completion ({args.kind}), {args.completions} completions, "
-          f"{args.repeats} interleaved repeats, medians")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    print(
+        f"CPU: {cpu}, {len(os.sched_getaffinity(0))} cores, torch {torch.__version__} "
+        f"({torch.backends.cpu.get_cpu_capability()})"
+    )
+    print(
+        f"reward: {args.ms:g} ms per completion ({args.kind}), {args.completions} completions, "
+        f"{args.repeats} interleaved repeats, medians"
+    )
     base = statistics.median(rates["in-process"])
     for name, values in rates.items():
         rate = statistics.median(values)

@@ -38,8 +38,8 @@ def measure(calls: int, completions: int, isolation: str | None) -> dict:
     """In this process: the median single call and one step's scoring."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from grpo_cli.sandbox.program import Sandbox
     from grpo_cli.rewards.code import parse_tests
+    from grpo_cli.sandbox.program import Sandbox
 
     sandbox = Sandbox(2, 512, 1024, 16, *([isolation] if isolation else []))
     tests = [parse_tests([t], 0, "tests")[0] for t in TESTS]
@@ -100,25 +100,46 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     for _ in range(args.repeats):
         for name, path, isolation in variants:
-            out = subprocess.run([sys.executable, __file__, "--calls", str(args.calls), "--completions",
-                                  str(args.completions), "--one", path, isolation], env=env, capture_output=True,
-                                 text=True, check=True, cwd=path)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--calls",
+                    str(args.calls),
+                    "--completions",
+                    str(args.completions),
+                    "--one",
+                    path,
+                    isolation,
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=path,
+            )
             results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
     import platform
 
-    print(f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores, uid {os.getuid()}; "
-          f"medians of {args.repeats} interleaved repeats")
+    print(
+        f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores, uid {os.getuid()}; "
+        f"medians of {args.repeats} interleaved repeats"
+    )
     if args.env:
         print("| environment worker | s to start | ms a tool call (round trip) |\n| --- | ---: | ---: |")
         for name, runs in results.items():
-            print(f"| {name} | {statistics.median(r['start_s'] for r in runs):.2f} | "
-                  f"{statistics.median(r['call_ms'] for r in runs):.2f} |")
+            print(
+                f"| {name} | {statistics.median(r['start_s'] for r in runs):.2f} | "
+                f"{statistics.median(r['call_ms'] for r in runs):.2f} |"
+            )
         return
     print(f"| sandbox | ms a test (one at a time) | s to score {args.completions} completions x {len(TESTS)} tests |")
     print("| --- | ---: | ---: |")
     for name, runs in results.items():
-        print(f"| {name} | {statistics.median(r['call_ms'] for r in runs):.0f} | "
-              f"{statistics.median(r['step_s'] for r in runs):.2f} |")
+        print(
+            f"| {name} | {statistics.median(r['call_ms'] for r in runs):.0f} | "
+            f"{statistics.median(r['step_s'] for r in runs):.2f} |"
+        )
 
 
 if __name__ == "__main__":

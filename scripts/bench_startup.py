@@ -24,17 +24,37 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS
 
 def wall(root: Path, args: list[str], env: dict | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "grpo_cli.cli", *args], cwd=root, env={**ENV, **(env or {})},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "grpo_cli.cli", *args],
+        cwd=root,
+        env={**ENV, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=False,
+        timeout=300,
+    )
     return time.perf_counter() - start
 
 
 def first_line(root: Path, out_dir: str) -> float:
     """Seconds from launching `grpo train` (the built-in default) to its first line on stdout or stderr."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_cli.cli", "train", f"output_dir={out_dir}", "overwrite=true",
-                             "trainer.progress=false"], cwd=root, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "grpo_cli.cli",
+            "train",
+            f"output_dir={out_dir}",
+            "overwrite=true",
+            "trainer.progress=false",
+        ],
+        cwd=root,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     proc.stdout.readline()
     seconds = time.perf_counter() - start
     proc.kill()
@@ -45,8 +65,9 @@ def first_line(root: Path, out_dir: str) -> float:
 MEASURES = {
     "--help": lambda root, tmp: wall(root, ["train", "--help"]),
     "--cfg job": lambda root, tmp: wall(root, ["train", "--cfg", "job"]),
-    "Tab completion": lambda root, tmp: wall(root, ["train", "-sc", "query=bash"],
-                                             {"COMP_LINE": "grpo trainer.st", "COMP_POINT": "15"}),
+    "Tab completion": lambda root, tmp: wall(
+        root, ["train", "-sc", "query=bash"], {"COMP_LINE": "grpo trainer.st", "COMP_POINT": "15"}
+    ),
     "first line of grpo train": lambda root, tmp: first_line(root, tmp),
 }
 

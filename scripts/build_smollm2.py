@@ -68,8 +68,10 @@ def main(argv=None) -> int:
         import accelerate  # noqa: F401  (transformers needs both to read GGUF)
         import gguf  # noqa: F401
     except ImportError:
-        print("error: reading GGUF needs the `gguf` and `accelerate` packages: pip install 'grpo-cli[real]'.",
-              file=sys.stderr)
+        print(
+            "error: reading GGUF needs the `gguf` and `accelerate` packages: pip install 'grpo-cli[real]'.",
+            file=sys.stderr,
+        )
         return 2
     print(f"wrote {build(args.out)}")
     return 0

@@ -13,16 +13,19 @@ from pathlib import Path
 
 import torch
 
-from grpo_cli.demo import tiny
-from grpo_cli.demo import tiny_chain, tiny_tools
+from grpo_cli.demo import tiny, tiny_chain, tiny_tools
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tools", action="store_true", help="build the tool-calling model (grpo_cli/demo/tiny_tools.py)")
     p.add_argument("--chain", action="store_true", help="build the multi-call model (grpo_cli/demo/tiny_chain.py)")
-    p.add_argument("--out", default=None, help="default: grpo_cli/assets/tiny (tiny_tools with --tools, tiny_chain with --chain)")
-    p.add_argument("--steps", type=int, default=None, help="supervised warm-up steps (default 1500; 1200 with --tools or --chain)")
+    p.add_argument(
+        "--out", default=None, help="default: grpo_cli/assets/tiny (tiny_tools with --tools, tiny_chain with --chain)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=None, help="supervised warm-up steps (default 1500; 1200 with --tools or --chain)"
+    )
     p.add_argument("--p-correct", type=float, default=0.35, help="share of warm-up targets that are right")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -33,7 +36,9 @@ def main() -> None:
     elif args.tools:
         out = tiny_tools.build(args.out or assets / "tiny_tools", steps=args.steps or 1200, seed=args.seed)
     else:
-        out = tiny.build(args.out or assets / "tiny", steps=args.steps or 1500, p_correct=args.p_correct, seed=args.seed)
+        out = tiny.build(
+            args.out or assets / "tiny", steps=args.steps or 1500, p_correct=args.p_correct, seed=args.seed
+        )
     print(f"wrote {out}")
 
 

@@ -29,8 +29,16 @@ TARGET = 0.9
 
 def run(algo: str, out: Path, extra: list[str]) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "grpo_cli.cli", "train", f"algo={algo}", f"output_dir={out / algo}",
-           "trainer.progress=false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_cli.cli",
+        "train",
+        f"algo={algo}",
+        f"output_dir={out / algo}",
+        "trainer.progress=false",
+        *extra,
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
@@ -41,7 +49,9 @@ def run(algo: str, out: Path, extra: list[str]) -> dict:
     rewards = [r["reward_mean"] for r in rows]
     window = [sum(rewards[max(0, i - 19) : i + 1]) / len(rewards[max(0, i - 19) : i + 1]) for i in range(len(rewards))]
     reached = next((rows[i]["step"] for i, m in enumerate(window) if i >= 19 and m >= TARGET), None)
-    after = next((line for line in proc.stderr.splitlines() if line.startswith("held-out accuracy on") and "->" in line), "")
+    after = next(
+        (line for line in proc.stderr.splitlines() if line.startswith("held-out accuracy on") and "->" in line), ""
+    )
     return {
         "algo": algo,
         "steps_to_0.9": reached,
@@ -67,15 +77,27 @@ def main() -> None:
         results = list(pool.map(lambda a: run(a, out, args.overrides), algos))
 
     table = Table(title=f"every preset on the default task ({out})")
-    for col in ("preset", "steps to 0.9", "first reward", "final reward (last 20)", "held-out sampled acc. after", "seconds"):
+    for col in (
+        "preset",
+        "steps to 0.9",
+        "first reward",
+        "final reward (last 20)",
+        "held-out sampled acc. after",
+        "seconds",
+    ):
         table.add_column(col, justify="left" if col == "preset" else "right")
     for r in results:
         if "error" in r:
             table.add_row(r["algo"], "[red]failed[/]", "", r["error"][:60], "", f"{r['seconds']:.0f}")
             continue
-        table.add_row(r["algo"], str(r["steps_to_0.9"] or "never"), f"{r['first_reward']:.3f}",
-                      f"{r['final_reward']:.3f}", f"{r['accuracy_after']:.3f}" if r["accuracy_after"] is not None else "",
-                      f"{r['seconds']:.0f}")
+        table.add_row(
+            r["algo"],
+            str(r["steps_to_0.9"] or "never"),
+            f"{r['first_reward']:.3f}",
+            f"{r['final_reward']:.3f}",
+            f"{r['accuracy_after']:.3f}" if r["accuracy_after"] is not None else "",
+            f"{r['seconds']:.0f}",
+        )
     Console().print(table)
     with open(out / "compare_algos.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=sorted({k for r in results for k in r}))

@@ -43,17 +43,31 @@ def main(argv=None) -> None:
         for seed in seeds:
             for k in ks:
                 out = Path(tmp) / f"s{seed}-k{k}"
-                cmd = [sys.executable, "-m", "grpo_cli.cli", "train", f"trainer.seed={seed}", f"trainer.max_staleness={k}",
-                       f"trainer.steps={a.steps}", "trainer.threads=1", "trainer.eval_before_after=false",
-                       "trainer.eval_every=0", "trainer.progress=false", "trainer.log_completions_every=0",
-                       f"output_dir={out}"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "grpo_cli.cli",
+                    "train",
+                    f"trainer.seed={seed}",
+                    f"trainer.max_staleness={k}",
+                    f"trainer.steps={a.steps}",
+                    "trainer.threads=1",
+                    "trainer.eval_before_after=false",
+                    "trainer.eval_every=0",
+                    "trainer.progress=false",
+                    "trainer.log_completions_every=0",
+                    f"output_dir={out}",
+                ]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
                 n = steps_to(rows, a.target, a.window)
                 found[k].append(n)
                 secs = sum(r.get("seconds", 0) for r in rows)
-                print(f"seed {seed}  max_staleness {k}: {a.window}-step mean reward >= {a.target} at step {n}  "
-                      f"(step seconds summed {secs:.0f})", flush=True)
+                print(
+                    f"seed {seed}  max_staleness {k}: {a.window}-step mean reward >= {a.target} at step {n}  "
+                    f"(step seconds summed {secs:.0f})",
+                    flush=True,
+                )
     base = found[ks[0]]
     for k in ks:
         got = found[k]

@@ -5,7 +5,8 @@
     python scripts/compare_trl.py --task default --rounds 2
     python scripts/compare_trl.py --task qwen-shape --precision fp32 bf16
     python scripts/compare_trl.py --task long          # SmolLM2-135M-Instruct (make smollm2), lengths up to 1,024
-    python scripts/compare_trl.py --device cuda --task qwen-shape --precision bf16   # on a GPU (peak: CUDA's allocation)
+    python scripts/compare_trl.py --device cuda --task qwen-shape --precision bf16   # on a GPU (peak: CUDA's
+    allocation)
     python scripts/compare_trl.py --task default --grpo trainer.shared_prompts=true  # grpo-cli's side with overrides
 
 Workloads:
@@ -20,7 +21,8 @@ Workloads:
               --qwen-warmup are not timed; at each --precision (fp32; bf16 = TRL's bf16=True autocast vs grpo-cli's
               trainer.precision=bf16-mixed).
   long        SmolLM2-135M-Instruct (`make smollm2`; no hub), chat prompts alternating short-answer questions
-              and open-ended requests (every step: one of each), 2 prompts x G=8 sampled at temperature 1 with up to 1,024 new tokens,
+              and open-ended requests (every step: one of each), 2 prompts x G=8 sampled at temperature 1 with up to
+              1,024 new tokens,
               so a step's lengths spread from a few tokens to the cap; a seeded random 0/1 reward, beta 0.04,
               micro-batches of 8 completions on both sides (TRL's per_device_train_batch_size=8 padded,
               grpo-cli's micro_batch_size=8 packed), --long-steps steps of which the first --long-warmup are
@@ -68,8 +70,10 @@ LONG_NEW_TOKENS, LONG_PROMPTS, LONG_G, LONG_MICRO = 1024, 2, 8, 4
 SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct"
 # Every step asks the same pair (so both trainers see the same prompts whatever their data order): one
 # question answered in a few tokens and one request that runs on, often to the cap.
-LONG_ASKS = ["What is the chemical symbol for gold?",
-             "Write a detailed story about a lighthouse keeper who finds a message in a bottle."]
+LONG_ASKS = [
+    "What is the chemical symbol for gold?",
+    "Write a detailed story about a lighthouse keeper who finds a message in a bottle.",
+]
 # long-prompt: a logbook of about PROMPT_TOKENS tokens, then a question answered in a word or two.
 PROMPT_TOKENS, PROMPT_NEW_TOKENS, PROMPT_G, PROMPT_MICRO = 480, 32, 8, 8
 
@@ -87,8 +91,9 @@ def usage() -> dict:
         import torch
 
         return {"peak_mib": torch.cuda.max_memory_allocated() / 2**20, "cpu_s": r.ru_utime + r.ru_stime}
-    hwm = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
-               if line.startswith("VmHWM:"))
+    hwm = next(
+        int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:")
+    )
     return {"peak_mib": hwm / 1024, "cpu_s": r.ru_utime + r.ru_stime}
 
 
@@ -121,8 +126,14 @@ def qwen_dir(root: Path) -> Path:
     from bench import QWEN_EOS_ID, QWEN_PAD_ID, QWEN_SHAPE, id_tokenizer
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**QWEN_SHAPE, attention_bias=True, rms_norm_eps=1e-6, pad_token_id=QWEN_PAD_ID,
-                                      eos_token_id=QWEN_EOS_ID, bos_token_id=QWEN_PAD_ID)
+    config = transformers.LlamaConfig(
+        **QWEN_SHAPE,
+        attention_bias=True,
+        rms_norm_eps=1e-6,
+        pad_token_id=QWEN_PAD_ID,
+        eos_token_id=QWEN_EOS_ID,
+        bos_token_id=QWEN_PAD_ID,
+    )
     model = transformers.LlamaForCausalLM(config)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = QWEN_EOS_ID, QWEN_PAD_ID
     model.save_pretrained(out)
@@ -161,8 +172,10 @@ def logbook_prompts(n: int) -> list[dict]:
             if len(tok(rendered, add_special_tokens=False)["input_ids"]) >= PROMPT_TOKENS:
                 break
             day += 1
-            entries.append(f"Day {day}: the keeper of station {i} lit the {colours[(day * 3 + i) % 7]} lamp at "
-                           f"{(day * 7 + i) % 12 + 1} o'clock and saw {(day * 5 + i) % 9} ships.")
+            entries.append(
+                f"Day {day}: the keeper of station {i} lit the {colours[(day * 3 + i) % 7]} lamp at "
+                f"{(day * 7 + i) % 12 + 1} o'clock and saw {(day * 5 + i) % 9} ships."
+            )
         rows.append({"prompt": messages, "answer": ""})
     return rows
 
@@ -187,40 +200,79 @@ def coin(prompts, completions, **kwargs):
 
 
 def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bool = False) -> dict:
+    import compare_rewards as rewards
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    import compare_rewards as rewards
-
     if task == "default":
         from grpo_cli.models.loading import resolve_path
 
         model, data, reward = resolve_path("builtin:tiny"), default_prompts(steps), rewards.exact
-        shape = dict(num_generations=8, per_device_train_batch_size=64, gradient_accumulation_steps=4,
-                     max_completion_length=6, learning_rate=3e-4)
+        shape = dict(
+            num_generations=8,
+            per_device_train_batch_size=64,
+            gradient_accumulation_steps=4,
+            max_completion_length=6,
+            learning_rate=3e-4,
+        )
     elif task == "long":
         model, data, reward = str(SMOLLM2), long_prompts(LONG_PROMPTS * steps), rewards.coin
-        shape = dict(num_generations=LONG_G, per_device_train_batch_size=LONG_MICRO,
-                     gradient_accumulation_steps=LONG_PROMPTS * LONG_G // LONG_MICRO,
-                     max_completion_length=LONG_NEW_TOKENS, learning_rate=1e-6)
+        shape = dict(
+            num_generations=LONG_G,
+            per_device_train_batch_size=LONG_MICRO,
+            gradient_accumulation_steps=LONG_PROMPTS * LONG_G // LONG_MICRO,
+            max_completion_length=LONG_NEW_TOKENS,
+            learning_rate=1e-6,
+        )
     elif task == "long-prompt":
         model, data, reward = str(SMOLLM2), logbook_prompts(2) * steps, rewards.coin
-        shape = dict(num_generations=PROMPT_G, per_device_train_batch_size=PROMPT_MICRO,
-                     gradient_accumulation_steps=2 * PROMPT_G // PROMPT_MICRO, max_completion_length=PROMPT_NEW_TOKENS,
-                     learning_rate=1e-6)
+        shape = dict(
+            num_generations=PROMPT_G,
+            per_device_train_batch_size=PROMPT_MICRO,
+            gradient_accumulation_steps=2 * PROMPT_G // PROMPT_MICRO,
+            max_completion_length=PROMPT_NEW_TOKENS,
+            learning_rate=1e-6,
+        )
     else:
         model, data, reward = str(qwen_dir(work.parent)), qwen_prompts(2 * steps), rewards.coin
-        shape = dict(num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=1,
-                     max_completion_length=QWEN_NEW_TOKENS, learning_rate=1e-6)
+        shape = dict(
+            num_generations=4,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            max_completion_length=QWEN_NEW_TOKENS,
+            learning_rate=1e-6,
+        )
     args = GRPOConfig(
-        gradient_checkpointing=checkpointing, use_bias_correction_kl=False,  # TRL 1.16 defaults: True, True
-        output_dir=str(work), max_steps=steps, beta=0.04, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-        temperature=1.0, top_p=1.0, top_k=0, num_iterations=1, lr_scheduler_type="constant", warmup_steps=0,
-        adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, seed=0, shuffle_dataset=False,
-        use_cpu=DEVICE == "cpu", bf16=precision == "bf16", logging_steps=1, save_strategy="no", report_to=[],
-        disable_dropout=True, dataloader_num_workers=0, **shape,
+        gradient_checkpointing=checkpointing,
+        use_bias_correction_kl=False,  # TRL 1.16 defaults: True, True
+        output_dir=str(work),
+        max_steps=steps,
+        beta=0.04,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        num_iterations=1,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        seed=0,
+        shuffle_dataset=False,
+        use_cpu=DEVICE == "cpu",
+        bf16=precision == "bf16",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_dropout=True,
+        dataloader_num_workers=0,
+        **shape,
     )
     times, gen = [], [0.0]
 
@@ -232,8 +284,9 @@ def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bo
             times[-1][1] = time.perf_counter()
             times[-1][2] = gen[0] - times[-1][2]
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(data),
-                          callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(data), callbacks=[Clock()]
+    )
     inner = trainer._generate_and_score_completions
 
     def timed(*a, **k):
@@ -251,52 +304,107 @@ def run_trl(task: str, precision: str, steps: int, work: Path, checkpointing: bo
         tok = trainer.processing_class
         texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in trainer._logs["completion"]]
         lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
-    return {"rewards": [h["reward"] for h in logs], "step_s": step_s, "gen_s": [g for *_, g in times],
-            "tokens": [h.get("completions/mean_length") for h in logs],
-            "min_len": [h.get("completions/min_length") for h in logs],
-            "max_len": [h.get("completions/max_length") for h in logs], "lengths": lengths,
-            "texts": texts[:4] if task == "long" else [],
-            "threads": torch.get_num_threads(), **usage()}
+    return {
+        "rewards": [h["reward"] for h in logs],
+        "step_s": step_s,
+        "gen_s": [g for *_, g in times],
+        "tokens": [h.get("completions/mean_length") for h in logs],
+        "min_len": [h.get("completions/min_length") for h in logs],
+        "max_len": [h.get("completions/max_length") for h in logs],
+        "lengths": lengths,
+        "texts": texts[:4] if task == "long" else [],
+        "threads": torch.get_num_threads(),
+        **usage(),
+    }
 
 
-def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: bool = False, budget: int = 0,
-             overrides: tuple[str, ...] = ()) -> dict:
+def run_grpo(
+    task: str,
+    precision: str,
+    steps: int,
+    work: Path,
+    checkpointing: bool = False,
+    budget: int = 0,
+    overrides: tuple[str, ...] = (),
+) -> dict:
     import torch
 
     from grpo_cli.cli import main
 
-    common = [f"output_dir={work}", f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_before_after=false",
-              "trainer.eval_every=0", f"trainer.save_every={steps + 1}",
-              "algo.std=sample", "algo.beta=0.04", f"trainer.threads={torch.get_num_threads()}", f"model.device={DEVICE}",
-              f"model.gradient_checkpointing={str(checkpointing).lower()}", f"trainer.max_tokens_per_micro_batch={budget}"]
+    common = [
+        f"output_dir={work}",
+        f"trainer.steps={steps}",
+        "trainer.progress=false",
+        "trainer.eval_before_after=false",
+        "trainer.eval_every=0",
+        f"trainer.save_every={steps + 1}",
+        "algo.std=sample",
+        "algo.beta=0.04",
+        f"trainer.threads={torch.get_num_threads()}",
+        f"model.device={DEVICE}",
+        f"model.gradient_checkpointing={str(checkpointing).lower()}",
+        f"trainer.max_tokens_per_micro_batch={budget}",
+    ]
     if task == "default":
         extra = ["trainer.log_completions_every=0"]
     elif task == "long":
         prompts = work.parent / "long_prompts.jsonl"  # the pair: each step draws both
         prompts.write_text("".join(json.dumps(r) + "\n" for r in long_prompts(2)))
-        extra = [f"model.path={SMOLLM2}", "data=files", f"data.train_file={prompts}", f"data.test_file={prompts}",
-                 "data.chat_template=true", "reward=python", "reward.fn=compare_rewards:coin",
-                 f"trainer.prompts_per_step={LONG_PROMPTS}", f"sampler.group_size={LONG_G}",
-                 f"sampler.max_new_tokens={LONG_NEW_TOKENS}", f"trainer.micro_batch_size={LONG_MICRO}",
-                 "optimizer.lr=1e-6", "optimizer.warmup_steps=0", "trainer.log_completions_every=1",
-                 f"trainer.log_completions_groups={LONG_PROMPTS}"]
+        extra = [
+            f"model.path={SMOLLM2}",
+            "data=files",
+            f"data.train_file={prompts}",
+            f"data.test_file={prompts}",
+            "data.chat_template=true",
+            "reward=python",
+            "reward.fn=compare_rewards:coin",
+            f"trainer.prompts_per_step={LONG_PROMPTS}",
+            f"sampler.group_size={LONG_G}",
+            f"sampler.max_new_tokens={LONG_NEW_TOKENS}",
+            f"trainer.micro_batch_size={LONG_MICRO}",
+            "optimizer.lr=1e-6",
+            "optimizer.warmup_steps=0",
+            "trainer.log_completions_every=1",
+            f"trainer.log_completions_groups={LONG_PROMPTS}",
+        ]
     elif task == "long-prompt":
         prompts = work / "logbook_prompts.jsonl"
         work.mkdir(parents=True, exist_ok=True)
         prompts.write_text("".join(json.dumps(r) + "\n" for r in logbook_prompts(2)))  # the pair: each step draws both
-        extra = [f"model.path={SMOLLM2}", "data=files", f"data.train_file={prompts}", f"data.test_file={prompts}",
-                 "data.chat_template=true", "reward=python", "reward.fn=compare_rewards:coin",
-                 "trainer.prompts_per_step=2", f"sampler.group_size={PROMPT_G}",
-                 f"sampler.max_new_tokens={PROMPT_NEW_TOKENS}", f"trainer.micro_batch_size={PROMPT_MICRO}",
-                 "optimizer.lr=1e-6", "optimizer.warmup_steps=0", "trainer.log_completions_every=0"]
+        extra = [
+            f"model.path={SMOLLM2}",
+            "data=files",
+            f"data.train_file={prompts}",
+            f"data.test_file={prompts}",
+            "data.chat_template=true",
+            "reward=python",
+            "reward.fn=compare_rewards:coin",
+            "trainer.prompts_per_step=2",
+            f"sampler.group_size={PROMPT_G}",
+            f"sampler.max_new_tokens={PROMPT_NEW_TOKENS}",
+            f"trainer.micro_batch_size={PROMPT_MICRO}",
+            "optimizer.lr=1e-6",
+            "optimizer.warmup_steps=0",
+            "trainer.log_completions_every=0",
+        ]
     else:
         prompts = work.parent / "qwen_prompts.jsonl"
         prompts.write_text("".join(json.dumps(r) + "\n" for r in qwen_prompts(2 * steps)))
-        extra = [f"model.path={qwen_dir(work.parent)}", "data=files", f"data.train_file={prompts}", "data.test_size=2",
-                 "reward=python", "reward.fn=compare_rewards:coin", "trainer.prompts_per_step=2", "sampler.group_size=4",
-                 f"sampler.max_new_tokens={QWEN_NEW_TOKENS}", "trainer.micro_batch_size=8", "optimizer.lr=1e-6",
-                 "trainer.log_completions_every=0",
-                 f"trainer.precision={'bf16-mixed' if precision == 'bf16' else 'fp32'}"]
+        extra = [
+            f"model.path={qwen_dir(work.parent)}",
+            "data=files",
+            f"data.train_file={prompts}",
+            "data.test_size=2",
+            "reward=python",
+            "reward.fn=compare_rewards:coin",
+            "trainer.prompts_per_step=2",
+            "sampler.group_size=4",
+            f"sampler.max_new_tokens={QWEN_NEW_TOKENS}",
+            "trainer.micro_batch_size=8",
+            "optimizer.lr=1e-6",
+            "trainer.log_completions_every=0",
+            f"trainer.precision={'bf16-mixed' if precision == 'bf16' else 'fp32'}",
+        ]
     try:
         main(["train", *common, *extra, *overrides])
     except SystemExit as e:
@@ -311,12 +419,19 @@ def run_grpo(task: str, precision: str, steps: int, work: Path, checkpointing: b
         tok = AutoTokenizer.from_pretrained(SMOLLM2)
         logged = [json.loads(line) for line in (work / "completions.jsonl").read_text().splitlines()]
         lengths = [len(tok(r["completion"], add_special_tokens=False)["input_ids"]) for r in logged]
-    return {"rewards": [r["reward_mean"] for r in rows], "step_s": [r["seconds"] for r in rows],
-            "gen_s": [r["gen_s"] + r["score_s"] for r in rows], "tokens": [r["completion_len"] for r in rows],
-            "min_len": [r["completion_len_min"] for r in rows], "max_len": [r["completion_len_max"] for r in rows],
-            "padding_frac": [r["padding_frac"] for r in rows], "phases": [[r["gen_s"], r["score_s"], r["update_s"]]
-                                                                          for r in rows],
-            "lengths": lengths, "threads": torch.get_num_threads(), **usage()}
+    return {
+        "rewards": [r["reward_mean"] for r in rows],
+        "step_s": [r["seconds"] for r in rows],
+        "gen_s": [r["gen_s"] + r["score_s"] for r in rows],
+        "tokens": [r["completion_len"] for r in rows],
+        "min_len": [r["completion_len_min"] for r in rows],
+        "max_len": [r["completion_len_max"] for r in rows],
+        "padding_frac": [r["padding_frac"] for r in rows],
+        "phases": [[r["gen_s"], r["score_s"], r["update_s"]] for r in rows],
+        "lengths": lengths,
+        "threads": torch.get_num_threads(),
+        **usage(),
+    }
 
 
 def child(args) -> None:
@@ -326,8 +441,14 @@ def child(args) -> None:
     work = Path(args.work)
     sys.path.insert(0, str(work.parent))
     fn = run_trl if args.child == "trl" else run_grpo
-    result = fn(args.task, args.precision[0], args.steps, work, args.gradient_checkpointing == "on",
-                *([args.budget, tuple(args.grpo)] if args.child == "grpo" else []))
+    result = fn(
+        args.task,
+        args.precision[0],
+        args.steps,
+        work,
+        args.gradient_checkpointing == "on",
+        *([args.budget, tuple(args.grpo)] if args.child == "grpo" else []),
+    )
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -365,28 +486,69 @@ def first_reaching(rewards: list[float], target: float = 0.9, window: int = 20) 
     return None
 
 
-def spawn(who: str, task: str, precision: str, steps: int, threads: int, root: Path, tag: str,
-          checkpointing: str = "off", budget: int = 0) -> dict:
+def spawn(
+    who: str,
+    task: str,
+    precision: str,
+    steps: int,
+    threads: int,
+    root: Path,
+    tag: str,
+    checkpointing: str = "off",
+    budget: int = 0,
+) -> dict:
     work, result = root / f"{who}-{task}-{precision}-{tag}", root / f"{who}-{task}-{precision}-{tag}.json"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, __file__, "--child", who, "--task", task, "--precision", precision, "--steps", str(steps),
-           "--threads", str(threads), "--work", str(work), "--result", str(result),
-           "--gradient-checkpointing", checkpointing, "--budget", str(budget), "--long-new-tokens", str(LONG_NEW_TOKENS),
-           "--device", DEVICE, "--grpo", *GRPO_OVERRIDES]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        who,
+        "--task",
+        task,
+        "--precision",
+        precision,
+        "--steps",
+        str(steps),
+        "--threads",
+        str(threads),
+        "--work",
+        str(work),
+        "--result",
+        str(result),
+        "--gradient-checkpointing",
+        checkpointing,
+        "--budget",
+        str(budget),
+        "--long-new-tokens",
+        str(LONG_NEW_TOKENS),
+        "--device",
+        DEVICE,
+        "--grpo",
+        *GRPO_OVERRIDES,
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{who} {task} {precision} failed:\n{done.stderr[-4000:]}")
     out = json.loads(result.read_text())
     out["wall_s"] = time.perf_counter() - t0
-    print(f"  {who:5s} {task} {precision}: {sum(out['step_s']):.1f} s in steps, peak {out['peak_mib']:.0f} MiB",
-          file=sys.stderr, flush=True)
+    print(
+        f"  {who:5s} {task} {precision}: {sum(out['step_s']):.1f} s in steps, peak {out['peak_mib']:.0f} MiB",
+        file=sys.stderr,
+        flush=True,
+    )
     return out
 
 
 def summarise(runs: list[dict], skip: int) -> dict:
     """Means over rounds of the per-step figures (after `skip` warm-up steps)."""
+
     def mean(xs):
         return sum(xs) / len(xs)
 
@@ -394,11 +556,20 @@ def summarise(runs: list[dict], skip: int) -> dict:
     for r in runs:
         step, gen = r["step_s"][skip:], r["gen_s"][skip:]
         reach = first_reaching(r["rewards"])
-        per_round.append({"step_s": mean(step), "gen_s": mean(gen), "update_s": mean(step) - mean(gen),
-                          "peak_mib": r["peak_mib"], "cpu_s": r["cpu_s"], "reach": reach,
-                          "reach_s": sum(r["step_s"][:reach]) if reach else None,
-                          "last20": mean(r["rewards"][-20:]), "first": r["rewards"][0],
-                          "tokens": mean([t for t in r["tokens"][skip:] if t is not None] or [0])})
+        per_round.append(
+            {
+                "step_s": mean(step),
+                "gen_s": mean(gen),
+                "update_s": mean(step) - mean(gen),
+                "peak_mib": r["peak_mib"],
+                "cpu_s": r["cpu_s"],
+                "reach": reach,
+                "reach_s": sum(r["step_s"][:reach]) if reach else None,
+                "last20": mean(r["rewards"][-20:]),
+                "first": r["rewards"][0],
+                "tokens": mean([t for t in r["tokens"][skip:] if t is not None] or [0]),
+            }
+        )
     keys = per_round[0]
     return {k: (mean([p[k] for p in per_round]) if all(p[k] is not None for p in per_round) else None) for k in keys}
 
@@ -406,26 +577,48 @@ def summarise(runs: list[dict], skip: int) -> dict:
 def main(argv=None) -> int:
     global LONG_NEW_TOKENS, DEVICE, GRPO_OVERRIDES
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", nargs="+", default=["default", "qwen-shape"],
-                   choices=["default", "qwen-shape", "long", "long-prompt"])
+    p.add_argument(
+        "--task", nargs="+", default=["default", "qwen-shape"], choices=["default", "qwen-shape", "long", "long-prompt"]
+    )
     p.add_argument("--prompt-steps", type=int, default=3, help="long-prompt: steps per run (default 3)")
     p.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--steps", type=int, default=STEPS_DEFAULT, help="default task: steps per run")
-    p.add_argument("--qwen-steps", type=int, default=4,
-                   help="qwen-shape: steps per run, the first --qwen-warmup untimed (default 4)")
-    p.add_argument("--qwen-warmup", type=int, default=2,
-                   help="qwen-shape: untimed steps (default 2: AdamW's state is allocated in the first, and grpo-cli's "
-                        "heap settles over the first two)")
+    p.add_argument(
+        "--qwen-steps",
+        type=int,
+        default=4,
+        help="qwen-shape: steps per run, the first --qwen-warmup untimed (default 4)",
+    )
+    p.add_argument(
+        "--qwen-warmup",
+        type=int,
+        default=2,
+        help="qwen-shape: untimed steps (default 2: AdamW's state is allocated in the first, and grpo-cli's "
+        "heap settles over the first two)",
+    )
     p.add_argument("--long-steps", type=int, default=2, help="long: steps per run (default 2)")
     p.add_argument("--long-warmup", type=int, default=0, help="long: untimed steps (default 0)")
     p.add_argument("--long-new-tokens", type=int, default=LONG_NEW_TOKENS, help="long: max new tokens (default 1024)")
-    p.add_argument("--long-budget", type=int, default=1024,
-                   help="long: also run grpo-cli with micro-batches of at most this many tokens (0 = not)")
+    p.add_argument(
+        "--long-budget",
+        type=int,
+        default=1024,
+        help="long: also run grpo-cli with micro-batches of at most this many tokens (0 = not)",
+    )
     p.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--gradient-checkpointing", choices=["off", "on"], default="off",
-                   help="on both sides (default off; TRL 1.16's own default is on)")
-    p.add_argument("--grpo", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="overrides for grpo-cli's runs, after the matched settings (e.g. trainer.shared_prompts=true)")
+    p.add_argument(
+        "--gradient-checkpointing",
+        choices=["off", "on"],
+        default="off",
+        help="on both sides (default off; TRL 1.16's own default is on)",
+    )
+    p.add_argument(
+        "--grpo",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides for grpo-cli's runs, after the matched settings (e.g. trainer.shared_prompts=true)",
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run (default cpu)")
@@ -451,12 +644,20 @@ def main(argv=None) -> int:
     import transformers
 
     peak = matmul_peak(args.threads, DEVICE)
-    where = torch.cuda.get_device_name() if DEVICE == "cuda" else f"CPU {cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
-    print(f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{args.threads} thread(s); matmul peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s; {where}")
-    print(f"both sides: gradient checkpointing {args.gradient_checkpointing}; TRL use_bias_correction_kl=False "
-          "(grpo-cli's KL term is DeepSeekMath's, without the importance ratio)"
-          + (f"; grpo-cli also {' '.join(args.grpo)}" if args.grpo else ""))
+    where = (
+        torch.cuda.get_device_name()
+        if DEVICE == "cuda"
+        else f"CPU {cpu_name()} ({torch.backends.cpu.get_cpu_capability()})"
+    )
+    print(
+        f"TRL {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"{args.threads} thread(s); matmul peak: fp32 {peak['fp32']:.0f}, bf16 {peak['bf16']:.0f} GFLOP/s; {where}"
+    )
+    print(
+        f"both sides: gradient checkpointing {args.gradient_checkpointing}; TRL use_bias_correction_kl=False "
+        "(grpo-cli's KL term is DeepSeekMath's, without the importance ratio)"
+        + (f"; grpo-cli also {' '.join(args.grpo)}" if args.grpo else "")
+    )
     workloads = [("default", "fp32", args.steps, 0)] if "default" in args.task else []
     if "qwen-shape" in args.task:
         workloads += [("qwen-shape", pr, args.qwen_steps, args.qwen_warmup) for pr in args.precision]
@@ -476,13 +677,24 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             order = ("trl", "grpo", "budget") if r % 2 == 0 else ("budget", "grpo", "trl")
             for who in [w for w in order if budget or w != "budget"]:  # every round runs TRL and grpo-cli
-                runs[who].append(spawn("grpo" if who == "budget" else who, task, precision, steps, args.threads, root,
-                                       f"r{r}" + ("-budget" if who == "budget" else ""), args.gradient_checkpointing,
-                                       budget if who == "budget" else 0))
+                runs[who].append(
+                    spawn(
+                        "grpo" if who == "budget" else who,
+                        task,
+                        precision,
+                        steps,
+                        args.threads,
+                        root,
+                        f"r{r}" + ("-budget" if who == "budget" else ""),
+                        args.gradient_checkpointing,
+                        budget if who == "budget" else 0,
+                    )
+                )
         table.append((task, precision, summarise(runs["trl"], skip), summarise(runs["grpo"], skip)))
         if budget:  # the same update in micro-batches of at most `budget` tokens: memory, not maths
-            table.append((f"{task} ({budget}-token micro-batches)", precision, table[-1][2],
-                          summarise(runs["budget"], skip)))
+            table.append(
+                (f"{task} ({budget}-token micro-batches)", precision, table[-1][2], summarise(runs["budget"], skip))
+            )
         if task == "long":
             print_lengths(runs, skip)
     print_tables(table, peak)
@@ -491,8 +703,11 @@ def main(argv=None) -> int:
 
 def cpu_name() -> str:
     try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
+        return next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         import platform
 
@@ -506,19 +721,28 @@ def print_lengths(runs: dict, skip: int) -> None:
 
     for who, name in (("trl", "TRL"), ("grpo", "grpo-cli")):
         for r, run in enumerate(runs[who]):
-            steps = ", ".join(f"{lo:.0f}/{mean:.0f}/{hi:.0f}" for lo, mean, hi in
-                              zip(run["min_len"], run["tokens"], run["max_len"]) if lo is not None)
+            steps = ", ".join(
+                f"{lo:.0f}/{mean:.0f}/{hi:.0f}"
+                for lo, mean, hi in zip(run["min_len"], run["tokens"], run["max_len"])
+                if lo is not None
+            )
             print(f"{name} round {r}: completion length min/mean/max per step: {steps}", file=sys.stdout)
     for r, run in enumerate(runs["grpo"] + runs["budget"]):
         lengths = sorted(run["lengths"])
         if lengths:
             q = statistics.quantiles(lengths, n=10)
-            print(f"grpo-cli round {r}: {len(lengths)} completions, tokens (re-tokenised text): min {lengths[0]}, "
-                  f"p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, p90 {q[-1]:.0f}, max {lengths[-1]}; "
-                  f"at the cap: {sum(n >= LONG_NEW_TOKENS - 1 for n in lengths)}", file=sys.stdout)
+            print(
+                f"grpo-cli round {r}: {len(lengths)} completions, tokens (re-tokenised text): min {lengths[0]}, "
+                f"p10 {q[0]:.0f}, median {statistics.median(lengths):.0f}, p90 {q[-1]:.0f}, max {lengths[-1]}; "
+                f"at the cap: {sum(n >= LONG_NEW_TOKENS - 1 for n in lengths)}",
+                file=sys.stdout,
+            )
         for i, ((g, s, u), pad) in enumerate(zip(run["phases"], run["padding_frac"])):
-            print(f"grpo-cli round {r} step {i + 1}: generation {g:.1f} s, scoring {s:.1f} s, update {u:.1f} s; "
-                  f"a padded batch would be {pad:.0%} padding", file=sys.stdout)
+            print(
+                f"grpo-cli round {r} step {i + 1}: generation {g:.1f} s, scoring {s:.1f} s, update {u:.1f} s; "
+                f"a padded batch would be {pad:.0%} padding",
+                file=sys.stdout,
+            )
 
 
 def flops_per_step(task: str) -> tuple[float, float] | None:
@@ -534,20 +758,27 @@ def flops_per_step(task: str) -> tuple[float, float] | None:
 
 def print_tables(table, peak) -> None:
     fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
-    print("\n| workload | trainer | s/step | generation s | update s | peak RSS MiB | CPU s | steps to 0.9 | s to 0.9 | reward first -> last 20 |")
+    print(
+        "\n| workload | trainer | s/step | generation s | update s | peak RSS MiB | CPU s | steps to 0.9 | s to 0.9 | "
+        "reward first -> last 20 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for task, precision, trl, grpo in table:
         for name, s in (("TRL", trl), ("grpo-cli", grpo)):
-            print(f"| {task} {precision} | {name} | {fmt(s['step_s'])} | {fmt(s['gen_s'])} | {fmt(s['update_s'])} | "
-                  f"{fmt(s['peak_mib'], '{:,.0f}')} | {fmt(s['cpu_s'], '{:.0f}')} | {fmt(s['reach'], '{:.0f}')} | "
-                  f"{fmt(s['reach_s'], '{:.0f}')} | {s['first']:.3f} -> {s['last20']:.3f} |")
+            print(
+                f"| {task} {precision} | {name} | {fmt(s['step_s'])} | {fmt(s['gen_s'])} | {fmt(s['update_s'])} | "
+                f"{fmt(s['peak_mib'], '{:,.0f}')} | {fmt(s['cpu_s'], '{:.0f}')} | {fmt(s['reach'], '{:.0f}')} | "
+                f"{fmt(s['reach_s'], '{:.0f}')} | {s['first']:.3f} -> {s['last20']:.3f} |"
+            )
     print("\nratios, grpo-cli / TRL (lower is better):\n")
     print("| workload | time per step | generation | update | peak RSS | CPU s | seconds to 0.9 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for task, precision, trl, grpo in table:
         ratio = lambda k: fmt(grpo[k] / trl[k] if grpo[k] is not None and trl[k] else None, "{:.2f}x")  # noqa: E731
-        print(f"| {task} {precision} | {ratio('step_s')} | {ratio('gen_s')} | {ratio('update_s')} | "
-              f"{ratio('peak_mib')} | {ratio('cpu_s')} | {ratio('reach_s')} |")
+        print(
+            f"| {task} {precision} | {ratio('step_s')} | {ratio('gen_s')} | {ratio('update_s')} | "
+            f"{ratio('peak_mib')} | {ratio('cpu_s')} | {ratio('reach_s')} |"
+        )
     shares = [(t, pr, tr, g) for t, pr, tr, g in table if flops_per_step(t)]
     if shares:
         print("\nshare of the measured matmul peak (qwen-shape FLOPs: 2P per generated token, 6P per updated token):\n")
@@ -557,7 +788,10 @@ def print_tables(table, peak) -> None:
             gen, update = flops_per_step(task)
             top = peak[precision] * 1e9
             for name, s in (("TRL", trl), ("grpo-cli", grpo)):
-                print(f"| {task} {precision} | {name} | {gen / s['gen_s'] / top:.0%} | {update / s['update_s'] / top:.0%} |")
+                print(
+                    f"| {task} {precision} | {name} | {gen / s['gen_s'] / top:.0%} | "
+                    f"{update / s['update_s'] / top:.0%} |"
+                )
 
 
 if __name__ == "__main__":

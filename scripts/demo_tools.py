@@ -22,14 +22,35 @@ from grpo_cli.data.tasks import link_problems, long_addition_problems
 
 # experiment -> (grpo sample's settings for the base model, as the preset sets them; its held-out rows)
 DEMOS = {
-    "tool_chain": (["model.path=builtin:tiny-chain", "env=links", "data=links", "data.chat_template=true",
-                    "sampler.max_new_tokens=80", "reward.extract=full"], lambda: link_problems()["test"]),
-    "tool_use": (["model.path=builtin:tiny-tools", "env=calculator", "data=long_addition", "data.chat_template=true",
-                  "sampler.max_new_tokens=80"], lambda: long_addition_problems()["test"]),
+    "tool_chain": (
+        [
+            "model.path=builtin:tiny-chain",
+            "env=links",
+            "data=links",
+            "data.chat_template=true",
+            "sampler.max_new_tokens=80",
+            "reward.extract=full",
+        ],
+        lambda: link_problems()["test"],
+    ),
+    "tool_use": (
+        [
+            "model.path=builtin:tiny-tools",
+            "env=calculator",
+            "data=long_addition",
+            "data.chat_template=true",
+            "sampler.max_new_tokens=80",
+        ],
+        lambda: long_addition_problems()["test"],
+    ),
 }
-SHOWN = (("accuracy", "success, greedy"), ("sampled_accuracy", "success, sampled"),
-         ("tool_calls", "tool calls per episode, greedy"), ("tool_use_frac", "episodes calling a tool, greedy"),
-         ("turns", "model turns per episode, greedy"))
+SHOWN = (
+    ("accuracy", "success, greedy"),
+    ("sampled_accuracy", "success, sampled"),
+    ("tool_calls", "tool calls per episode, greedy"),
+    ("tool_use_frac", "episodes calling a tool, greedy"),
+    ("turns", "model turns per episode, greedy"),
+)
 
 
 def grpo(*args: str, quiet: bool = False) -> None:
@@ -49,10 +70,17 @@ def main() -> None:
     out = given or f"runs/demo/{demo}"
     base, held_out = DEMOS[demo]
     again = [] if given else ["overwrite=true"]  # the demo's own directory holds the last demo: run it afresh
-    grpo("train", f"experiment={demo}", f"output_dir={out}", *again,
-         *[o for o in overrides if not o.startswith("output_dir=")])
+    grpo(
+        "train",
+        f"experiment={demo}",
+        f"output_dir={out}",
+        *again,
+        *[o for o in overrides if not o.startswith("output_dir=")],
+    )
 
-    evals = [r for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "eval"]
+    evals = [
+        r for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "eval"
+    ]
     before, after = evals[0], evals[-1]
     held = OmegaConf.load(Path(out) / "config.yaml").trainer.eval_prompts
     print(f"\n## experiment={demo}: {held} held-out problems\n")
@@ -68,7 +96,9 @@ def main() -> None:
         for name, model in (("base", base), ("trained", [f"checkpoint={out}/final"])):
             grpo("sample", *model, f"prompts_file={prompts}", "greedy=true", f"output={tmp}/{name}.jsonl", quiet=True)
             (episode,) = map(json.loads, Path(f"{tmp}/{name}.jsonl").read_text().splitlines())
-            print(f"\n{name} model, greedy, on {row['prompt']} (answer {row['answer']}): reward {episode.get('reward')}\n")
+            print(
+                f"\n{name} model, greedy, on {row['prompt']} (answer {row['answer']}): reward {episode.get('reward')}\n"
+            )
             print("    " + episode["completion"].replace("\n", "\n    "))
 
 

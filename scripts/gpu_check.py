@@ -2,7 +2,7 @@
 
     make gpu-check                                    # on a CUDA machine: every stage, about 10 minutes on an H100
     python scripts/gpu_check.py --out runs/gpu-check --only probe decode train
-    python scripts/gpu_check.py --small               # CPU smoke run of the harness (tests/test_gpu_check.py)
+    python scripts/gpu_check.py --small               # CPU smoke run of the harness (tests/slow/test_gpu_check.py)
 
 It needs no network: the 0.5B-class model is Qwen2.5-0.5B's architecture with random weights written
 on the spot (scripts/compare_trl.py's), with a reward that is a fixed function of the completion's text,
@@ -13,7 +13,7 @@ recorded as not run. The JSON is rewritten after every stage, so a run cut short
 
 Stages:
   probe       GPU, driver-visible memory, torch/transformers, measured copy bandwidth and bf16 matmul TFLOP/s
-  static      tests/test_static_steps.py on CUDA: CUDA-graph decoding samples eager's tokens and log-probs
+  static      tests/generate/test_static_steps.py on CUDA: CUDA-graph decoding samples eager's tokens and log-probs
   decode      scripts/bench_decode.py: ms per token at batch 1/16/64, eager and static, against the HBM floor
   train       bf16-mixed full training of the 0.5B model, trainer.deterministic=true: s/step, tokens/s, peak
               memory against the planner's prediction, and how far the weights moved
@@ -42,8 +42,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-STAGES = ("probe", "static", "decode", "train", "torchrun", "tools", "worker", "resume", "planner", "trl", "lora",
-          "vllm")  # the order they run in: what no GPU run has reached yet comes early (docs/gpu-check.md)
+STAGES = (
+    "probe",
+    "static",
+    "decode",
+    "train",
+    "torchrun",
+    "tools",
+    "worker",
+    "resume",
+    "planner",
+    "trl",
+    "lora",
+    "vllm",
+)  # the order they run in: what no GPU run has reached yet comes early (docs/gpu-check.md)
 REWARD = '''import zlib
 
 
@@ -67,8 +79,12 @@ class Check:
         self.results: dict[str, dict] = {}
         self.output = ""  # the last command's whole output
         self.t0 = time.perf_counter()
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-                    "PYTHONPATH": os.pathsep.join([str(ROOT), str(self.work), os.environ.get("PYTHONPATH", "")])}
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(self.work), os.environ.get("PYTHONPATH", "")]),
+        }
         if self.small:
             self.env["OMP_NUM_THREADS"] = "1"
 
@@ -79,8 +95,14 @@ class Check:
         """(exit status, the output's tail, seconds); 124 when it ran past `timeout`."""
         t0 = time.perf_counter()
         try:
-            done = subprocess.run(cmd, env={**self.env, **(env or {})}, capture_output=True, text=True,
-                                  timeout=max(5.0, min(timeout, self.left())), cwd=ROOT)
+            done = subprocess.run(
+                cmd,
+                env={**self.env, **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=max(5.0, min(timeout, self.left())),
+                cwd=ROOT,
+            )
             code, text = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired as e:
             code = 124
@@ -96,8 +118,15 @@ class Check:
 
         return str(qwen_dir(self.work))
 
-    def train(self, name: str, *overrides: str, steps: int = 4, timeout: float = 240, launcher: list[str] | None = None,
-              env: dict | None = None) -> dict:
+    def train(
+        self,
+        name: str,
+        *overrides: str,
+        steps: int = 4,
+        timeout: float = 240,
+        launcher: list[str] | None = None,
+        env: dict | None = None,
+    ) -> dict:
         """One `grpo train` of the 0.5B model (random prompts, the parity reward): its figures."""
         run_dir = self.work / name
         prompts = self.work / "prompts.jsonl"
@@ -107,13 +136,32 @@ class Check:
             rows = [f"{i}+{i % 7}=" for i in range(64)] if self.small else random_prompts(64, 32, QWEN_PAD_ID, 0)
             prompts.write_text("".join(json.dumps({"prompt": p, "answer": ""}) + "\n" for p in rows))
         new_tokens = 8 if self.small else 128
-        args = [f"output_dir={run_dir}", "overwrite=true", f"model.path={self.model()}", f"model.device={self.device}",
-                "data=files", f"data.train_file={prompts}", "data.test_size=4", "reward=python",
-                "reward.fn=gpu_check_rewards:parity", "trainer.prompts_per_step=8", "sampler.group_size=8",
-                f"sampler.max_new_tokens={new_tokens}", "trainer.micro_batch_size=16", "optimizer.lr=1e-5",
-                f"trainer.steps={steps}", "trainer.progress=false", "trainer.eval_before_after=false",
-                "trainer.eval_every=0", "trainer.log_completions_every=0", "trainer.save_every=2", "algo.beta=0.04",
-                "trainer.deterministic=true", *(["trainer.precision=bf16-mixed"] if not self.small else []), *overrides]
+        args = [
+            f"output_dir={run_dir}",
+            "overwrite=true",
+            f"model.path={self.model()}",
+            f"model.device={self.device}",
+            "data=files",
+            f"data.train_file={prompts}",
+            "data.test_size=4",
+            "reward=python",
+            "reward.fn=gpu_check_rewards:parity",
+            "trainer.prompts_per_step=8",
+            "sampler.group_size=8",
+            f"sampler.max_new_tokens={new_tokens}",
+            "trainer.micro_batch_size=16",
+            "optimizer.lr=1e-5",
+            f"trainer.steps={steps}",
+            "trainer.progress=false",
+            "trainer.eval_before_after=false",
+            "trainer.eval_every=0",
+            "trainer.log_completions_every=0",
+            "trainer.save_every=2",
+            "algo.beta=0.04",
+            "trainer.deterministic=true",
+            *(["trainer.precision=bf16-mixed"] if not self.small else []),
+            *overrides,
+        ]
         cmd = [*(launcher or [sys.executable, "-m", "grpo_cli"]), "train", *args]
         code, tail, seconds = self.run(cmd, timeout, env)
         out = {"ok": code == 0, "exit": code, "wall_s": round(seconds, 1)}
@@ -122,11 +170,14 @@ class Check:
         rows = [r for r in rows if "reward_mean" in r]
         if rows:
             timed = rows[1:] or rows
-            out.update(steps=len(rows), s_per_step=round(statistics.median(r["seconds"] for r in timed), 3),
-                       tokens_per_s=round(statistics.median(r["tokens_per_s"] for r in timed), 1),
-                       peak_gib=round(max(r.get("peak_memory_gib", 0) for r in rows), 3),
-                       phases={k: round(statistics.median(r[k] for r in timed), 3) for k in ("gen_s", "score_s", "update_s")},
-                       reward=[round(r["reward_mean"], 3) for r in rows])
+            out.update(
+                steps=len(rows),
+                s_per_step=round(statistics.median(r["seconds"] for r in timed), 3),
+                tokens_per_s=round(statistics.median(r["tokens_per_s"] for r in timed), 1),
+                peak_gib=round(max(r.get("peak_memory_gib", 0) for r in rows), 3),
+                phases={k: round(statistics.median(r[k] for r in timed), 3) for k in ("gen_s", "score_s", "update_s")},
+                reward=[round(r["reward_mean"], 3) for r in rows],
+            )
         plans = re.findall(r"memory plan: (peak ([0-9.]+) GiB.*)$", self.output, re.M)
         if plans:  # the plan before the run, then again from the first step's samples
             out["planned_gib"], out["plan"] = float(plans[0][1]), plans[0][0]
@@ -145,7 +196,6 @@ class Check:
 def stage_probe(c: Check) -> dict:
     import torch
     import transformers
-
     from bench_decode import bandwidth
 
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "python": sys.version.split()[0]}
@@ -163,26 +213,49 @@ def stage_probe(c: Check) -> dict:
         a @ a
     torch.cuda.synchronize()
     tflops = 2 * n**3 * 10 / (time.perf_counter() - t0) / 1e12
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
-    return {**out, "ok": True, "device": props.name, "gpus": torch.cuda.device_count(), "memory_gib": round(props.total_memory / 2**30, 1),
-            "sms": props.multi_processor_count, "nvidia_smi": smi, "copy_tb_s": round(measured / 1e12, 2),
-            "rated_tb_s": rated and rated / 1e12, "bf16_matmul_tflops": round(tflops, 1)}
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        **out,
+        "ok": True,
+        "device": props.name,
+        "gpus": torch.cuda.device_count(),
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "sms": props.multi_processor_count,
+        "nvidia_smi": smi,
+        "copy_tb_s": round(measured / 1e12, 2),
+        "rated_tb_s": rated and rated / 1e12,
+        "bf16_matmul_tflops": round(tflops, 1),
+    }
+
+
+STATIC_TESTS = "tests/generate/test_static_steps.py"
 
 
 def stage_static(c: Check) -> dict:
-    code, tail, seconds = c.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                                 "tests/test_static_steps.py"], 240)
+    code, tail, seconds = c.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/generate/test_static_steps.py"],
+        240,
+    )
     summary = re.findall(r"(\d+) (passed|failed|skipped|error)", tail)
-    return {"ok": code == 0, "wall_s": round(seconds, 1), **{k: int(v) for v, k in summary},
-            **({"tail": tail} if code else {})}
+    return {
+        "ok": code == 0,
+        "wall_s": round(seconds, 1),
+        **{k: int(v) for v, k in summary},
+        **({"tail": tail} if code else {}),
+    }
 
 
 def stage_decode(c: Check) -> dict:
     path = c.out / "decode.json"
     small = ["--device", "cpu", "--shape", "small", "--batch", "1", "4", "--new-tokens", "16", "--repeats", "1"]
-    code, tail, seconds = c.run([sys.executable, "scripts/bench_decode.py", "--json", str(path),
-                                 *(small if c.small else ["--repeats", "2"])], 300)  # 3 repeats took 100 s on an H100
+    code, tail, seconds = c.run(
+        [sys.executable, "scripts/bench_decode.py", "--json", str(path), *(small if c.small else ["--repeats", "2"])],
+        300,
+    )  # 3 repeats took 100 s on an H100
     out = {"ok": code == 0, "wall_s": round(seconds, 1), "table": tail.strip().splitlines()[-5:]}
     if path.exists():
         out.update(json.loads(path.read_text()))
@@ -230,17 +303,31 @@ def stage_resume(c: Check) -> dict:
 
 
 def stage_planner(c: Check) -> dict:
-    shapes = {"fp32 full": ["trainer.precision=fp32"], "bf16-mixed, gradient checkpointing": ["model.gradient_checkpointing=true"],
-              "bf16-mixed, 256 new tokens, micro-batch 32": ["sampler.max_new_tokens=256", "trainer.micro_batch_size=32"]}
-    out = {"shapes": {"bf16-mixed (train stage)": {k: c.results.get("train", {}).get(k)
-                                                   for k in ("planned_gib", "peak_gib", "planned_over_measured", "plan")}}}
+    shapes = {
+        "fp32 full": ["trainer.precision=fp32"],
+        "bf16-mixed, gradient checkpointing": ["model.gradient_checkpointing=true"],
+        "bf16-mixed, 256 new tokens, micro-batch 32": ["sampler.max_new_tokens=256", "trainer.micro_batch_size=32"],
+    }
+    out = {
+        "shapes": {
+            "bf16-mixed (train stage)": {
+                k: c.results.get("train", {}).get(k)
+                for k in ("planned_gib", "peak_gib", "planned_over_measured", "plan")
+            }
+        }
+    }
     for name, extra in shapes.items():
         if c.small:
             extra = [e for e in extra if "precision" not in e and "max_new_tokens" not in e]
         r = c.train("planner-" + re.sub(r"\W+", "-", name), *extra, steps=2)
-        out["shapes"][name] = {k: r.get(k) for k in ("ok", "planned_gib", "peak_gib", "planned_over_measured", "plan",
-                                                     "tail") if r.get(k) is not None}
-    ratios = [s["planned_gib"] / s["peak_gib"] for s in out["shapes"].values() if s.get("planned_gib") and s.get("peak_gib")]
+        out["shapes"][name] = {
+            k: r.get(k)
+            for k in ("ok", "planned_gib", "peak_gib", "planned_over_measured", "plan", "tail")
+            if r.get(k) is not None
+        }
+    ratios = [
+        s["planned_gib"] / s["peak_gib"] for s in out["shapes"].values() if s.get("planned_gib") and s.get("peak_gib")
+    ]
     out["ok"] = len(ratios) == len(out["shapes"])
     out["within_20pct"] = bool(ratios) and all(0.8 <= r <= 1.2 for r in ratios)
     return out
@@ -276,8 +363,19 @@ def stage_torchrun(c: Check) -> dict:
     out = {}
     worlds = [1] + ([2] if not c.small and torch.cuda.device_count() >= 2 else [])
     for world in worlds:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-addr",
-                    "127.0.0.1", "--master-port", str(free_port()), "-m", "grpo_cli"]
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(world),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "grpo_cli",
+        ]
         out[f"world_{world}"] = c.train(f"torchrun-{world}", "trainer.strategy=ddp", steps=2, launcher=launcher)
     out["ok"] = all(r["ok"] for r in out.values())
     return out
@@ -286,15 +384,36 @@ def stage_torchrun(c: Check) -> dict:
 def stage_tools(c: Check) -> dict:
     run_dir = c.work / "tools"
     steps = 4 if c.small else 20
-    code, tail, seconds = c.run([sys.executable, "-m", "grpo_cli", "train", "experiment=tool_use", f"output_dir={run_dir}",
-                                 "overwrite=true", f"model.device={c.device}", f"trainer.steps={steps}",
-                                 "trainer.progress=false", "trainer.eval_prompts=50", "trainer.eval_every=0"], 300)
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if (run_dir / "metrics.jsonl").exists() else []
+    code, tail, seconds = c.run(
+        [
+            sys.executable,
+            "-m",
+            "grpo_cli",
+            "train",
+            "experiment=tool_use",
+            f"output_dir={run_dir}",
+            "overwrite=true",
+            f"model.device={c.device}",
+            f"trainer.steps={steps}",
+            "trainer.progress=false",
+            "trainer.eval_prompts=50",
+            "trainer.eval_every=0",
+        ],
+        300,
+    )
+    rows = (
+        [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (run_dir / "metrics.jsonl").exists()
+        else []
+    )
     train_rows = [r for r in rows if "reward_mean" in r]
     out = {"ok": code == 0, "wall_s": round(seconds, 1), "steps": len(train_rows)}
     if train_rows:
-        out.update(reward_first=train_rows[0]["reward_mean"], reward_last5=statistics.mean(r["reward_mean"] for r in train_rows[-5:]),
-                   s_per_step=round(statistics.median(r["seconds"] for r in train_rows), 3))
+        out.update(
+            reward_first=train_rows[0]["reward_mean"],
+            reward_last5=statistics.mean(r["reward_mean"] for r in train_rows[-5:]),
+            s_per_step=round(statistics.median(r["seconds"] for r in train_rows), 3),
+        )
     accuracy = re.search(r"held-out accuracy[^\n]*greedy ([0-9.]+) -> ([0-9.]+), sampled ([0-9.]+) -> ([0-9.]+)", tail)
     if accuracy:
         out["greedy_before_after"] = [float(accuracy.group(1)), float(accuracy.group(2))]
@@ -312,20 +431,46 @@ def stage_trl(c: Check) -> dict:
         return {"ok": None, "not_run": f"TRL does not import ({e})"}
     if c.small:
         return {"ok": None, "not_run": "--small: the TRL comparison needs a GPU's time"}
-    code, tail, seconds = c.run([sys.executable, "scripts/compare_trl.py", "--device", "cuda", "--task", "qwen-shape",
-                                 "--precision", "bf16", "--qwen-steps", "4", "--qwen-warmup", "1", "--work",
-                                 str(c.work)], 300)  # the 0.5B model the other stages wrote is reused
-    return {"ok": code == 0, "trl": trl.__version__, "wall_s": round(seconds, 1), "table": tail.strip().splitlines()[-14:],
-            **({"tail": tail} if code else {})}
+    code, tail, seconds = c.run(
+        [
+            sys.executable,
+            "scripts/compare_trl.py",
+            "--device",
+            "cuda",
+            "--task",
+            "qwen-shape",
+            "--precision",
+            "bf16",
+            "--qwen-steps",
+            "4",
+            "--qwen-warmup",
+            "1",
+            "--work",
+            str(c.work),
+        ],
+        300,
+    )  # the 0.5B model the other stages wrote is reused
+    return {
+        "ok": code == 0,
+        "trl": trl.__version__,
+        "wall_s": round(seconds, 1),
+        "table": tail.strip().splitlines()[-14:],
+        **({"tail": tail} if code else {}),
+    }
 
 
 def stage_vllm(c: Check) -> dict:
     try:
         import vllm
     except ImportError as e:
-        return {"ok": None, "not_run": f"vLLM does not import here ({e}); its CUDA wheel is over the carry limit of a "
-                                       "machine with no network"}
-    r = c.train("vllm", "generator=vllm", "generator.gpu_memory_utilization=0.3", "algo.sampler_correction=tis", steps=3)
+        return {
+            "ok": None,
+            "not_run": f"vLLM does not import here ({e}); its CUDA wheel is over the carry limit of a "
+            "machine with no network",
+        }
+    r = c.train(
+        "vllm", "generator=vllm", "generator.gpu_memory_utilization=0.3", "algo.sampler_correction=tis", steps=3
+    )
     return {**r, "vllm": vllm.__version__}
 
 
@@ -344,7 +489,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/gpu-check")
     ap.add_argument("--work", help="where models and runs go (default OUT/work)")
     ap.add_argument("--only", nargs="+", choices=STAGES, default=list(STAGES))
-    ap.add_argument("--deadline", type=float, default=540.0, help="seconds for the whole check; later stages are not run")
+    ap.add_argument(
+        "--deadline", type=float, default=540.0, help="seconds for the whole check; later stages are not run"
+    )
     ap.add_argument("--small", action="store_true", help="a CPU smoke run of the harness: the tiny model, short runs")
     args = ap.parse_args(argv)
     c = Check(args)
@@ -352,7 +499,10 @@ def main(argv=None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("error: make gpu-check needs a CUDA GPU (torch sees none); --small runs the harness on CPU.", file=sys.stderr)
+            print(
+                "error: make gpu-check needs a CUDA GPU (torch sees none); --small runs the harness on CPU.",
+                file=sys.stderr,
+            )
             return 2
     for name in args.only:
         if c.left() < 20:
@@ -367,7 +517,10 @@ def main(argv=None) -> int:
             c.results[name] = {"ok": False, "error": repr(e), "tail": traceback.format_exc()[-3000:]}
         c.results[name]["stage_s"] = round(time.perf_counter() - t0, 1)
         (c.out / "gpu_check.json").write_text(json.dumps(c.results, indent=1, default=str))
-        print(f"[{time.perf_counter() - c.t0:6.0f} s] {name}: {json.dumps(c.results[name], default=str)[:1500]}", flush=True)
+        print(
+            f"[{time.perf_counter() - c.t0:6.0f} s] {name}: {json.dumps(c.results[name], default=str)[:1500]}",
+            flush=True,
+        )
     print(table(c.results))
     return 0 if all(r.get("ok") is not False for r in c.results.values()) else 1
 

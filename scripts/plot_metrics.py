@@ -24,8 +24,10 @@ PANELS = [
     ("clip_frac", "clip fraction (low + high)"),
     ("completion_len", "completion length (tokens)"),
 ]
-EPISODE_PANELS = PANELS[:3] + [("env/tool_use_frac", "episodes calling a tool (sampled)"),
-                               ("env/turns", "model turns per episode")]
+EPISODE_PANELS = PANELS[:3] + [
+    ("env/tool_use_frac", "episodes calling a tool (sampled)"),
+    ("env/turns", "model turns per episode"),
+]
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -100,22 +102,40 @@ def plot(runs: list[Path], out: Path, window: int = 10, mismatch: bool = False) 
             evaluated = True
             at = [r["step"] for r in evals]
             held_out.plot(at, [r["eval/accuracy"] for r in evals], "o-", color=colour, markersize=3, label=label)
-            held_out.plot(at, [r.get("eval/sampled_accuracy", float("nan")) for r in evals], "s--", color=colour,
-                          markersize=3, alpha=0.7)
+            held_out.plot(
+                at,
+                [r.get("eval/sampled_accuracy", float("nan")) for r in evals],
+                "s--",
+                color=colour,
+                markersize=3,
+                alpha=0.7,
+            )
             if episodes:
-                held_out.plot(at, [r.get("eval/tool_use_frac", float("nan")) for r in evals], "^:", color=colour,
-                              markersize=3, alpha=0.7)
+                held_out.plot(
+                    at,
+                    [r.get("eval/tool_use_frac", float("nan")) for r in evals],
+                    "^:",
+                    color=colour,
+                    markersize=3,
+                    alpha=0.7,
+                )
     if evaluated:
-        held_out.set_title("held-out: greedy (solid), sampled (dashed), tool use (dotted)" if episodes
-                           else "held-out accuracy (greedy solid, sampled dashed)", fontsize=10)
+        held_out.set_title(
+            "held-out: greedy (solid), sampled (dashed), tool use (dotted)"
+            if episodes
+            else "held-out accuracy (greedy solid, sampled dashed)",
+            fontsize=10,
+        )
         held_out.set_xlabel("step")
         held_out.grid(alpha=0.3)
     else:
         held_out.axis("off")
     if len(runs) > 1:
         axes[0].legend(fontsize=7)
-    fig.suptitle(f"{runs[0].name if len(runs) == 1 else f'{len(runs)} runs'} (thin: per step; thick: {window}-step mean)",
-                 fontsize=10)
+    fig.suptitle(
+        f"{runs[0].name if len(runs) == 1 else f'{len(runs)} runs'} (thin: per step; thick: {window}-step mean)",
+        fontsize=10,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -127,8 +147,11 @@ def main() -> None:
     p.add_argument("paths", nargs="+", help="run directories or sweep directories")
     p.add_argument("--out", help="PNG path (default: metrics.png in the first directory)")
     p.add_argument("--window", type=int, default=10, help="steps in the moving average")
-    p.add_argument("--mismatch", action="store_true",
-                   help="plot sampler/logp_diff (the sampler's log-probs against the trainer's) in place of clipping")
+    p.add_argument(
+        "--mismatch",
+        action="store_true",
+        help="plot sampler/logp_diff (the sampler's log-probs against the trainer's) in place of clipping",
+    )
     args = p.parse_args()
     runs = find_runs(args.paths)
     out = Path(args.out) if args.out else Path(args.paths[0]) / "metrics.png"

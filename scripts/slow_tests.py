@@ -39,10 +39,15 @@ def main(argv=None) -> int:
     if not seconds:
         print(f"error: {args.report} has no durations; run pytest with --durations=0.", file=sys.stderr)
         return 2
-    slow = sorted((s, t) for t, s in {**kept, **{t: s for t, s in seconds.items() if s > args.seconds}}.items()
-                  if s > args.seconds)
-    lines = [f"# Tests over {args.seconds:g} s in a full run (scripts/slow_tests.py): `make test-fast` leaves them out.",
-             *(f"{t}  {s:.1f}s" for s, t in reversed(slow))]
+    slow = sorted(
+        (s, t)
+        for t, s in {**kept, **{t: s for t, s in seconds.items() if s > args.seconds}}.items()
+        if s > args.seconds
+    )
+    lines = [
+        f"# Tests over {args.seconds:g} s in a full run (scripts/slow_tests.py): `make test-fast` leaves them out.",
+        *(f"{t}  {s:.1f}s" for s, t in reversed(slow)),
+    ]
     listed.write_text("\n".join(lines) + "\n")
     print(f"{len(slow)} tests listed ({len(kept)} kept, {len(seconds)} in the report): tests/slow_tests.txt")
     return 0

@@ -21,8 +21,10 @@ def tiny_model(tiny_dir):
 
 # The tiny model's tokenizer knows digits, + and =: a chat template made of them (a system message
 # becomes "<content>+", the generation prompt "=").
-CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
-                 "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}+{% else %}{{ m['content'] }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+)
 
 
 @pytest.fixture
@@ -74,8 +76,11 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--fast"):
         return
-    slow = {line.rsplit("  ", 1)[0].strip() for line in SLOW_LIST.read_text().splitlines()  # "<node id>  <seconds>s"
-            if line.strip() and not line.startswith("#")}
+    slow = {
+        line.rsplit("  ", 1)[0].strip()
+        for line in SLOW_LIST.read_text().splitlines()  # "<node id>  <seconds>s"
+        if line.strip() and not line.startswith("#")
+    }
     keep = [item for item in items if item.nodeid not in slow]
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid in slow])
     items[:] = keep

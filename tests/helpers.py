@@ -12,12 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.config import SamplerConfig
+from grpo_cli.generate.hf import HFGenerator
 
 # A run small enough for a test: 4 prompts x G = 4 per step, no held-out scoring, plain log lines.
-SMALL = ["trainer.prompts_per_step=4", "sampler.group_size=4", "trainer.eval_before_after=false",
-         "trainer.progress=false"]
+SMALL = [
+    "trainer.prompts_per_step=4",
+    "sampler.group_size=4",
+    "trainer.eval_before_after=false",
+    "trainer.progress=false",
+]
 SMALL_DATA = ["data.max_operand=9", "data.num_test=20"]  # the arithmetic task at 100 problems
 FAST = ["trainer.steps=2", *SMALL, *SMALL_DATA]
 
@@ -29,9 +33,25 @@ class _Timing(frozenset):
         return super().__contains__(key) or str(key).startswith("efficiency/")
 
 
-TIMING = _Timing({"seconds", "gen_s", "score_s", "update_s", "tokens_per_s", "env/seconds", "peak_memory_gib",
-                  "memory_gib", "health/memory_growth", "push_s", "wait_s", "env_s", "worker/gen_s",
-                  "worker/score_s", "gen_floor_s"})
+TIMING = _Timing(
+    {
+        "seconds",
+        "gen_s",
+        "score_s",
+        "update_s",
+        "tokens_per_s",
+        "env/seconds",
+        "peak_memory_gib",
+        "memory_gib",
+        "health/memory_growth",
+        "push_s",
+        "wait_s",
+        "env_s",
+        "worker/gen_s",
+        "worker/score_s",
+        "gen_floor_s",
+    }
+)
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -47,12 +67,19 @@ def grpo(*args, hydra_dir: Path | None = None) -> int:
     return e.value.code or 0
 
 
-def grpo_process(*args, cwd=None, env: dict | None = None, timeout: int = 600,
-                 check_rc: int | None = None) -> subprocess.CompletedProcess:
+def grpo_process(
+    *args, cwd=None, env: dict | None = None, timeout: int = 600, check_rc: int | None = None
+) -> subprocess.CompletedProcess:
     """`grpo ARGS` in a fresh process, one torch thread, as a user would run it; `check_rc` asserts the
     exit code (showing the output when it differs)."""
-    out = subprocess.run([sys.executable, "-m", "grpo_cli.cli", *map(str, args)], capture_output=True, text=True,
-                         timeout=timeout, cwd=cwd, env={**os.environ, **ONE_THREAD, **(env or {})})
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_cli.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **ONE_THREAD, **(env or {})},
+    )
     if check_rc is not None:
         assert out.returncode == check_rc, out.stdout[-3000:] + out.stderr[-3000:]
     return out
@@ -80,12 +107,26 @@ def metric_rows(run: Path, *, training: bool = False, timing: bool = True) -> li
     return rows if timing else [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def generate(model, tokenizer, prompts, group_size=1, *, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-             greedy=False, seeds=None, chat_template=False, with_logprobs=False):
+def generate(
+    model,
+    tokenizer,
+    prompts,
+    group_size=1,
+    *,
+    max_new_tokens,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    greedy=False,
+    seeds=None,
+    chat_template=False,
+    with_logprobs=False,
+):
     """A Rollout of `group_size` completions per prompt, through the trainer's own generator."""
     sampling = SamplerConfig(max_new_tokens, 0 if greedy else temperature, top_p, top_k)
     return HFGenerator(tokenizer, chat_template=chat_template).generate(
-        model, list(prompts), group_size, sampling, seeds, with_logprobs=with_logprobs)
+        model, list(prompts), group_size, sampling, seeds, with_logprobs=with_logprobs
+    )
 
 
 def floats(metrics: dict) -> dict:
@@ -119,8 +160,9 @@ def with_batch_sizes(model, fn):
 # --- padded views of flat data, for tests that state a case as rectangles ------------------------------------
 
 
-def rollout_from_padded(prompts, group_size, input_ids, attention_mask, completion_mask, truncated,
-                        sampler_logp=None, **rest):
+def rollout_from_padded(
+    prompts, group_size, input_ids, attention_mask, completion_mask, truncated, sampler_logp=None, **rest
+):
     """A flat Rollout from padded rows: `input_ids`/`attention_mask` [B, P+T] (each row's real tokens contiguous: a
     left-padded prompt, then T columns right-padded), `completion_mask` and `sampler_logp` [B, T]."""
     from grpo_cli.samples.rollout import Rollout
@@ -137,8 +179,17 @@ def rollout_from_padded(prompts, group_size, input_ids, attention_mask, completi
         if sampler_logp is not None:
             logps.append(sampler_logp[b, :n_after].tolist())
     truncated = truncated.tolist() if hasattr(truncated, "tolist") else list(truncated)
-    return Rollout.of_rows(prompts, group_size, prompt_ids, after, truncated=truncated, sampled=sampled,
-                           logps=logps if sampler_logp is not None else None, device=input_ids.device, **rest)
+    return Rollout.of_rows(
+        prompts,
+        group_size,
+        prompt_ids,
+        after,
+        truncated=truncated,
+        sampled=sampled,
+        logps=logps if sampler_logp is not None else None,
+        device=input_ids.device,
+        **rest,
+    )
 
 
 def padded(roll):
@@ -166,12 +217,29 @@ def flat_inputs(logp, old_logp, advantages, mask, **settings):
     B, T = logp.shape
     segments = torch.arange(B).repeat_interleave(T)
     flat = {k: (v.reshape(-1) if isinstance(v, torch.Tensor) and v.shape == (B, T) else v) for k, v in settings.items()}
-    return LossInputs(logp.reshape(-1), old_logp.reshape(-1), advantages.repeat_interleave(T), mask.reshape(-1),
-                      segments, num_segments=B, **flat)
+    return LossInputs(
+        logp.reshape(-1),
+        old_logp.reshape(-1),
+        advantages.repeat_interleave(T),
+        mask.reshape(-1),
+        segments,
+        num_segments=B,
+        **flat,
+    )
 
 
-def token_logprobs(model, input_ids, attention_mask, completion_len, *, temperature=1.0, with_entropy=False,
-                   entropy_grad=False, chunk_tokens=None, packing=False):
+def token_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    completion_len,
+    *,
+    temperature=1.0,
+    with_entropy=False,
+    entropy_grad=False,
+    chunk_tokens=None,
+    packing=False,
+):
     """The last `completion_len` tokens of padded rows scored through the package's forward, padded or (with
     `packing`, where the model can) packed in one micro-batch: ([B, T], [B, T] or None), 0 where a row has none."""
     from grpo_cli.models.logprobs import LogProbRequest, can_pack, one_bin, packed_logprobs, padded_logprobs
@@ -183,7 +251,9 @@ def token_logprobs(model, input_ids, attention_mask, completion_len, *, temperat
     logp, entropy = packed_logprobs(model, packed, request)
 
     def on_grid(values):  # differentiably, 0 where a row has no token
-        out = torch.zeros(roll.tokens.shape, dtype=values.dtype, device=values.device).index_put((packed.index,), values)
+        out = torch.zeros(roll.tokens.shape, dtype=values.dtype, device=values.device).index_put(
+            (packed.index,), values
+        )
         return grid(roll, out)
 
     return on_grid(logp), None if entropy is None else on_grid(entropy)
@@ -197,7 +267,9 @@ def pack_rows(input_ids, attention_mask, completion_len, *, one_bin=False):
     B = input_ids.shape[0]
     roll = rollout_from_padded([""] * B, 1, input_ids, attention_mask, attention_mask[:, -completion_len:], [False] * B)
     mb = pack(roll.lengths.tolist(), layout="one_bin" if one_bin else "bins", batch_rows=max(B, 1))[0]
-    return roll, packed_inputs(roll.tokens, roll.offsets.tolist(), roll.lengths.tolist(), roll.prompt_lengths.tolist(), mb)
+    return roll, packed_inputs(
+        roll.tokens, roll.offsets.tolist(), roll.lengths.tolist(), roll.prompt_lengths.tolist(), mb
+    )
 
 
 def scored_cells(packed, offsets, prompt_lengths):

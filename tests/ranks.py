@@ -21,8 +21,14 @@ def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> N
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         result = fn(rank, world, *args)
@@ -35,8 +41,9 @@ def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> N
 def run_ranks(fn, world: int, tmp_path, *args, timeout: float = 120.0) -> list:
     """fn(rank, world, *args) on `world` processes joined in a gloo group; its return values by rank.
     Raises if any rank fails or the whole does not finish within `timeout` seconds (then all are killed)."""
-    ctx = mp.start_processes(_entry, args=(fn, world, free_port(), str(tmp_path), args), nprocs=world,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _entry, args=(fn, world, free_port(), str(tmp_path), args), nprocs=world, join=False, start_method="spawn"
+    )
     import time
 
     deadline = time.monotonic() + timeout
@@ -57,9 +64,19 @@ def run_ranks(fn, world: int, tmp_path, *args, timeout: float = 120.0) -> list:
 
 def rank_env(rank: int, world: int, port: int, **extra) -> dict:
     """The variables torchrun gives a worker, for a rank started by hand (so a test knows its pid)."""
-    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GRPO_DIST_TIMEOUT": "60", **extra}
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "GRPO_DIST_TIMEOUT": "60",
+        **extra,
+    }
 
 
 def start_ranks(args: list[str], world: int = 2, log_dir=None):
@@ -71,8 +88,15 @@ def start_ranks(args: list[str], world: int = 2, log_dir=None):
     for rank in range(world):
         log = os.path.join(str(log_dir), f"rank{rank}.log")
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "grpo_cli", "train", *args], env=rank_env(rank, world, port),
-                                      stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "grpo_cli", "train", *args],
+                env=rank_env(rank, world, port),
+                stdout=open(log, "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     return procs, logs
 
 
@@ -82,6 +106,19 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 240):
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GRPO_DIST_TIMEOUT": "60"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "grpo_cli", "train", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "grpo_cli",
+        "train",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -13,8 +13,22 @@ MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 12
 MAX_MODULE_LINES = 450
 # The stages, bottom up: a package imports only from those before it and from the shared root modules.
-STAGES = ("procs", "sandbox", "samples", "models", "algo", "rewards", "data", "generate", "episodes", "rollout", "update",
-          "demo", "run", "commands")
+STAGES = (
+    "procs",
+    "sandbox",
+    "samples",
+    "models",
+    "algo",
+    "rewards",
+    "data",
+    "generate",
+    "episodes",
+    "rollout",
+    "update",
+    "demo",
+    "run",
+    "commands",
+)
 SHARED = ("errors", "registry", "config", "conf")  # the shared vocabulary: root modules and the config package
 
 
@@ -33,7 +47,9 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from pkg import mod` depends on pkg.mod, not on what pkg/__init__ imports (it has run already)
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
@@ -55,7 +71,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                return path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt]
             if nxt not in state:
                 cycle = visit(nxt, path + [nxt])
                 if cycle:
@@ -97,7 +113,11 @@ def _body_lines(fn: ast.FunctionDef) -> int:
     """Lines of a function, its docstring left out."""
     lines = fn.end_lineno - fn.lineno + 1
     first = fn.body[0]
-    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant) and isinstance(first.value.value, str):
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(getattr(first, "value", None), ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
         lines -= first.end_lineno - first.lineno + 1
     return lines
 
@@ -130,8 +150,11 @@ def test_the_limits_are_measured_as_said():
 
 
 def test_no_module_is_longer_than_a_sitting():
-    big = [f"{p.relative_to(PACKAGE.parent)} ({n})" for p in sorted(PACKAGE.rglob("*.py"))
-           if (n := p.read_text().count("\n")) > MAX_MODULE_LINES]
+    big = [
+        f"{p.relative_to(PACKAGE.parent)} ({n})"
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := p.read_text().count("\n")) > MAX_MODULE_LINES
+    ]
     assert not big, f"modules over {MAX_MODULE_LINES} lines: " + "; ".join(big)
 
 
@@ -158,10 +181,14 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_imports_flow_one_way_between_the_stages():
-    assert upward_imports({"grpo_cli.models.x": {"grpo_cli.update.y", "grpo_cli.errors"},
-                           "grpo_cli.update.y": {"grpo_cli.models.x"}, "grpo_cli.cli": {"grpo_cli.run.z"},
-                           "grpo_cli.config": {"grpo_cli.cli"}}) == ["grpo_cli.config -> grpo_cli.cli",
-                                                                    "grpo_cli.models.x -> grpo_cli.update.y"]
+    assert upward_imports(
+        {
+            "grpo_cli.models.x": {"grpo_cli.update.y", "grpo_cli.errors"},
+            "grpo_cli.update.y": {"grpo_cli.models.x"},
+            "grpo_cli.cli": {"grpo_cli.run.z"},
+            "grpo_cli.config": {"grpo_cli.cli"},
+        }
+    ) == ["grpo_cli.config -> grpo_cli.cli", "grpo_cli.models.x -> grpo_cli.update.y"]
     graph = import_graph()
     assert {_stage(m) for m in graph} - {None} == set(STAGES)  # every package is a stage, in the order
     upward = upward_imports(graph)
@@ -170,10 +197,12 @@ def test_imports_flow_one_way_between_the_stages():
 
 def test_the_docs_layout_names_every_package_and_module():
     readme = (PACKAGE.parent / "docs" / "development.md").read_text()
-    layout = readme[readme.index("Layout, by stage"):]
+    layout = readme[readme.index("Layout, by stage") :]
     layout = layout[: layout.index("`tests/test_house.py` keeps the house so")]
     named = set(re.findall(r"`([\w/]+\.py|\w+/)`", layout))
-    modules = {p.name for p in PACKAGE.glob("*.py")} | {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    modules = {p.name for p in PACKAGE.glob("*.py")} | {
+        f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()
+    }
     modules |= {p.name for stage in STAGES for p in (PACKAGE / stage).glob("*.py")}
     rewards = {p.name for p in (PACKAGE / "rewards").glob("*.py")} - {"reward_pool.py", "reward_worker.py"}
     missing = sorted(modules - named - rewards - {"__init__.py"})  # the rewards: "one module per reward"

@@ -1,1 +1,2 @@
-"""The math of the objective: the clipped surrogate, the registered per-token losses and aggregations, the advantage estimators."""
+"""The math of the objective: the clipped surrogate, the registered per-token losses and aggregations, the advantage
+estimators."""

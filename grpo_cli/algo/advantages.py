@@ -9,7 +9,7 @@ a no-score completion and a group without signal (flat, or under two scores) at 
   2019; Ahmadian et al. 2024), which is k / (k - 1) * (R_i - mean) for k scores; no scaling.
 
 A new estimator is one function registered here (or from any module, `register_advantage`) and its
-test. This module imports no torch, so `checks.py` reads the names before torch loads.
+test. This module imports no torch, so the config's check reads the names before torch loads.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ ADVANTAGES: dict[str, Callable] = {}
 
 def register_advantage(name: str):
     """`algo.advantage=name` computes advantages with the decorated function."""
+
     def add(fn: Callable) -> Callable:
         ADVANTAGES[name] = fn
         return fn
+
     return add
 
 

@@ -5,7 +5,7 @@ A new loss is one function registered here (or from any module, `register_loss`)
 `conf/algo/` and a paragraph in docs/math.md; its own settings are declared with their defaults at
 registration and read from `algo.loss_args`, so neither the schema nor the checks change.
 
-This module imports no torch (the functions use tensor methods only), so `checks.py` reads the
+This module imports no torch (the functions use tensor methods only), so the config's check reads the
 registries before torch loads.
 """
 
@@ -51,9 +51,11 @@ STD_KINDS = ("population", "sample")  # algo.std
 def register_loss(name: str, *, metrics: tuple[str, ...] = (), **defaults: float):
     """Register `fn(terms: TokenTerms) -> (per_token_loss, metrics)` as `algo.loss=name`; each keyword is
     a setting of its own (`algo.loss_args.KEY`) with its default."""
+
     def add(fn: PolicyLoss) -> PolicyLoss:
         POLICY_LOSSES[name] = LossSpec(name, fn, dict(defaults), tuple(metrics))
         return fn
+
     return add
 
 
@@ -116,9 +118,11 @@ AGGREGATIONS: dict[str, Aggregation] = {}
 
 def register_aggregation(name: str):
     """Register `fn(seq_sums, seq_tokens, weight, normalisers) -> loss` as `algo.aggregation=name`."""
+
     def add(fn: Aggregation) -> Aggregation:
         AGGREGATIONS[name] = fn
         return fn
+
     return add
 
 

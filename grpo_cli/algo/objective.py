@@ -13,8 +13,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo_cli.algo.losses import (AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, RATIO_LEVELS, STD_KINDS, Normalisers,
-                                  TokenTerms, loss_settings)
+from grpo_cli.algo.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    RATIO_LEVELS,
+    STD_KINDS,
+    Normalisers,
+    TokenTerms,
+    loss_settings,
+)
 from grpo_cli.algo.losses import SCALES as ADVANTAGE_SCALES
 
 __all__ = [
@@ -196,8 +204,15 @@ def _check_inputs(x: LossInputs) -> None:
     _check_choice("KL estimator", x.kl_estimator, KL_ESTIMATORS)
     if x.logp.dim() != 1:
         raise ValueError(f"logp must be 1-D [tokens], got shape {tuple(x.logp.shape)}.")
-    named = {"old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask, "segments": x.segments,
-             "ref_logp": x.ref_logp, "sampler_weight": x.sampler_weight, "entropy": x.entropy}
+    named = {
+        "old_logp": x.old_logp,
+        "advantages": x.advantages,
+        "mask": x.mask,
+        "segments": x.segments,
+        "ref_logp": x.ref_logp,
+        "sampler_weight": x.sampler_weight,
+        "entropy": x.entropy,
+    }
     for name, t in named.items():
         if t is not None and t.shape != x.logp.shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)} but logp has {tuple(x.logp.shape)}; they must match.")
@@ -243,8 +258,15 @@ def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     seq_tokens = segment_sum(weight, segments, count).clamp(min=1)  # [S]: an empty sequence divides 0 by one
     ratio = _ratios(logp - old_logp, segments, seq_tokens, x.ratio_level)  # [K]
 
-    terms = TokenTerms(logp=logp, ratio=ratio, advantages=adv, clip_low=clip_low, clip_high=clip_high,
-                       clip_ratio_c=x.clip_ratio_c, args=loss_settings(x.loss, x.loss_args))
+    terms = TokenTerms(
+        logp=logp,
+        ratio=ratio,
+        advantages=adv,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        clip_ratio_c=x.clip_ratio_c,
+        args=loss_settings(x.loss, x.loss_args),
+    )
     per_token, loss_metrics = POLICY_LOSSES[x.loss].fn(terms)
     if x.sampler_weight is not None:
         per_token = per_token * x.sampler_weight.detach().to(dtype).masked_fill(~keep, 0.0)
@@ -256,8 +278,11 @@ def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
 
     seq_sums = segment_sum(per_token * weight, segments, count)  # [S]
     longest = x.max_completion_length or int(seq_tokens.max()) if count else 1
-    normalisers = Normalisers(sequences=count if x.num_sequences is None else x.num_sequences, tokens=x.num_tokens,
-                              max_completion_length=longest)
+    normalisers = Normalisers(
+        sequences=count if x.num_sequences is None else x.num_sequences,
+        tokens=x.num_tokens,
+        max_completion_length=longest,
+    )
     total = AGGREGATIONS[x.aggregation](seq_sums, seq_tokens, weight, normalisers)
     if x.entropy_coef:
         token_count = weight.sum().clamp(min=1) if x.num_tokens is None else max(x.num_tokens, 1.0)
@@ -266,8 +291,9 @@ def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
 
 
 @torch.no_grad()
-def _loss_metrics(ratio: Tensor, keep: Tensor, adv: Tensor, kl: Tensor | None, clip_low: float, clip_high: float,
-                  loss_metrics: dict) -> dict:
+def _loss_metrics(
+    ratio: Tensor, keep: Tensor, adv: Tensor, kl: Tensor | None, clip_low: float, clip_high: float, loss_metrics: dict
+) -> dict:
     """policy_loss's metrics over completion tokens, as device tensors: the caller reads them once per
     step (one host sync)."""
     dtype = ratio.dtype

@@ -1,7 +1,7 @@
 """The config composed and checked before Hydra runs the job, in well under two seconds and before torch
 is imported: a composition error (an unknown key, a wrong type, a missing group option, a malformed
 override), a key added with `+` that the schema does not know, a missing required value, and every bad
-value (checks.py) become one sentence naming the key, what is allowed and the fix. A sweep (`-m`) is
+value (config/declare.py) become one sentence naming the key, what is allowed and the fix. A sweep (`-m`) is
 checked combination by combination before its first job starts.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
-from pathlib import Path
 from dataclasses import fields, is_dataclass
+from pathlib import Path
 
 from grpo_cli.errors import GrpoError, first_line
 
@@ -23,8 +23,11 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "epsilon_high": ("algo.clip_eps_high", "DAPO's clip-higher"),
     "delta": ("algo.clip_ratio_c", "dual-clip bound for negative advantages"),
     "beta": ("algo.beta", "KL weight; TRL's default is 0.0, grpo-cli's 0.04"),
-    "loss_type": ("algo.aggregation", "grpo: seq_mean_token_mean, dapo: token_mean, dr_grpo: constant_norm; "
-                  "cispo and sapo are algo.loss, or the presets algo=grpo, dapo, dr_grpo, cispo, sapo"),
+    "loss_type": (
+        "algo.aggregation",
+        "grpo: seq_mean_token_mean, dapo: token_mean, dr_grpo: constant_norm; "
+        "cispo and sapo are algo.loss, or the presets algo=grpo, dapo, dr_grpo, cispo, sapo",
+    ),
     "scale_rewards": ("algo.scale", "group, batch, or none for TRL's false"),
     "importance_sampling_level": ("algo.ratio_level", "token, or sequence_mean for TRL's sequence (GSPO)"),
     "num_iterations": ("algo.num_iterations", "μ, the passes over each batch"),
@@ -40,8 +43,10 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "warmup_steps": ("optimizer.warmup_steps", ""),
     "weight_decay": ("optimizer.weight_decay", ""),
     "max_grad_norm": ("optimizer.max_grad_norm", ""),
-    "gradient_accumulation_steps": ("trainer.micro_batch_size", "completions per micro-batch; a step "
-                                    "accumulates its whole batch, prompts_per_step x G, over them"),
+    "gradient_accumulation_steps": (
+        "trainer.micro_batch_size",
+        "completions per micro-batch; a step accumulates its whole batch, prompts_per_step x G, over them",
+    ),
     "per_device_train_batch_size": ("trainer.micro_batch_size", "completions per forward/backward"),
     "generation_batch_size": ("trainer.prompts_per_step", "prompts per step; the batch is that times G"),
     "max_steps": ("trainer.steps", ""),
@@ -95,7 +100,18 @@ def suggest(key: str, schema) -> str:
 # Flags after which Hydra prints and exits without running a job: left to Hydra.
 HYDRA_ONLY = ("--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version")
 MAX_COMBINATIONS = 256
-WITH_ARGUMENT = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd")
+WITH_ARGUMENT = (
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+)
 HYDRA_FLAGS = (*HYDRA_ONLY, *WITH_ARGUMENT, "-m", "--multirun", "--run", "-r", "--resolve", "--experimental-rerun")
 
 
@@ -106,8 +122,10 @@ def search_path_override(config_dir: str) -> str:
 
     path = os.path.abspath(os.path.expanduser(config_dir))
     if not os.path.isdir(path):
-        raise GrpoError(f"--config-dir {config_dir}: there is no directory {path}; give the folder holding your "
-                        "presets (e.g. myconf/experiment/mine.yaml for experiment=mine).")
+        raise GrpoError(
+            f"--config-dir {config_dir}: there is no directory {path}; give the folder holding your "
+            "presets (e.g. myconf/experiment/mine.yaml for experiment=mine)."
+        )
     return f"hydra.searchpath=[file://{path}]"
 
 
@@ -116,8 +134,7 @@ def flag_sentence(flag: str, value: str | None) -> str:
     name = flag.lstrip("-").split("=", 1)[0].replace("-", "_")
     value = flag.split("=", 1)[1] if "=" in flag else value if value is not None and "=" not in value else "..."
     target = TRL_NAMES.get(name, (None,))[0]
-    fix = (f"here it is {target}={value}" if target and "." in target else
-           "`grpo <command> --help` lists the keys")
+    fix = f"here it is {target}={value}" if target and "." in target else "`grpo <command> --help` lists the keys"
     return f"{flag.split('=', 1)[0]} is not an option: grpo takes key=value overrides; {fix}."
 
 
@@ -139,7 +156,7 @@ def check_command_line(command: str, args: list[str], schema, disk: bool = True)
         elif not a.startswith("-") and not a.lstrip("+~").startswith(("hydra.", "hydra/")):
             overrides.append(a)
     multirun = "-m" in args or "--multirun" in args
-    for combination in (expand(overrides) if multirun else [overrides]):
+    for combination in expand(overrides) if multirun else [overrides]:
         # a sweep's jobs are checked on disk as each starts: a job's path may be another's output, and a job
         # whose model is missing is a row of the sweep's table, the others running
         check_one(command, combination, schema, disk and not multirun)
@@ -187,7 +204,9 @@ def compose_config(command: str, overrides: list[str], schema=None):
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
-        raise GrpoError(f"{e.full_key} is required here and has no value: set {e.full_key}=... on the command line.") from None
+        raise GrpoError(
+            f"{e.full_key} is required here and has no value: set {e.full_key}=... on the command line."
+        ) from None
 
 
 def check_one(command: str, overrides: list[str], schema, disk: bool = True) -> None:
@@ -241,15 +260,20 @@ def composition_sentence(e: Exception, schema) -> str:
     mark = getattr(e, "problem_mark", None)
     if mark is not None:  # a YAML file (a user's preset under --config-dir) that does not parse
         problem = str(getattr(e, "problem", None) or first_line(e)).rstrip(".")
-        return (f"{mark.name} does not parse as YAML at line {mark.line + 1}, column {mark.column + 1} ({problem}); fix "
-                "that file.")
+        return (
+            f"{mark.name} does not parse as YAML at line {mark.line + 1}, column {mark.column + 1} ({problem}); fix "
+            "that file."
+        )
     if isinstance(e, OverrideParseException):
         return parse_sentence(e)
     if isinstance(e, MissingConfigException):
         group = (e.missing_cfg_file or "").split("/")[0]
         options = ", ".join(sorted(e.options or []))
-        return (f"{first_line(e).rstrip('.')}; {group} takes {options}." if options else f"{first_line(e).rstrip('.')}; "
-                "check the group and option names with `grpo <command> --help`.")
+        return (
+            f"{first_line(e).rstrip('.')}; {group} takes {options}."
+            if options
+            else f"{first_line(e).rstrip('.')}; check the group and option names with `grpo <command> --help`."
+        )
     key = getattr(cause, "full_key", None)
     text = first_line(cause)
     if key and ("not in" in str(cause) or "Key '" in str(cause)):
@@ -260,8 +284,10 @@ def composition_sentence(e: Exception, schema) -> str:
         return f"{key}={value} is not {'an' if kind[:1] in 'aeiou' else 'a'} {kind}; give {key} a value of that type."
     if "Ambiguous value for argument" in text:
         arg = text.split("'")[1] if "'" in text else "the value"
-        return (f"{arg} is a comma-separated list, and a comma-separated list is a sweep: add -m to run one job per "
-                "value (or quote it, key=\"'a,b'\", if it is one string).")
+        return (
+            f"{arg} is a comma-separated list, and a comma-separated list is a sweep: add -m to run one job per "
+            "value (or quote it, key=\"'a,b'\", if it is one string)."
+        )
     if key:
         return f"{key}: {text.rstrip('.')}."
     return f"{text.rstrip('.')}; check the override's spelling and value (`grpo <command> --help` lists the groups)."
@@ -269,8 +295,10 @@ def composition_sentence(e: Exception, schema) -> str:
 
 def parse_sentence(e: Exception) -> str:
     text = first_line(e).rstrip(".")
-    return (f"{text}; write overrides as key=value, and quote a value holding spaces, commas or '=' as key=\"'...'\" "
-            "(a comma-separated list is a sweep, which needs -m).")
+    return (
+        f"{text}; write overrides as key=value, and quote a value holding spaces, commas or '=' as key=\"'...'\" "
+        "(a comma-separated list is a sweep, which needs -m)."
+    )
 
 
 def _override_value(value) -> str:
@@ -297,7 +325,9 @@ def _override_value(value) -> str:
 def _flat(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
     out = []
     for key, value in tree.items():
-        if isinstance(value, dict) and value and not (prefix == "env." and key == "factory"):  # a dict value stays whole
+        if (
+            isinstance(value, dict) and value and not (prefix == "env." and key == "factory")
+        ):  # a dict value stays whole
             out += _flat(value, f"{prefix}{key}.")
         else:
             out.append((f"{prefix}{key}", value))
@@ -314,9 +344,9 @@ def config_file_overrides(args: list[str]) -> list[str]:
     if args[at] == "--config":
         if at + 1 >= len(args):
             raise GrpoError("--config needs a file: grpo train --config run.yaml [key=value ...].")
-        path, rest = args[at + 1], args[:at] + args[at + 2:]
+        path, rest = args[at + 1], args[:at] + args[at + 2 :]
     else:
-        path, rest = args[at].split("=", 1)[1], args[:at] + args[at + 1:]
+        path, rest = args[at].split("=", 1)[1], args[:at] + args[at + 1 :]
     import yaml
 
     try:
@@ -325,8 +355,9 @@ def config_file_overrides(args: list[str]) -> list[str]:
         raise GrpoError(f"--config {path}: {e.strerror or e}; give the path of a YAML file of settings.") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
-        raise GrpoError(f"--config {path} is not valid YAML{f' (line {where.line + 1})' if where else ''}; fix the "
-                        "file.") from None
+        raise GrpoError(
+            f"--config {path} is not valid YAML{f' (line {where.line + 1})' if where else ''}; fix the file."
+        ) from None
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):

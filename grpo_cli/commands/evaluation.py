@@ -7,13 +7,13 @@ import json
 import os
 from pathlib import Path
 
-from grpo_cli.run.checkpoint import STEP_DIR, list_checkpoints, read_config
+from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.config import check
 from grpo_cli.errors import GrpoError
-from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.rewards import Judge
 from grpo_cli.rollout.scoring import Draws, greedy_scores, sampled_scores
+from grpo_cli.run.checkpoint import STEP_DIR, list_checkpoints, read_config
 
 
 def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None]]:
@@ -64,8 +64,12 @@ def short_names(paths: list[str]) -> list[str]:
     if len(local) < 2:
         return paths
     common = os.path.commonpath([os.path.abspath(p) for p in local])
-    return [os.path.relpath(os.path.abspath(p), common).replace(f"checkpoints{os.sep}", "")
-            if p in local and os.path.abspath(p) != common else p for p in paths]
+    return [
+        os.path.relpath(os.path.abspath(p), common).replace(f"checkpoints{os.sep}", "")
+        if p in local and os.path.abspath(p) != common
+        else p
+        for p in paths
+    ]
 
 
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
@@ -73,11 +77,11 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
     from grpo_cli.data.tasks import answer_column, check_answers
     from grpo_cli.episodes import environment, with_env
-    from grpo_cli.rewards import reward_with
     from grpo_cli.generate.base import check_available, make_generator
     from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
     from grpo_cli.models.precision import DTYPES, Precision
     from grpo_cli.models.runtime import prepare_process
+    from grpo_cli.rewards import reward_with
 
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
     cfg = with_training_settings(cfg, [path for path, _ in reversed(targets)], list(overrides), console)
@@ -100,34 +104,78 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         console.print(f"model {len(rows) + 1}/{len(targets)}: {path}", highlight=False)
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-        generator = with_env(make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, precision=precision,
-                                   device=resolve_device(cfg.model.device), seed=cfg.seed), env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
+        generator = with_env(
+            make_generator(
+                cfg.generator,
+                tokenizer,
+                chat_template=cfg.data.chat_template,
+                precision=precision,
+                device=resolve_device(cfg.model.device),
+                seed=cfg.seed,
+            ),
+            env,
+            tokenizer,
+            chat_template=cfg.data.chat_template,
+            system_prompt=cfg.data.system_prompt,
+        )
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console, env.schemas_for if env else None)
         check_answers(split.column_names, cfg.data, reward_fn, cfg.reward.correct)
         prompts, answers = split[cfg.data.prompt_field], split[answer_column(split.column_names, cfg.data)]
         columns, name = split.to_dict(), f"model {len(rows) + 1}/{len(targets)}"
         with console.task(f"{name} greedy", len(prompts)) as advance:
-            scores = greedy_scores(generator, model, prompts, answers, reward_fn, judge, advance=advance,
-                                   max_new_tokens=cfg.sampler.max_new_tokens, batch_size=cfg.batch_size, columns=columns)
+            scores = greedy_scores(
+                generator,
+                model,
+                prompts,
+                answers,
+                reward_fn,
+                judge,
+                advance=advance,
+                max_new_tokens=cfg.sampler.max_new_tokens,
+                batch_size=cfg.batch_size,
+                columns=columns,
+            )
         if cfg.samples:  # every model sees the same sampling noise
             with console.task(f"{name} sampled x{cfg.samples}", len(prompts)) as advance:
-                scores.update(sampled_scores(generator, model, prompts, answers, reward_fn, judge,
-                                             Draws(cfg.samples, cfg.sampler, tuple(ks), cfg.seed, 0, cfg.batch_size),
-                                             extract=cfg.reward.extract, pattern=cfg.reward.pattern,
-                                             columns=columns, advance=advance))
+                scores.update(
+                    sampled_scores(
+                        generator,
+                        model,
+                        prompts,
+                        answers,
+                        reward_fn,
+                        judge,
+                        Draws(cfg.samples, cfg.sampler, tuple(ks), cfg.seed, 0, cfg.batch_size),
+                        extract=cfg.reward.extract,
+                        pattern=cfg.reward.pattern,
+                        columns=columns,
+                        advance=advance,
+                    )
+                )
         rows.append({"checkpoint": path, "step": step, **scores})
-        console.print(f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f} (correct: {judge.label})", highlight=False)
+        console.print(
+            f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f} (correct: {judge.label})", highlight=False
+        )
         generator.close()  # a vLLM engine's memory goes before the next model's engine is built
         del model
     reward_fn.close()  # its worker processes, if any
-    result = {"split": cfg.split, "data": cfg.data.name, "num_prompts": rows[0]["num_prompts"],
-              "samples": cfg.samples, "k": ks, "correct": judge.label, "rows": rows}
+    result = {
+        "split": cfg.split,
+        "data": cfg.data.name,
+        "num_prompts": rows[0]["num_prompts"],
+        "samples": cfg.samples,
+        "k": ks,
+        "correct": judge.label,
+        "rows": rows,
+    }
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     except OSError as e:
-        raise GrpoError(f"Cannot write eval.json to {out_dir} ({e.strerror}); choose another with output_dir=DIR.") from None
+        raise GrpoError(
+            f"Cannot write eval.json to {out_dir} ({e.strerror}); choose another with output_dir=DIR."
+        ) from None
     show_table(rows, result, out_dir, console)
     return result
 
@@ -136,17 +184,29 @@ def show_table(rows: list[dict], result: dict, out_dir: Path, console) -> None:
     """One row per model, narrow enough for 80 columns: maj@1 and the sampled accuracy equal pass@1,
     so only pass@1 is shown; each reward term has a column when there are several."""
     ks, terms = result["k"], [k for k in rows[0] if k.startswith("reward/")]
-    columns = {"checkpoint": "model", "accuracy": "greedy",
-               **({} if 1 in ks or not result["samples"] else {"sampled_accuracy": "sampled"}),
-               **{f"pass@{k}": f"pass@{k}" for k in ks}, **{f"maj@{k}": f"maj@{k}" for k in ks if k > 1},
-               "reward_mean": "reward", **({t: t.split("/", 1)[1] for t in terms} if len(terms) > 1 else {}),
-               "completion_len": "tokens", "truncated_frac": "trunc",
-               **({"turns": "turns", "tool_use_frac": "tool use"} if "turns" in rows[0] else {})}
-    episodes = "; turns: model turns per episode; tool use: share of episodes calling a tool" if "turns" in rows[0] else ""
+    columns = {
+        "checkpoint": "model",
+        "accuracy": "greedy",
+        **({} if 1 in ks or not result["samples"] else {"sampled_accuracy": "sampled"}),
+        **{f"pass@{k}": f"pass@{k}" for k in ks},
+        **{f"maj@{k}": f"maj@{k}" for k in ks if k > 1},
+        "reward_mean": "reward",
+        **({t: t.split("/", 1)[1] for t in terms} if len(terms) > 1 else {}),
+        "completion_len": "tokens",
+        "truncated_frac": "trunc",
+        **({"turns": "turns", "tool_use_frac": "tool use"} if "turns" in rows[0] else {}),
+    }
+    episodes = (
+        "; turns: model turns per episode; tool use: share of episodes calling a tool" if "turns" in rows[0] else ""
+    )
     shown = [{**r, "checkpoint": name} for r, name in zip(rows, short_names([r["checkpoint"] for r in rows]))]
     sampled = f", {result['samples']} samples each" if result["samples"] else ""
     console.eval_table(
-        shown, columns, title=f"{result['split']} split of data={result['data']}: {result['num_prompts']} prompts{sampled}",
-        caption=f"correct: {result['correct']}; greedy: greedy accuracy; pass@k: unbiased, from all samples; maj@k: majority vote of k; reward: "
-                f"mean on greedy completions; tokens: their mean length; trunc: share cut off{episodes}. {out_dir / 'eval.json'}",
+        shown,
+        columns,
+        title=f"{result['split']} split of data={result['data']}: {result['num_prompts']} prompts{sampled}",
+        caption=f"correct: {result['correct']}; greedy: greedy accuracy; pass@k: unbiased, from all samples; maj@k: "
+        "majority vote of k; reward: "
+        f"mean on greedy completions; tokens: their mean length; trunc: share cut off{episodes}. "
+        f"{out_dir / 'eval.json'}",
     )

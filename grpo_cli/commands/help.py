@@ -11,8 +11,11 @@ from grpo_cli.commands.compose import compose_config
 from grpo_cli.config.declare import declared, walk
 from grpo_cli.errors import GrpoError
 
-WHAT = {"train": "post-train a model with GRPO", "evaluate": "score checkpoints on a data split",
-        "sample": "completions from a checkpoint"}
+WHAT = {
+    "train": "post-train a model with GRPO",
+    "evaluate": "score checkpoints on a data split",
+    "sample": "completions from a checkpoint",
+}
 
 
 def _conf():
@@ -26,8 +29,11 @@ def groups() -> dict[str, list[str]]:
 
     import grpo_cli.generate.base  # noqa: F401 - registers the built-in back-ends' options
 
-    found = {d.name: {f.name[:-5] for f in d.iterdir() if f.name.endswith(".yaml")}
-             for d in _conf().iterdir() if d.is_dir() and not d.name.startswith("_")}
+    found = {
+        d.name: {f.name[:-5] for f in d.iterdir() if f.name.endswith(".yaml")}
+        for d in _conf().iterdir()
+        if d.is_dir() and not d.name.startswith("_")
+    }
     for group, options in ConfigStore.instance().repo.items():
         if isinstance(options, dict) and group != "hydra":  # Hydra stores its own groups there too
             found.setdefault(group, set()).update(name[:-5] for name in options if name.endswith(".yaml"))
@@ -52,10 +58,13 @@ def command_help(command: str, args: list[str]) -> str:
     plain = compose_config(command, [o for o in overrides if not o.startswith("-")])
     chosen = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o and "." not in o.split("=")[0]}
     using = in_use(command, chosen)
-    lines = [f"grpo {command}: {WHAT.get(command, '')}.",
-             "Pick an option of a group (group=option), set any key (key=value), sweep with -m (key=a,b);",
-             "`--cfg job` prints the composed config, `--hydra-help` Hydra's own help.", "",
-             "== Configuration groups (group=option; in use: the option after 'now') =="]
+    lines = [
+        f"grpo {command}: {WHAT.get(command, '')}.",
+        "Pick an option of a group (group=option), set any key (key=value), sweep with -m (key=a,b);",
+        "`--cfg job` prints the composed config, `--hydra-help` Hydra's own help.",
+        "",
+        "== Configuration groups (group=option; in use: the option after 'now') ==",
+    ]
     for group, options in groups().items():
         if group in using:
             now = using[group] if using[group] not in (None, "null") else "none"

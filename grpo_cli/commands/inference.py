@@ -8,7 +8,6 @@ from pathlib import Path
 
 from grpo_cli.errors import GrpoError
 
-
 TRAINING_GROUPS = ("data", "sampler", "reward", "env")  # how a model was prompted, sampled, judged, and its tools
 
 
@@ -45,8 +44,11 @@ def with_training_settings(cfg, paths: list[str], overrides: list[str], console)
         setattr(cfg, group, OmegaConf.to_object(merged))
     if taken:
         yours = f"; yours on top: {', '.join(mine)}" if mine else ""
-        console.print(f"using the {', '.join(taken)} settings saved with {source}{yours} (set any key to change it, or "
-                      f"choose a group's option, e.g. {taken[0]}=..., to leave the saved group out)", highlight=False)
+        console.print(
+            f"using the {', '.join(taken)} settings saved with {source}{yours} (set any key to change it, or "
+            f"choose a group's option, e.g. {taken[0]}=..., to leave the saved group out)",
+            highlight=False,
+        )
     return cfg
 
 

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
-from grpo_cli.run.checkpoint import list_checkpoints
+from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.config import check
-from grpo_cli.errors import GrpoError
 from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
 from grpo_cli.episodes import environment, with_env
-from grpo_cli.rewards import reward_with
-from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
-from grpo_cli.models.runtime import prepare_process
-from grpo_cli.samples.rollout import group_seed
+from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import check_available, generate, make_generator
-from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
+from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.models.precision import DTYPES, Precision
-from grpo_cli.rewards import PROMPT_MESSAGES, no_score_none
+from grpo_cli.models.runtime import prepare_process
+from grpo_cli.rewards import PROMPT_MESSAGES, no_score_none, reward_with
+from grpo_cli.run.checkpoint import list_checkpoints
+from grpo_cli.samples.rollout import group_seed
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -81,9 +79,20 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
     for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer, env.schemas_for if env else None)):
         row["rendered"] = text
-    generator = with_env(make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template,
-                               precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
-                               device=resolve_device(cfg.model.device), seed=cfg.seed), env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
+    generator = with_env(
+        make_generator(
+            cfg.generator,
+            tokenizer,
+            chat_template=cfg.data.chat_template,
+            precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
+            device=resolve_device(cfg.model.device),
+            seed=cfg.seed,
+        ),
+        env,
+        tokenizer,
+        chat_template=cfg.data.chat_template,
+        system_prompt=cfg.data.system_prompt,
+    )
     sampling = replace(s, temperature=0) if cfg.greedy else s
 
     rows, G = [], 1 if sampling.greedy else s.group_size
@@ -91,18 +100,32 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     for start in range(0, len(inputs), cfg.batch_size):
         batch = inputs[start : start + cfg.batch_size]
         seeds = [group_seed(cfg.seed, "sample", start + i) for i in range(len(batch))]
-        columns = {**{k: [r.get(k) for r in batch] for k in own},  # what an environment's reset(**row) reads
-                   USER_PROMPT: [user_text(r["prompt"]) for r in batch],
-                   PROMPT_MESSAGES: [r["prompt"] if is_conversation(r["prompt"]) else None for r in batch]}
+        columns = {
+            **{k: [r.get(k) for r in batch] for k in own},  # what an environment's reset(**row) reads
+            USER_PROMPT: [user_text(r["prompt"]) for r in batch],
+            PROMPT_MESSAGES: [r["prompt"] if is_conversation(r["prompt"]) else None for r in batch],
+        }
         roll = generate(generator, model, [r["rendered"] for r in batch], G, sampling, seeds, columns=columns)
         tokens, ids = roll.sampled_tokens().tolist(), roll.completion_ids()
         for i, source in enumerate(batch):
-            group = [{"prompt": user_text(source["prompt"]), "completion": roll.completions[i * G + j],
-                      "tokens": int(tokens[i * G + j]), "truncated": bool(roll.truncated[i * G + j])} for j in range(G)]
+            group = [
+                {
+                    "prompt": user_text(source["prompt"]),
+                    "completion": roll.completions[i * G + j],
+                    "tokens": int(tokens[i * G + j]),
+                    "truncated": bool(roll.truncated[i * G + j]),
+                }
+                for j in range(G)
+            ]
             episodes = roll.episodes[i * G : (i + 1) * G] if roll.episodes is not None else None
             for r, ep in zip(group, episodes or []):  # the whole transcript
-                r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
-                         final=ep.final_text)
+                r.update(
+                    completion=ep.transcript(),
+                    messages=ep.messages,
+                    turns=ep.turns,
+                    tool_calls=ep.tool_calls,
+                    final=ep.final_text,
+                )
             if reward is not None and source.get("answer") is not None:
                 score(reward, group, source, ids[i * G : (i + 1) * G], episodes)
             rows += group
@@ -121,8 +144,10 @@ def sample_inputs(cfg) -> list[dict]:
     if cfg.prompts_file:
         inputs += read_prompts(cfg.prompts_file)
     if not inputs:  # the config's check saw a prompts_file named, but it holds no prompt
-        raise GrpoError(f"prompts_file={cfg.prompts_file} holds no prompt; write one per line (in a .jsonl file, "
-                        'objects with a "prompt" field).')
+        raise GrpoError(
+            f"prompts_file={cfg.prompts_file} holds no prompt; write one per line (in a .jsonl file, "
+            'objects with a "prompt" field).'
+        )
     for row in inputs:
         if row.get("answer") is None and cfg.answer is not None:
             row["answer"] = cfg.answer
@@ -146,10 +171,15 @@ def score(reward, group: list[dict], source: dict, completion_ids=None, episodes
     columns = {k: [v] * G for k, v in source.items() if k != "rendered"}
     if is_conversation(source["prompt"]):  # a TRL reward reads the messages as `prompts`
         columns[PROMPT_MESSAGES] = [source["prompt"]] * G
-    total, terms = reward.score([source.get("rendered", source["prompt"])] * G,
-                                [r.get("final", r["completion"]) for r in group], [answer] * G,
-                                completion_tokens=[r["tokens"] for r in group], columns=columns,
-                                completion_ids=completion_ids, episodes=episodes)
+    total, terms = reward.score(
+        [source.get("rendered", source["prompt"])] * G,
+        [r.get("final", r["completion"]) for r in group],
+        [answer] * G,
+        completion_tokens=[r["tokens"] for r in group],
+        columns=columns,
+        completion_ids=completion_ids,
+        episodes=episodes,
+    )
     for j, r in enumerate(group):
         r.update(answer=answer, reward=no_score_none(total[j]))  # None: no term scored it
         if len(terms) > 1:
@@ -161,13 +191,20 @@ def show(rows: list[dict], group_size: int, path: str, console) -> None:
     extra = list(dict.fromkeys(k for r in rows for k in r if k == "answer" or k.startswith("reward")))
     table = Table()  # the source on a line of its own: a title would be cut to the table's width
     for col in ("prompt", "completion", "tokens", *extra):
-        table.add_column(col.split("/", 1)[-1], justify="left" if col in ("prompt", "completion", "answer") else "right")
+        table.add_column(
+            col.split("/", 1)[-1], justify="left" if col in ("prompt", "completion", "answer") else "right"
+        )
     for i, r in enumerate(rows):
         if i and i % group_size == 0:
             table.add_section()
-        text = r["completion"] if "messages" in r else repr(r["completion"])  # an episode: its transcript, a line a turn
-        cells = [escape(r["prompt"]) if i % group_size == 0 else "", escape(text),
-                 f"{r['tokens']}{'+' if r['truncated'] else ''}"]
+        text = (
+            r["completion"] if "messages" in r else repr(r["completion"])
+        )  # an episode: its transcript, a line a turn
+        cells = [
+            escape(r["prompt"]) if i % group_size == 0 else "",
+            escape(text),
+            f"{r['tokens']}{'+' if r['truncated'] else ''}",
+        ]
         cells += [f"{r[k]:.3f}" if isinstance(r.get(k), float) else escape(str(r.get(k, ""))) for k in extra]
         table.add_row(*cells)
     console.out.print(f"{group_size} samples per prompt from {escape(str(path))}", soft_wrap=True)

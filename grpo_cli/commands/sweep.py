@@ -12,8 +12,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-COLUMNS = ("job", "overrides", "status", "reward_last20", "sampled_accuracy_after", "greedy_accuracy_after",
-           "seconds", "run_dir", "error")
+COLUMNS = (
+    "job",
+    "overrides",
+    "status",
+    "reward_last20",
+    "sampled_accuracy_after",
+    "greedy_accuracy_after",
+    "seconds",
+    "run_dir",
+    "error",
+)
 
 SUMMARY_FILE = "summary.json"  # each job writes its row (cli.write_job_summary); the table is built from them
 
@@ -53,16 +62,27 @@ class SweepSummary(Callback):
             writer.writerows({**r, "overrides": " ".join(r["overrides"])} for r in self.rows)
         swept = varying_overrides([r["overrides"] for r in self.rows])
         table = Table(title=f"sweep: {len(self.rows)} jobs ({sweep_dir}/sweep.csv)")
-        headers = {"job": "job", "overrides": "swept", "status": "status", "reward_last20": "reward (last 20)",
-                   "sampled_accuracy_after": "sampled acc.", "greedy_accuracy_after": "greedy acc.", "seconds": "s"}
+        headers = {
+            "job": "job",
+            "overrides": "swept",
+            "status": "status",
+            "reward_last20": "reward (last 20)",
+            "sampled_accuracy_after": "sampled acc.",
+            "greedy_accuracy_after": "greedy acc.",
+            "seconds": "s",
+        }
         # a column no job has a value in (held-out accuracy with evaluation off) is left out: the table stays narrow
-        headers = {c: h for c, h in headers.items() if c in ("job", "overrides", "status") or
-                   any(r.get(c) is not None for r in self.rows)}
+        headers = {
+            c: h
+            for c, h in headers.items()
+            if c in ("job", "overrides", "status") or any(r.get(c) is not None for r in self.rows)
+        }
         for col, header in headers.items():
             table.add_column(header, justify="left" if col in ("overrides", "status") else "right", overflow="fold")
         for r, overrides in zip(self.rows, swept):
-            cells = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else "" if r.get(c) is None else str(r[c])
-                     for c in headers]
+            cells = [
+                f"{r[c]:.3f}" if isinstance(r.get(c), float) else "" if r.get(c) is None else str(r[c]) for c in headers
+            ]
             cells[1] = overrides
             if r["status"] == "failed":
                 cells[2] = "[red]failed[/]"
@@ -79,6 +99,8 @@ def varying_overrides(per_job: list[list[str]]) -> list[str]:
     parsed = [dict(o.split("=", 1) for o in job if "=" in o) for job in per_job]
     keys = [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
     # the key's last part when that names it alone (lr=0.001, not optimizer.lr=0.001): the table stays narrow
-    short = {k: k.rpartition(".")[2] if sum(x.rpartition(".")[2] == k.rpartition(".")[2] for x in keys) == 1 else k
-             for k in keys}
-    return [" ".join(f"{short[k]}={p.get(k)}".replace("\\:", ":") for k in keys) for p in parsed]  # Hydra escapes ':' 
+    short = {
+        k: k.rpartition(".")[2] if sum(x.rpartition(".")[2] == k.rpartition(".")[2] for x in keys) == 1 else k
+        for k in keys
+    }
+    return [" ".join(f"{short[k]}={p.get(k)}".replace("\\:", ":") for k in keys) for p in parsed]  # Hydra escapes ':'

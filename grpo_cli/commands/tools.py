@@ -5,8 +5,8 @@ named as there (model=..., model.path=..., env.tool_format=...); only the tokeni
 
 from __future__ import annotations
 
-from grpo_cli.errors import GrpoError
 from grpo_cli.episodes.tool_formats import TOOL_FORMATS, ignores_tools, parsed_back, rendered_call, resolve_format
+from grpo_cli.errors import GrpoError
 
 
 def run_tools(cfg, console) -> dict:
@@ -19,8 +19,10 @@ def run_tools(cfg, console) -> dict:
     try:  # the call as an episode decodes it: special tokens dropped, or kept (formats whose markers are special)
         written = {special: rendered_call(tok, special) for special in (False, True)}
     except Exception as e:  # noqa: BLE001 - the template's own failure: no format can read what it cannot write
-        raise GrpoError(f"The chat template of {path} cannot render a tool call ({type(e).__name__}: {e}); train "
-                        "tools with a model whose template writes tool calls.") from None
+        raise GrpoError(
+            f"The chat template of {path} cannot render a tool call ({type(e).__name__}: {e}); train "
+            "tools with a model whose template writes tool calls."
+        ) from None
     results = {}
     for name in (["schema"] if getattr(tok, "response_schema", None) else []) + list(TOOL_FORMATS):
         spec = resolve_format(name, tok)[1]
@@ -29,19 +31,30 @@ def run_tools(cfg, console) -> dict:
         chosen, why_not = resolve_format(setting, tok)[0], None
     except GrpoError as e:
         chosen, why_not = None, str(e)
-    console.print(f"{path}: env.tool_format={setting}" + (f" reads {chosen}" if chosen and setting != chosen else ""),
-                  highlight=False)
-    console.print(f"the chat template writes a call as {written[True][:200]!r}; read back by each format:", highlight=False)
+    console.print(
+        f"{path}: env.tool_format={setting}" + (f" reads {chosen}" if chosen and setting != chosen else ""),
+        highlight=False,
+    )
+    console.print(
+        f"the chat template writes a call as {written[True][:200]!r}; read back by each format:", highlight=False
+    )
     for name, why in results.items():
         console.print(f"  {'ok' if why is None else '--'}  {name}" + (f": {why}" if why else ""), highlight=False)
     if ignores_tools(tok):
-        console.warn("the chat template ignores tools=, so the model never sees the tools' descriptions; it can "
-                     "still call tools it was trained to call.")
+        console.warn(
+            "the chat template ignores tools=, so the model never sees the tools' descriptions; it can "
+            "still call tools it was trained to call."
+        )
     readable = [name for name, why in results.items() if why is None]
     if not readable:
-        raise GrpoError(f"No tool-call format reads the calls the chat template of {path} writes; train tools with a "
-                        "model whose template writes tool calls.")
+        raise GrpoError(
+            f"No tool-call format reads the calls the chat template of {path} writes; train tools with a "
+            "model whose template writes tool calls."
+        )
     if why_not or results.get(chosen) is not None:
-        raise GrpoError(why_not or f"env.tool_format={setting} cannot read this model's tool calls; use "
-                                   f"env.tool_format={readable[0]} (or auto).")
+        raise GrpoError(
+            why_not
+            or f"env.tool_format={setting} cannot read this model's tool calls; use "
+            f"env.tool_format={readable[0]} (or auto)."
+        )
     return {"format": chosen, "round_trip": results}

@@ -38,10 +38,12 @@ class TrainConfig(Shared):
     trainer: TrainerConfig = setting(factory=TrainerConfig, help="the loop")
     output_dir: Optional[str] = setting(None, "where the run writes; null = Hydra's run directory")
     resume: Optional[str] = setting(None, "auto (the checkpoint `latest` names, else start fresh) | PATH | false")
-    overwrite: bool = setting(False, "true: a run directory that already holds a run is emptied first (without it: "
-                                     "refused)")
-    objective: Optional[str] = setting(None, "for a sweeper that optimises (Optuna): the summary number `grpo train` "
-                                             "returns", choices=OBJECTIVES)
+    overwrite: bool = setting(
+        False, "true: a run directory that already holds a run is emptied first (without it: refused)"
+    )
+    objective: Optional[str] = setting(
+        None, "for a sweeper that optimises (Optuna): the summary number `grpo train` returns", choices=OBJECTIVES
+    )
     hub: HubConfig = setting(factory=HubConfig, help="pushing final/ to the Hugging Face hub")
 
 
@@ -58,16 +60,21 @@ class Inference(Shared):
 
 @dataclass
 class EvaluateConfig(Inference):
-    checkpoint: Any = setting(None, "checkpoints to score: a path, a list [a,b], a run directory (its checkpoints), "
-                                    "or null for model.path")
-    split: str = setting("test", "which split of the data group to score",
-                         check=lambda v: None if str(v).strip() else "split is empty; name a split of the data group, "
-                         "such as test")
+    checkpoint: Any = setting(
+        None, "checkpoints to score: a path, a list [a,b], a run directory (its checkpoints), or null for model.path"
+    )
+    split: str = setting(
+        "test",
+        "which split of the data group to score",
+        check=lambda v: None if str(v).strip() else "split is empty; name a split of the data group, such as test",
+    )
     limit: Optional[int] = setting(None, "score at most this many prompts (null = all)", low=1)
-    samples: int = setting(8, "n: completions per prompt, sampled as the sampler group says, for pass@k and maj@k "
-                              "(0 = greedy only)", low=0)
-    k: List[int] = setting(factory=lambda: [1, 4, 8], help="pass@k (unbiased) and maj@k (majority vote) for each "
-                                                           "k <= samples")
+    samples: int = setting(
+        8, "n: completions per prompt, sampled as the sampler group says, for pass@k and maj@k (0 = greedy only)", low=0
+    )
+    k: List[int] = setting(
+        factory=lambda: [1, 4, 8], help="pass@k (unbiased) and maj@k (majority vote) for each k <= samples"
+    )
     output_dir: Optional[str] = setting(None, "where eval.json goes; null = Hydra's run directory")
 
 
@@ -76,8 +83,11 @@ class SampleConfig(Inference):
     checkpoint: Optional[str] = setting(None, "a checkpoint, a run directory (its final/), or null for model.path")
     prompt: Optional[str] = setting(None, "one prompt")
     prompts: List[str] = setting(factory=list, help="or several")
-    prompts_file: Optional[str] = setting(None, "or a file: one prompt per line, or .jsonl rows with \"prompt\" "
-                                                "(optional \"answer\", and columns an environment's reset reads)")
+    prompts_file: Optional[str] = setting(
+        None,
+        'or a file: one prompt per line, or .jsonl rows with "prompt" '
+        '(optional "answer", and columns an environment\'s reset reads)',
+    )
     answer: Optional[str] = setting(None, "when given, each completion is scored against it with the reward group")
     greedy: bool = setting(False, "the most likely token at every step instead of sampling")
     batch_size: int = setting(16, "prompts per generate call", low=1)
@@ -109,8 +119,13 @@ def reference_in_worker(cfg) -> bool:
     device, while the trainer updates), so the trainer holds no reference: a worker runs, algo.beta != 0,
     generator.score_reference, the policy samples and the reference is never refreshed from the policy."""
     t, a = cfg.trainer, cfg.algo
-    return (bool(t.max_staleness or cfg.generator.worker) and a.beta != 0 and cfg.generator.score_reference
-            and a.behaviour == "current" and not a.ref_refresh)
+    return (
+        bool(t.max_staleness or cfg.generator.worker)
+        and a.beta != 0
+        and cfg.generator.score_reference
+        and a.behaviour == "current"
+        and not a.ref_refresh
+    )
 
 
 @rule("sampler.group_size", "trainer")
@@ -121,54 +136,73 @@ def _groups_of_two(p, c) -> None:
 
 @rule("reward.name", "env.factory", "data.name", "trainer")
 def _who_scores(p, c) -> None:
-    p.need(c.reward.name != "none" or bool(c.env.factory), "reward=none leaves the scoring to an environment, and "
-           "there is none; set env.factory to an environment with get_reward() (or a step environment), or name a reward")
+    p.need(
+        c.reward.name != "none" or bool(c.env.factory),
+        "reward=none leaves the scoring to an environment, and "
+        "there is none; set env.factory to an environment with get_reward() (or a step environment), or name a reward",
+    )
     if c.data.name == "none":
-        p.need(bool(c.env.factory), "data=none has no prompts of its own: an environment's reset() writes each one; "
-                                    "set env.factory to such an environment (or give data)")
+        p.need(
+            bool(c.env.factory),
+            "data=none has no prompts of its own: an environment's reset() writes each one; "
+            "set env.factory to such an environment (or give data)",
+        )
         reading = sorted(t for t in term_names(c.reward) if t in ANSWER_READERS)
-        p.need(c.reward.name == "auto" or not reading, f"data=none has no answers for reward {', '.join(reading)} to "
-               "compare with; use reward=auto (the environment's get_reward()) or a reward that reads no answer")
+        p.need(
+            c.reward.name == "auto" or not reading,
+            f"data=none has no answers for reward {', '.join(reading)} to "
+            "compare with; use reward=auto (the environment's get_reward()) or a reward that reads no answer",
+        )
 
 
 @rule("generator.weights", "trainer.precision")
 def _sampling_precision(p, c) -> None:
     weights = getattr(c.generator, "weights", "full")
-    p.need(weights != "bf16" or c.trainer.precision in ("auto", "fp32"), f"generator.weights=bf16 samples in bf16, "
-           f"which trainer.precision={c.trainer.precision} already does; drop one")
+    p.need(
+        weights != "bf16" or c.trainer.precision in ("auto", "fp32"),
+        f"generator.weights=bf16 samples in bf16, which trainer.precision={c.trainer.precision} already does; drop one",
+    )
 
 
 @rule("objective", "trainer.eval_before_after")
 def _objective(p, c) -> None:
-    p.need(not (c.objective or "").endswith("accuracy_after") or c.trainer.eval_before_after,
-           f"objective={c.objective} is measured by the held-out evaluation at the end; set "
-           "trainer.eval_before_after=true or choose objective=reward_last20")
+    p.need(
+        not (c.objective or "").endswith("accuracy_after") or c.trainer.eval_before_after,
+        f"objective={c.objective} is measured by the held-out evaluation at the end; set "
+        "trainer.eval_before_after=true or choose objective=reward_last20",
+    )
 
 
 @rule("trainer.max_staleness", "algo.behaviour", "generator.device", "generator.worker")
 def _worker(p, c) -> None:
     t, g, a = c.trainer, c.generator, c.algo
-    p.need(t.max_staleness == 0 or a.behaviour == "current",
-           f"trainer.max_staleness={t.max_staleness} lags the sampling weights behind the policy, and algo.behaviour="
-           f"{a.behaviour} already samples from a policy of its own; set trainer.max_staleness=0 (generator.worker=true "
-           "still samples it in a worker process) or algo.behaviour=current")
-    p.need(not g.device or bool(g.worker) or t.max_staleness > 0,
-           f"generator.device={g.device} places the generation worker, but there is none (generator.worker=false and "
-           "trainer.max_staleness=0); set generator.worker=true, or drop generator.device")
+    p.need(
+        t.max_staleness == 0 or a.behaviour == "current",
+        f"trainer.max_staleness={t.max_staleness} lags the sampling weights behind the policy, and algo.behaviour="
+        f"{a.behaviour} already samples from a policy of its own; set trainer.max_staleness=0 (generator.worker=true "
+        "still samples it in a worker process) or algo.behaviour=current",
+    )
+    p.need(
+        not g.device or bool(g.worker) or t.max_staleness > 0,
+        f"generator.device={g.device} places the generation worker, but there is none (generator.worker=false and "
+        "trainer.max_staleness=0); set generator.worker=true, or drop generator.device",
+    )
 
 
 @rule("k", "samples")
 def _pass_at_k(p, c) -> None:
     ks = sorted(set(c.k)) if c.samples else []
-    p.need(not ks or 1 <= ks[0] <= ks[-1] <= c.samples,
-           f"k={ks} asks for pass@k and maj@k from samples={c.samples} completions per prompt; each k must be between "
-           f"1 and samples: raise samples to {max(ks or [1])} or drop the larger k (samples=0 scores greedy completions "
-           "only)")
+    p.need(
+        not ks or 1 <= ks[0] <= ks[-1] <= c.samples,
+        f"k={ks} asks for pass@k and maj@k from samples={c.samples} completions per prompt; each k must be between "
+        f"1 and samples: raise samples to {max(ks or [1])} or drop the larger k (samples=0 scores greedy completions "
+        "only)",
+    )
 
 
 @rule("prompt", "prompts", "prompts_file")
 def _some_prompt(p, c) -> None:
-    p.need(bool(c.prompt or c.prompts or c.prompts_file), 'no prompt given; pass prompt="...", prompts=[...] or '
-                                                         "prompts_file=FILE")
-
-
+    p.need(
+        bool(c.prompt or c.prompts or c.prompts_file),
+        'no prompt given; pass prompt="...", prompts=[...] or prompts_file=FILE',
+    )

@@ -47,10 +47,23 @@ class Declared:
         return " and ".join(x for x in (lo, hi) if x)
 
 
-def setting(default=MISSING, help: str = "", *, factory=None, choices=None, low=None, high=None, above=False,
-            below=False, finite=False, when=None, check=None):
+def setting(
+    default=MISSING,
+    help: str = "",
+    *,
+    factory=None,
+    choices=None,
+    low=None,
+    high=None,
+    above=False,
+    below=False,
+    finite=False,
+    when=None,
+    check=None,
+):
     """A schema field declared once (see the module docstring): `choices` a tuple, a "module:NAME" registry or a
-    callable; `low`/`high` a range (`above`/`below` exclude the bound), `finite` a finite number; `when(config)` whether it is read (checked
+    callable; `low`/`high` a range (`above`/`below` exclude the bound), `finite` a finite number; `when(config)`
+    whether it is read (checked
     only then); `check(value)` a clause naming what is wrong, or None. A None value of a setting whose default is
     None means "off" and is not checked."""
     meta = {"declared": Declared(help, choices, low, high, above, below, finite, when, check)}
@@ -70,9 +83,11 @@ RULES: list[Rule] = []
 
 def rule(*keys: str):
     """Register `check(problems, config)`, a rule between `keys`."""
+
     def add(fn: Callable) -> Callable:
         RULES.append(Rule(keys, fn))
         return fn
+
     return add
 
 

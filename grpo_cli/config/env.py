@@ -20,25 +20,44 @@ def tool_formats() -> tuple[str, ...]:
 
 @dataclass
 class EnvConfig:
-    tools: List[str] = setting(factory=list, help="tool functions the model may call: [mod:fn, file.py:fn] (typed, "
-                                                  "with docstrings; as TRL's tools)")
-    factory: Any = setting(None, "an environment class, one instance per episode: mod:Class or file.py:Class (TRL's "
-                                 "environment_factory); or several, {name: mod.Class, ...}")
-    fn_dir: Optional[str] = setting(None, "where relative tool files and modules are found; grpo train sets it to the "
-                                          "directory it runs in")
+    tools: List[str] = setting(
+        factory=list,
+        help="tool functions the model may call: [mod:fn, file.py:fn] (typed, with docstrings; as TRL's tools)",
+    )
+    factory: Any = setting(
+        None,
+        "an environment class, one instance per episode: mod:Class or file.py:Class (TRL's "
+        "environment_factory); or several, {name: mod.Class, ...}",
+    )
+    fn_dir: Optional[str] = setting(
+        None, "where relative tool files and modules are found; grpo train sets it to the directory it runs in"
+    )
     max_turns: int = setting(4, "model turns per episode at most; an episode still calling tools then is cut", low=1)
-    max_tokens: int = setting(256, "tokens per episode after the prompt (model and environment); past it the episode "
-                                   "is cut", low=1)
-    timeout_s: float = setting(10.0, "seconds each tool call or environment step may take; past it the model reads a "
-                                     "timeout error", low=0, above=True, high=MAX_TIMEOUT_S)
-    concurrency: int = setting(16, "episodes whose environment calls run at once; 1 = one at a time (the "
-                                   "transcripts are the same either way)", low=1)
+    max_tokens: int = setting(
+        256, "tokens per episode after the prompt (model and environment); past it the episode is cut", low=1
+    )
+    timeout_s: float = setting(
+        10.0,
+        "seconds each tool call or environment step may take; past it the model reads a timeout error",
+        low=0,
+        above=True,
+        high=MAX_TIMEOUT_S,
+    )
+    concurrency: int = setting(
+        16,
+        "episodes whose environment calls run at once; 1 = one at a time (the transcripts are the same either way)",
+        low=1,
+    )
     workers: int = setting(0, "run the environments and tools in N helper processes (0 = in this process)", low=0)
     worker_memory_gib: float = setting(4.0, "workers: each one's address-space limit, GiB (0 = none)", low=0)
-    sandbox: str = setting("none", "os: confine the workers by the kernel (needs env.workers; docs/sandbox.md) | none",
-                           choices=("none", "os"))
-    tool_format: str = setting("auto", "how tool calls are written: auto = the format the chat template writes",
-                               choices=tool_formats)
+    sandbox: str = setting(
+        "none",
+        "os: confine the workers by the kernel (needs env.workers; docs/sandbox.md) | none",
+        choices=("none", "os"),
+    )
+    tool_format: str = setting(
+        "auto", "how tool calls are written: auto = the format the chat template writes", choices=tool_formats
+    )
 
     @property
     def active(self) -> bool:
@@ -50,27 +69,34 @@ class EnvConfig:
         factory = self.factory
         named = (factory.items() if isinstance(factory, Mapping) else [("", factory)]) if factory else []
         return [("env.tools", str(t)) for t in self.tools] + [
-            (f"env.factory{'.' + str(k) if k else ''}", str(v)) for k, v in named if v]
+            (f"env.factory{'.' + str(k) if k else ''}", str(v)) for k, v in named if v
+        ]
 
 
 @rule("env.tools", "env.factory", "env.sandbox", "env.workers")
 def _env(p, c) -> None:
     env = c.env
-    p.need(env.sandbox != "os" or env.workers >= 1 or not env.active,
-           "env.sandbox=os confines the environment's worker processes, and env.workers is 0; set env.workers "
-           "(e.g. env.workers=2), or env.sandbox=none")
+    p.need(
+        env.sandbox != "os" or env.workers >= 1 or not env.active,
+        "env.sandbox=os confines the environment's worker processes, and env.workers is 0; set env.workers "
+        "(e.g. env.workers=2), or env.sandbox=none",
+    )
     for key, spec in env.specs():
-        p.need(":" in spec or "." in spec, f"{key}={spec} names no function or class; write it as mod:name or "
-                                           "file.py:name")
+        p.need(
+            ":" in spec or "." in spec, f"{key}={spec} names no function or class; write it as mod:name or file.py:name"
+        )
         if is_file_spec(spec):
             where = user_file(spec.partition(":")[0], env.fn_dir)
-            p.need(os.path.isfile(where), f"{key}={spec}: there is no file {where}; give the path to your file "
-                                          "(relative to the directory grpo runs in)")
+            p.need(
+                os.path.isfile(where),
+                f"{key}={spec}: there is no file {where}; give the path to your file "
+                "(relative to the directory grpo runs in)",
+            )
 
 
 @rule("env.tools", "data.chat_template")
 def _tools_need_the_chat_template(p, c) -> None:
-    p.need(not c.env.tools or c.data.chat_template, "env.tools needs the chat template to show tools and render their "
-                                                    "results; set data.chat_template=true")
-
-
+    p.need(
+        not c.env.tools or c.data.chat_template,
+        "env.tools needs the chat template to show tools and render their results; set data.chat_template=true",
+    )

@@ -1,1 +1,2 @@
-"""Prompt data: the built-in tasks, files and hub datasets read through `datasets`, prompts rendered, the prompt order."""
+"""Prompt data: the built-in tasks, files and hub datasets read through `datasets`, prompts rendered, the prompt
+order."""

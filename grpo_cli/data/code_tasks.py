@@ -4,7 +4,7 @@ sentence, with three assert tests and a reference solution.
 Problems are generated from templates with their constants varied (n * 7, n + 23, a word repeated 4
 times, ...); the prompt says to answer with a ```python block. Every row's `tests` column holds its
 tests (JSON, as reward=code reads them) and `answer` a reference program that passes them
-(tests/test_code_reward.py runs each one). The split is by problem, so held-out pass rates measure
+(tests/rewards/test_code_reward.py runs each one). The split is by problem, so held-out pass rates measure
 programs not seen in training.
 """
 
@@ -36,11 +36,21 @@ def _templates():
     yield "f(n)", "returns n squared", "n * n", num
     yield "f(n)", "returns the sum of the integers from 1 to n", "n * (n + 1) // 2", pos
     yield "f(n)", "returns True if n is even, else False", "n % 2 == 0", num
-    for what, expr in (("their sum", "a + b"), ("their product", "a * b"), ("a minus b", "a - b"),
-                       ("the larger of the two", "max(a, b)"), ("the smaller of the two", "min(a, b)")):
+    for what, expr in (
+        ("their sum", "a + b"),
+        ("their product", "a * b"),
+        ("a minus b", "a - b"),
+        ("the larger of the two", "max(a, b)"),
+        ("the smaller of the two", "min(a, b)"),
+    ):
         yield "f(a, b)", f"returns {what}", expr, two
-    for what, expr in (("w reversed", "w[::-1]"), ("w in upper case", "w.upper()"), ("the length of w", "len(w)"),
-                       ("the first letter of w", "w[0]"), ("the last letter of w", "w[-1]")):
+    for what, expr in (
+        ("w reversed", "w[::-1]"),
+        ("w in upper case", "w.upper()"),
+        ("the length of w", "len(w)"),
+        ("the first letter of w", "w[0]"),
+        ("the last letter of w", "w[-1]"),
+    ):
         yield "f(w)", f"returns {what}", expr, word
 
 
@@ -58,7 +68,9 @@ def code_problems(num_test: int = 20, seed: int = 0) -> dict[str, Rows]:
             if args not in calls:
                 calls.append(args)
         tests = [f"assert f({', '.join(map(repr, a))}) == {reference['f'](*a)!r}" for a in calls]
-        rows.append({"prompt": ASK.format(signature=signature, task=task), "answer": program, "tests": json.dumps(tests)})
+        rows.append(
+            {"prompt": ASK.format(signature=signature, task=task), "answer": program, "tests": json.dumps(tests)}
+        )
     if not 0 < num_test < len(rows):  # checks.check_data refuses it
         raise ValueError(f"num_test={num_test} must be between 1 and {len(rows) - 1}.")
     rng.shuffle(rows)

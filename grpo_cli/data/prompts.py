@@ -9,7 +9,6 @@ from typing import Callable
 
 from grpo_cli.errors import GrpoError
 
-
 USER_PROMPT = "_user_prompt"  # the prompt before the chat template, kept beside the rendered one
 
 
@@ -44,15 +43,22 @@ def check_prompt(value, index: int, system_prompt: str | None, empty_ok: bool = 
     for m in value:
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
-            raise GrpoError(f"{where} has a message whose role is {role!r}; each message needs a role, one of "
-                            f"{', '.join(ROLES)}.")
-        if role != "assistant" and not empty_ok and (content is None or (isinstance(content, str) and not content.strip())):
+            raise GrpoError(
+                f"{where} has a message whose role is {role!r}; each message needs a role, one of {', '.join(ROLES)}."
+            )
+        if (
+            role != "assistant"
+            and not empty_ok
+            and (content is None or (isinstance(content, str) and not content.strip()))
+        ):
             raise GrpoError(f"{where} has a {role} message with no content; give it text, or drop the message.")
     if all(m["role"] in ("system", "developer") for m in value):
         raise GrpoError(f"{where} has only system messages; add the user's message the model should answer.")
     if system_prompt is not None and value[0]["role"] == "system":
-        raise GrpoError(f"data.system_prompt is set, but row {index}'s prompt brings its own system message; drop "
-                        "data.system_prompt or the rows' system messages, so the model sees one.")
+        raise GrpoError(
+            f"data.system_prompt is set, but row {index}'s prompt brings its own system message; drop "
+            "data.system_prompt or the rows' system messages, so the model sees one."
+        )
 
 
 def render_prompts(rows: list[dict], cfg, tokenizer, tools: "list[dict] | Callable | None" = None) -> list[str]:
@@ -67,8 +73,7 @@ def render_prompts(rows: list[dict], cfg, tokenizer, tools: "list[dict] | Callab
             texts = [cfg.template.format(**row) for row in rows]
         except KeyError as e:
             raise GrpoError(
-                f"data.template names the column {e.args[0]!r}, which the data does not have; it has "
-                f"{list(rows[0])}."
+                f"data.template names the column {e.args[0]!r}, which the data does not have; it has {list(rows[0])}."
             ) from None
         except (ValueError, IndexError) as e:
             raise GrpoError(
@@ -76,17 +81,27 @@ def render_prompts(rows: list[dict], cfg, tokenizer, tools: "list[dict] | Callab
                 "and literal braces as {{ }}."
             ) from None
     for i, text in enumerate(texts):  # data=none's prompts are empty on purpose: reset() writes them
-        check_prompt(text, i, cfg.system_prompt if cfg.chat_template else None, empty_ok=getattr(cfg, "name", "") == "none")
+        check_prompt(
+            text, i, cfg.system_prompt if cfg.chat_template else None, empty_ok=getattr(cfg, "name", "") == "none"
+        )
     if not cfg.chat_template:
         if any(is_conversation(t) for t in texts):  # never str()-ed into a prompt
-            raise GrpoError("A prompt is given as chat messages (TRL's conversational format); set "
-                            "data.chat_template=true to render them with the model's chat template.")
+            raise GrpoError(
+                "A prompt is given as chat messages (TRL's conversational format); set "
+                "data.chat_template=true to render them with the model's chat template."
+            )
         return texts
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise GrpoError("data.chat_template=true but the model's tokenizer has no chat template; use data.template instead.")
+        raise GrpoError(
+            "data.chat_template=true but the model's tokenizer has no chat template; use data.template instead."
+        )
     per_row = tools if callable(tools) else (lambda row: tools)
-    return [tokenizer.apply_chat_template(chat_messages(t, cfg.system_prompt), tools=per_row(row) or None, tokenize=False,
-                                          add_generation_prompt=True) for t, row in zip(texts, rows)]
+    return [
+        tokenizer.apply_chat_template(
+            chat_messages(t, cfg.system_prompt), tools=per_row(row) or None, tokenize=False, add_generation_prompt=True
+        )
+        for t, row in zip(texts, rows)
+    ]
 
 
 def user_text(value) -> str:
@@ -104,9 +119,12 @@ def render_user_prompts(rows: list[dict], cfg, tokenizer, tools: list[dict] | No
     import string
 
     names = {f for _, f, _, _ in string.Formatter().parse(cfg.template) if f} if cfg.template else set()
-    texts = [{**row, "prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows]
-    plain = SimpleNamespace(template=None, prompt_field="prompt", chat_template=cfg.chat_template,
-                            system_prompt=cfg.system_prompt)
+    texts = [
+        {**row, "prompt": cfg.template.format(**row) if names and names <= set(row) else row["prompt"]} for row in rows
+    ]
+    plain = SimpleNamespace(
+        template=None, prompt_field="prompt", chat_template=cfg.chat_template, system_prompt=cfg.system_prompt
+    )
     return render_prompts(texts, plain, tokenizer, tools)
 
 
@@ -115,9 +133,11 @@ def check_conversations(rows: list[dict], cfg, where: str) -> None:
     for i, row in enumerate(rows):
         value = row[cfg.prompt_field]
         if not is_conversation(value) or not all(isinstance(m.get("content"), str) for m in value):
-            raise GrpoError(f"Row {i} of {where} is not a list of chat messages with text content like the others "
-                            f"({str(value)[:60]!r}); give every row's {cfg.prompt_field!r} as [{{\"role\": ..., "
-                            "\"content\": ...}, ...].")
+            raise GrpoError(
+                f"Row {i} of {where} is not a list of chat messages with text content like the others "
+                f'({str(value)[:60]!r}); give every row\'s {cfg.prompt_field!r} as [{{"role": ..., '
+                '"content": ...}, ...].'
+            )
 
 
 def encode_prompts(tokenizer, prompts: list[str], chat_template: bool) -> list[list[int]]:

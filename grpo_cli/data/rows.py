@@ -3,7 +3,7 @@ the rewards read of a dataset after `load_data`.
 
 `datasets` is the library for reading files and hub datasets, and data=files and data=hub load through
 it. But importing it brings pyarrow and pandas, about 95 MiB of a process's memory before any model loads
-(2-core AMD EPYC, torch 2.13.0+cpu): more than the built-in tiny model's whole training step. The
+(docs/benchmarks.md): more than the built-in tiny model's whole training step. The
 built-in tasks generate their rows in Python, so they are built as `Rows` and never import it; rows read
 through `datasets` are converted once, when the split is prepared.
 """

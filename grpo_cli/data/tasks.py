@@ -20,13 +20,13 @@ from typing import Callable
 import torch
 
 from grpo_cli.config.data import FILE_FORMATS
-from grpo_cli.errors import GrpoError, first_line
-from grpo_cli.samples.rollout import group_seed
 from grpo_cli.config.reward import ANSWER_READERS
-from grpo_cli.rewards import PROMPT_MESSAGES  # where rewards read chat prompts
-from grpo_cli.rewards.exact_match import extract_answer
 from grpo_cli.data.prompts import USER_PROMPT, check_conversations, is_conversation, render_prompts, user_text
 from grpo_cli.data.rows import Rows
+from grpo_cli.errors import GrpoError, first_line
+from grpo_cli.rewards import PROMPT_MESSAGES  # where rewards read chat prompts
+from grpo_cli.rewards.exact_match import extract_answer
+from grpo_cli.samples.rollout import group_seed
 
 OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 to 5 signs)
 
@@ -34,14 +34,20 @@ OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 
 def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Rows:
     """Prompts `a+b=` (or `a+b-c=`, ...: `signs` between the operands) with their values; the operands are
     columns too (a, b, c, ...), for templates such as `data.template="What is {a} + {b}?"` (instruct models)."""
+
     def text(t):
         return str(t[0]) + "".join(sign + str(x) for sign, x in zip(signs, t[1:])) + "="
 
     def value(t):
         return t[0] + sum(x if sign == "+" else -x for sign, x in zip(signs, t[1:]))
 
-    return Rows({"prompt": [text(t) for t in draws], "answer": [str(value(t)) for t in draws],
-                 **{name: [t[i] for t in draws] for i, name in enumerate(OPERANDS[: len(signs) + 1])}})
+    return Rows(
+        {
+            "prompt": [text(t) for t in draws],
+            "answer": [str(value(t)) for t in draws],
+            **{name: [t[i] for t in draws] for i, name in enumerate(OPERANDS[: len(signs) + 1])},
+        }
+    )
 
 
 def arithmetic_problems(max_operand: int = 49, num_test: int = 200, seed: int = 0) -> dict[str, Rows]:
@@ -69,35 +75,51 @@ def check_answers(column_names, cfg, reward, correct: str) -> None:
     """One sentence when the data has no answers and the reward's terms (or reward.correct=answer) read them."""
     if answer_column(column_names, cfg) != NO_ANSWERS:
         return
-    reading = [t for t in reward.terms if t in ANSWER_READERS] + (["reward.correct=answer"] if correct == "answer" else [])
+    reading = [t for t in reward.terms if t in ANSWER_READERS] + (
+        ["reward.correct=answer"] if correct == "answer" else []
+    )
     if not reading:
         return
     if cfg.name == "none":
-        raise GrpoError(f"data=none has no answers for {', '.join(reading)} to compare with, and the environment does "
-                        "not score its episodes; give it a get_reward(), or name a reward that reads no answer (reward=python).")
+        raise GrpoError(
+            f"data=none has no answers for {', '.join(reading)} to compare with, and the environment does "
+            "not score its episodes; give it a get_reward(), or name a reward that reads no answer (reward=python)."
+        )
     shown = [c for c in column_names if not c.startswith("_")]
-    raise GrpoError(f"Column {cfg.answer_field!r} is missing from data={cfg.name} (it has {shown}), and "
-                    f"{', '.join(reading)} compares with it; set data.answer_field to the column holding the answers, "
-                    "or use a reward that reads none (reward=python, an environment's get_reward()).")
+    raise GrpoError(
+        f"Column {cfg.answer_field!r} is missing from data={cfg.name} (it has {shown}), and "
+        f"{', '.join(reading)} compares with it; set data.answer_field to the column holding the answers, "
+        "or use a reward that reads none (reward=python, an environment's get_reward())."
+    )
 
 
 def empty_prompts(num_train: int, num_test: int) -> dict[str, Rows]:
     """data=none: empty user messages, for an environment's reset() to write each episode's observation into."""
+
     def rows(n: int) -> Rows:
         return Rows({"prompt": [[{"role": "user", "content": ""}] for _ in range(n)], NO_ANSWERS: [""] * n})
 
     return {"train": rows(num_train), "test": rows(num_test)}
 
 
-def long_addition_problems(digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0,
-                           signs: str = "+") -> dict[str, Rows]:
+def long_addition_problems(
+    digits: int = 3, num_train: int = 10000, num_test: int = 200, seed: int = 0, signs: str = "+"
+) -> dict[str, Rows]:
     """`a+b=` (`signs="+-"`: `a+b-c=`) with operands of up to `digits` digits: distinct problems drawn by a
     seeded generator, the first `num_test` held out. Harder than `arithmetic`, so the reward climbs over
     many steps."""
     limit, terms = 10**digits, len(signs) + 1
-    if not (digits >= 1 and num_train >= 1 and num_test >= 1 and 2 <= terms <= len(OPERANDS) and set(signs) <= {"+", "-"}
-            and num_train + num_test <= limit**terms // 2):  # checks.check_data
-        raise ValueError(f"digits={digits}, num_train={num_train}, num_test={num_test}, signs={signs!r} are out of range.")
+    if not (
+        digits >= 1
+        and num_train >= 1
+        and num_test >= 1
+        and 2 <= terms <= len(OPERANDS)
+        and set(signs) <= {"+", "-"}
+        and num_train + num_test <= limit**terms // 2
+    ):  # checks.check_data
+        raise ValueError(
+            f"digits={digits}, num_train={num_train}, num_test={num_test}, signs={signs!r} are out of range."
+        )
     rng, seen, drawn = random.Random(seed), set(), []
     while len(drawn) < num_train + num_test:
         draw = tuple(rng.randrange(limit) for _ in range(terms))
@@ -175,7 +197,8 @@ def read_files(cfg) -> dict:
 
 
 def read_hub(cfg) -> dict:
-    """A hub dataset's train and test splits, `datasets.Dataset`s (or the train split cut in two when test_split=null)."""
+    """A hub dataset's train and test splits, `datasets.Dataset`s (or the train split cut in two when
+    test_split=null)."""
     from datasets import load_dataset
 
     what = cfg.hub_name + (f" ({cfg.hub_config})" if cfg.hub_config else "")
@@ -188,16 +211,22 @@ def read_hub(cfg) -> dict:
         loaded = load_dataset(cfg.hub_name, cfg.hub_config)
     except Exception as e:  # unreachable hub, offline mode, a wrong name or config: the cause is in its message
         if unreachable:
-            raise GrpoError(f"Could not load the dataset {what}: the Hugging Face hub cannot be reached ({unreachable}) "
-                            "and the dataset is not in the local cache; connect to the network, or use data=files "
-                            "with a local copy.") from None
+            raise GrpoError(
+                f"Could not load the dataset {what}: the Hugging Face hub cannot be reached ({unreachable}) "
+                "and the dataset is not in the local cache; connect to the network, or use data=files "
+                "with a local copy."
+            ) from None
         raise GrpoError(
             f"Could not load the dataset {what} from the Hugging Face hub ({first_line(e)}); check the name, "
-            "data.hub_config and the network (offline mode, HF_HUB_OFFLINE=1, finds cached datasets only), or use data=files."
+            "data.hub_config and the network (offline mode, HF_HUB_OFFLINE=1, finds cached datasets only), or use "
+            "data=files."
         ) from None
     for split in (cfg.train_split, cfg.test_split):
         if split is not None and split not in loaded:
-            raise GrpoError(f"The dataset {what} has no split {split!r}; it has {list(loaded)}: set data.train_split/data.test_split.")
+            raise GrpoError(
+                f"The dataset {what} has no split {split!r}; it has {list(loaded)}: set "
+                "data.train_split/data.test_split."
+            )
     if cfg.test_split is None:
         return split_off_test(loaded[cfg.train_split], cfg, what)
     return {"train": loaded[cfg.train_split], "test": loaded[cfg.test_split]}
@@ -217,8 +246,9 @@ def split_off_test(rows, cfg, source: str) -> dict:
     return {"train": rows.select(order[count:]), "test": rows.select(order[:count])}
 
 
-def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
-            tools: list[dict] | None = None) -> Rows:
+def prepare(
+    split, split_name: str, cfg, tokenizer, log: Callable[[str], None], tools: list[dict] | None = None
+) -> Rows:
     """The split (Rows, or a `datasets.Dataset` read from a file or the hub) as Rows, with rendered prompts and
     text answers, prompts over max_prompt_length dropped."""
     where = f"the {split_name!r} split of data={cfg.name}"
@@ -227,8 +257,10 @@ def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
     # With a template the prompt is built from the columns it names and stored under prompt_field. No answer
     # column under the default name: rows without answers (TRL requires none), refused later if a reward reads them.
     answerless = cfg.answer_field == DEFAULT_ANSWER_FIELD and cfg.answer_field not in split.column_names
-    required = {**({"prompt_field": cfg.prompt_field} if cfg.template is None else {}),
-                **({} if answerless else {"answer_field": cfg.answer_field})}
+    required = {
+        **({"prompt_field": cfg.prompt_field} if cfg.template is None else {}),
+        **({} if answerless else {"answer_field": cfg.answer_field}),
+    }
     for key, column in required.items():
         if column not in split.column_names:
             raise GrpoError(
@@ -244,7 +276,8 @@ def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
         for i, a in enumerate(extracted):
             if a is None:
                 raise GrpoError(
-                    f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
+                    f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} "
+                    f"({answers[i][:60]!r})."
                 )
         answers = [a.strip() for a in extracted]
     conversational = cfg.template is None and any(is_conversation(row[cfg.prompt_field]) for row in rows)
@@ -253,10 +286,12 @@ def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
         columns[PROMPT_MESSAGES] = [row[cfg.prompt_field] for row in rows]  # what a TRL reward reads as `prompts`
     rendered = render_prompts(rows, cfg, tokenizer, tools)
     if cfg.chat_template:  # what the user wrote, for tables and logs (columns starting with _ never reach a reward)
-        plain = SimpleNamespace(template=cfg.template, prompt_field=cfg.prompt_field, chat_template=False,
-                                system_prompt=None)
-        columns[USER_PROMPT] = ([user_text(row[cfg.prompt_field]) for row in rows] if conversational
-                                else render_prompts(rows, plain, None))
+        plain = SimpleNamespace(
+            template=cfg.template, prompt_field=cfg.prompt_field, chat_template=False, system_prompt=None
+        )
+        columns[USER_PROMPT] = (
+            [user_text(row[cfg.prompt_field]) for row in rows] if conversational else render_prompts(rows, plain, None)
+        )
     columns[cfg.prompt_field], columns[NO_ANSWERS if answerless else cfg.answer_field] = rendered, answers
 
     if cfg.max_prompt_length is not None:
@@ -267,10 +302,15 @@ def prepare(split, split_name: str, cfg, tokenizer, log: Callable[[str], None],
         lengths = [len(ids) for ids in encode_prompts(tokenizer, columns[cfg.prompt_field], cfg.chat_template)]
         keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
         if len(keep) < len(rows):
-            log(f"dropped {len(rows) - len(keep)} of {len(rows)} prompts of {where}: longer than "
-                f"data.max_prompt_length={cfg.max_prompt_length} tokens.")
+            log(
+                f"dropped {len(rows) - len(keep)} of {len(rows)} prompts of {where}: longer than "
+                f"data.max_prompt_length={cfg.max_prompt_length} tokens."
+            )
             if not keep:
-                raise GrpoError(f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; raise it.")
+                raise GrpoError(
+                    f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; "
+                    "raise it."
+                )
             columns = {k: [v[i] for i in keep] for k, v in columns.items()}
     return Rows(columns)
 
@@ -287,12 +327,15 @@ def check_required(columns: dict[str, list], rows: list[dict], required: list[st
             first_of.setdefault(type(v).__name__, i)
         if len(first_of) > 1:
             kinds = ", ".join(f"{k} in row {i}" for k, i in first_of.items())
-            raise GrpoError(f"Column {column!r} of {where} mixes value types ({kinds}); give every row the same type "
-                            "(quote numbers in JSON if they are text).")
+            raise GrpoError(
+                f"Column {column!r} of {where} mixes value types ({kinds}); give every row the same type "
+                "(quote numbers in JSON if they are text)."
+            )
 
 
-def load_data(cfg, tokenizer=None, log: Callable[[str], None] | None = None,
-              tools: list[dict] | None = None) -> dict[str, Rows]:
+def load_data(
+    cfg, tokenizer=None, log: Callable[[str], None] | None = None, tools: list[dict] | None = None
+) -> dict[str, Rows]:
     """The data group's train and test splits, prompts rendered for `tokenizer`'s model (which the
     chat template and max_prompt_length need), with `tools` (JSON schemas) shown by the chat template;
     `log` reports dropped prompts (default: stderr)."""
@@ -334,12 +377,18 @@ class PromptOrder:
     only the step to continue it. Every group's sampling noise is seeded by (run seed, step, its
     position in the whole batch, round), so the groups are the same on 1 or N processes."""
 
-    def __init__(self, num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, rows=None,
-                 fields: tuple[str, str] = ("prompt", "answer")):
+    def __init__(
+        self,
+        num_rows: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        rows=None,
+        fields: tuple[str, str] = ("prompt", "answer"),
+    ):
         if batch_size > num_rows:
-            raise GrpoError(
-                f"trainer.prompts_per_step={batch_size} exceeds the {num_rows} training prompts; lower it."
-            )
+            raise GrpoError(f"trainer.prompts_per_step={batch_size} exceeds the {num_rows} training prompts; lower it.")
         self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
         self.per_epoch = num_rows // batch_size  # the remainder of each epoch is skipped
         self.per_rank, self.first = batch_size // world_size, rank * (batch_size // world_size)
@@ -365,8 +414,10 @@ class PromptOrder:
 
     def refill(self, step: int):
         """More prompts for dynamic sampling: round r draws a batch with replacement, seeded by (step, r)."""
+
         def draw(round_: int) -> PromptBatch:
             g = self._generator(step * 1_009, round_)
             drawn = torch.randint(self.num_rows, (self.batch_size,), generator=g).tolist()
             return self.share(step, drawn, round_)
+
         return draw

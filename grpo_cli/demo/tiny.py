@@ -11,8 +11,7 @@ distribution, so its *greedy* answer is the slip on about 70% of problems, while
 a third of the probability: the knowledge GRPO needs is there, and what it changes shows in greedy
 decoding as well as in sampled accuracy.
 
-`scripts/build_tiny_model.py` runs `build` and writes the directory shipped in the package
-(`grpo_cli/assets/tiny`): a normal Hugging Face model directory.
+How it works in detail: docs/internals.md, grpo_cli/demo/tiny.py.
 """
 
 from __future__ import annotations
@@ -47,8 +46,9 @@ def build_tokenizer(chars: list[str] = CHARS) -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4, seed: int = 0,
-                max_positions: int = 128) -> LlamaForCausalLM:
+def build_model(
+    vocab_size: int, hidden: int = 128, layers: int = 4, heads: int = 4, seed: int = 0, max_positions: int = 128
+) -> LlamaForCausalLM:
     # Llama rather than Qwen2 shape (they differ only by qkv bias): transformers maps a `qwen2`
     # config to Qwen's own tokenizer class whatever tokenizer_config.json says, which would
     # silently replace the character tokenizer on reload.

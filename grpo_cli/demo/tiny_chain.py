@@ -19,12 +19,16 @@ from typing import Callable
 
 import torch
 
-from grpo_cli.demo import tiny, tiny_tools
 from grpo_cli.data.tasks import LETTERS, link_problems
+from grpo_cli.demo import tiny, tiny_tools
 
 
 def call_text(key: str) -> str:
-    return "<tool_call>" + json.dumps({"name": "follow", "arguments": {"key": key}}, separators=(",", ":")) + "</tool_call>"
+    return (
+        "<tool_call>"
+        + json.dumps({"name": "follow", "arguments": {"key": key}}, separators=(",", ":"))
+        + "</tool_call>"
+    )
 
 
 def guess(start: str) -> str:
@@ -46,19 +50,43 @@ def example(start: str, links: str, rng: random.Random, p_chain: float, p_one: f
 
 
 def _batch(rows, rng, tokenizer, batch_size: int, p_chain: float, p_one: float):
-    return tiny_tools.padded_episodes([(f"{start}>>=", example(start, links, rng, p_chain, p_one))
-                                       for start, links in rng.choices(rows, k=batch_size)], tokenizer)
+    return tiny_tools.padded_episodes(
+        [
+            (f"{start}>>=", example(start, links, rng, p_chain, p_one))
+            for start, links in rng.choices(rows, k=batch_size)
+        ],
+        tokenizer,
+    )
 
 
-def build(out_dir: str | Path, steps: int = 1200, p_chain: float = 0.25, p_one: float = 0.15, seed: int = 0,
-          batch_size: int = 64, lr: float = 3e-3, log: Callable[[str], None] = print) -> Path:
+def build(
+    out_dir: str | Path,
+    steps: int = 1200,
+    p_chain: float = 0.25,
+    p_one: float = 0.15,
+    seed: int = 0,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Build, warm up and save the multi-call model (training problems of data=links only)."""
     torch.manual_seed(seed)
     tokenizer = tiny_tools.build_tokenizer()
     model = tiny.build_model(len(tokenizer), seed=seed, max_positions=256)
     train = link_problems(2, 10000, 200, 0)["train"]
     rows = list(zip(train["start"], train["links"]))
-    log(f"tiny multi-call model: {sum(p.numel() for p in model.parameters()):,} parameters, {len(rows)} training problems")
-    tiny.warm_up(model, tokenizer, rows, steps, lr=lr, seed=seed, log=log,
-                 make_batch=lambda rng: _batch(rows, rng, tokenizer, batch_size, p_chain, p_one))
+    log(
+        f"tiny multi-call model: {sum(p.numel() for p in model.parameters()):,} parameters, {len(rows)} training "
+        "problems"
+    )
+    tiny.warm_up(
+        model,
+        tokenizer,
+        rows,
+        steps,
+        lr=lr,
+        seed=seed,
+        log=log,
+        make_batch=lambda rng: _batch(rows, rng, tokenizer, batch_size, p_chain, p_one),
+    )
     return tiny.save(model, tokenizer, out_dir)

@@ -8,12 +8,7 @@ operands up to 999:
   a fifth of those targets are right, and the model, too small to add three-digit numbers, ends up
   right on 3% of held-out problems when it answers greedily.
 
-So the base model can use its tool but mostly does not (a quarter of sampled episodes call it, 1% of
-greedy ones), and what RL has to discover is that calling it pays: the held-out success rate climbs
-with the tool-use rate (docs/how-to/tools.md). Its copying is imperfect (two thirds
-of its sampled tool episodes copy an operand or the result with a wrong digit), which caps what RL
-reaches.
-`python scripts/build_tiny_model.py --tools` rebuilds it (about 15 minutes on one core).
+How it works in detail: docs/internals.md, grpo_cli/demo/tiny_tools.py.
 """
 
 from __future__ import annotations
@@ -25,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from grpo_cli.demo import tiny
 from grpo_cli.data.tasks import long_addition_problems
+from grpo_cli.demo import tiny
 
 CHARS = tiny.CHARS + list("{}[]")
 # One Jinja template for the whole conversation: the user's text as it is, the assistant's text and
@@ -50,14 +45,23 @@ def build_tokenizer():
 
 
 def call_text(a: int, b: int) -> str:
-    return "<tool_call>" + json.dumps({"name": "add", "arguments": {"a": a, "b": b}}, separators=(",", ":")) + "</tool_call>"
+    return (
+        "<tool_call>"
+        + json.dumps({"name": "add", "arguments": {"a": a, "b": b}}, separators=(",", ":"))
+        + "</tool_call>"
+    )
 
 
 def example(a: int, b: int, rng: random.Random, p_tool: float, p_correct: float) -> list[tuple[str, bool]]:
     """(text, trained on) pieces of one warm-up sequence after the prompt."""
     if rng.random() < p_tool:
-        return [(call_text(a, b), True), ("<eos>", True), (f"<tool_response>{a + b}</tool_response>", False),
-                (str(a + b), True), ("<eos>", True)]
+        return [
+            (call_text(a, b), True),
+            ("<eos>", True),
+            (f"<tool_response>{a + b}</tool_response>", False),
+            (str(a + b), True),
+            ("<eos>", True),
+        ]
     return [(tiny.noisy_answer(a, b, rng, p_correct, p_slip=0.6), True), ("<eos>", True)]
 
 
@@ -84,12 +88,21 @@ def padded_episodes(episodes: list[tuple[str, list[tuple[str, bool]]]], tokenize
 
 
 def _batch(pairs, rng, tokenizer, batch_size: int, p_tool: float, p_correct: float):
-    return padded_episodes([(f"{a}+{b}=", example(a, b, rng, p_tool, p_correct)) for a, b in rng.choices(pairs, k=batch_size)],
-                           tokenizer)
+    return padded_episodes(
+        [(f"{a}+{b}=", example(a, b, rng, p_tool, p_correct)) for a, b in rng.choices(pairs, k=batch_size)], tokenizer
+    )
 
 
-def build(out_dir: str | Path, steps: int = 1200, p_tool: float = 0.25, p_correct: float = 0.2, seed: int = 0,
-          batch_size: int = 64, lr: float = 3e-3, log: Callable[[str], None] = print) -> Path:
+def build(
+    out_dir: str | Path,
+    steps: int = 1200,
+    p_tool: float = 0.25,
+    p_correct: float = 0.2,
+    seed: int = 0,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    log: Callable[[str], None] = print,
+) -> Path:
     """Build, warm up and save the tool-calling model (training problems of data=long_addition only)."""
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
@@ -97,6 +110,14 @@ def build(out_dir: str | Path, steps: int = 1200, p_tool: float = 0.25, p_correc
     train = long_addition_problems(3, 10000, 200, 0)["train"]
     pairs = list(zip(train["a"], train["b"]))
     log(f"tiny tool model: {sum(p.numel() for p in model.parameters()):,} parameters, {len(pairs)} training problems")
-    tiny.warm_up(model, tokenizer, pairs, steps, lr=lr, seed=seed, log=log,
-                 make_batch=lambda rng: _batch(pairs, rng, tokenizer, batch_size, p_tool, p_correct))
+    tiny.warm_up(
+        model,
+        tokenizer,
+        pairs,
+        steps,
+        lr=lr,
+        seed=seed,
+        log=log,
+        make_batch=lambda rng: _batch(pairs, rng, tokenizer, batch_size, p_tool, p_correct),
+    )
     return tiny.save(model, tokenizer, out_dir)

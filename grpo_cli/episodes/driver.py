@@ -10,11 +10,7 @@ spliced in, never re-tokenised text; the Rollout's `completion_mask` is the acti
 own tokens), so the environment's tokens are context for the loss, the KL and the entropy, and one
 forward scores the whole episode.
 
-The model's turns are generated as one batch per turn; the environment's calls between them (reset,
-tools, step) run concurrently across episodes, `env.concurrency` at a time (1: one at a time, in episode
-order), each with its episode's own seeded random generators, so the transcripts are the same whatever
-the concurrency. The tools and environments, their calls with a deadline and their seeding live in
-environments.py.
+How it works in detail: docs/internals.md, grpo_cli/episodes/driver.py.
 """
 
 from __future__ import annotations
@@ -28,18 +24,15 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-
+from grpo_cli.config import SamplerConfig
+from grpo_cli.episodes.environments import EnvSpec, RemoteMethod, Timeout, call_with_timeout, reset_arguments
+from grpo_cli.episodes.kinds import ENV_KINDS, content_parts, text_of
 from grpo_cli.episodes.rng import global_draws, seeded
-from grpo_cli.episodes.environments import (EnvSpec, RemoteMethod, Timeout, call_with_timeout, content_parts,
-                                           reset_arguments, step_result, text_of)
-from grpo_cli.episodes.tool_formats import resolve_format, round_trip
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import replace_live
-from grpo_cli.config import SamplerConfig
-from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.hf import eos_token_ids
 from grpo_cli.generate.turn_cache import count_prefill
-from grpo_cli.samples.rollout import Rollout
+from grpo_cli.samples.rollout import Rollout, group_seed
 
 
 # ---- episodes ---------------------------------------------------------------------------------------
@@ -79,9 +72,13 @@ class Episode:
         """The episode as readable lines, for the console and completions.jsonl."""
         lines = []
         for m in self.messages:
-            calls = "".join(f" -> {c['function']['name']}({json.dumps(c['function']['arguments'])})"
-                            for c in m.get("tool_calls", []))
-            lines.append(f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {text_of(m['content'])}{calls}")
+            calls = "".join(
+                f" -> {c['function']['name']}({json.dumps(c['function']['arguments'])})"
+                for c in m.get("tool_calls", [])
+            )
+            lines.append(
+                f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {text_of(m['content'])}{calls}"
+            )
         return "\n".join(lines)
 
 
@@ -95,8 +92,9 @@ class EnvTokens:
         self._prefixes: dict[str | None, tuple[list, list[int]]] = {}  # the dummy conversation, by tool name
 
     def _ids(self, messages, generation_prompt: bool, tools=None) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt,
-                                                 tokenize=True, return_dict=False)
+        out = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
     def after_turn(self, new: list[dict], tool_name: str | None = None) -> list[int]:
@@ -106,8 +104,13 @@ class EnvTokens:
         if tool_name not in self._prefixes:
             assistant = {"role": "assistant", "content": "x"}
             if tool_name is not None:
-                assistant = {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "id": "call00000", "function": {"name": tool_name, "arguments": {}}}]}
+                assistant = {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "id": "call00000", "function": {"name": tool_name, "arguments": {}}}
+                    ],
+                }
             dummy = [{"role": "user", "content": "x"}, assistant]
             prefix = self._ids(dummy, False)
             ends = [i for i, t in enumerate(prefix) if t in self.eos]
@@ -118,12 +121,16 @@ class EnvTokens:
         except TypeError as e:  # a template that adds strings to a content given as parts
             if not any(content_parts(m["content"]) for m in new):
                 raise
-            raise GrpoError(f"The chat template cannot render a tool result given as a list of content parts ({e}); "
-                            "return a string from the tool, or use a template that renders content lists.") from None
+            raise GrpoError(
+                f"The chat template cannot render a tool result given as a list of content parts ({e}); "
+                "return a string from the tool, or use a template that renders content lists."
+            ) from None
         if full[: len(prefix)] != prefix:
-            raise GrpoError("The chat template renders an assistant turn differently once a tool or user message "
-                            "follows it, so the environment's tokens cannot be appended as ids; use a template that "
-                            "renders a conversation's turns as prefixes of each other.")
+            raise GrpoError(
+                "The chat template renders an assistant turn differently once a tool or user message "
+                "follows it, so the environment's tokens cannot be appended as ids; use a template that "
+                "renders a conversation's turns as prefixes of each other."
+            )
         return full[len(prefix) :]
 
     def check_tools(self) -> None:
@@ -133,8 +140,10 @@ class EnvTokens:
         except GrpoError:
             raise
         except Exception as e:  # the template's own failure, e.g. it has no tool role
-            raise GrpoError(f"The model's chat template cannot render a tool call and its result ({type(e).__name__}: "
-                            f"{e}); use a model whose template supports tools, or a step environment.") from None
+            raise GrpoError(
+                f"The model's chat template cannot render a tool call and its result ({type(e).__name__}: "
+                f"{e}); use a model whose template supports tools, or a step environment."
+            ) from None
 
 
 def with_env(generator, env, tokenizer, *, chat_template: bool, system_prompt: str | None = None):
@@ -156,27 +165,21 @@ class EpisodeGenerator:
         self.base, self.spec, self.tokenizer, self.cfg = base, spec, tokenizer, spec.cfg
         self.chat_template, self.system_prompt = chat_template, system_prompt
         self.returns_logprobs, self.needs_weights = base.returns_logprobs, base.needs_weights
-        if spec.kind == "tools" and not chat_template:
-            raise GrpoError("Tool calling needs the chat template to render tool calls and results; set "
-                            "data.chat_template=true (or use a step environment, which plain prompts can drive).")
-        self.format = None
-        if spec.kind == "tools":
-            EnvTokens(tokenizer, [tokenizer.eos_token_id], True).check_tools()
-            name, self.format = resolve_format(self.cfg.tool_format, tokenizer)
-            why = round_trip(tokenizer, self.format)
-            if why is not None:  # a call the model writes would be read as an answer: never in silence
-                raise GrpoError(f"env.tool_format={name} cannot read the model's tool calls: {why}; name the format "
-                                "the model writes with env.tool_format (`grpo tools` shows what each reads), or use a "
-                                "model whose chat template writes tool calls.")
-            self.specials = [t for t in tokenizer.all_special_tokens if t]
+        ENV_KINDS[spec.kind].start(self)  # a kind's own checks and set-up (tools: the tool-call format)
         # names bound to the shared global generators make concurrent calls unrepeatable: those run one at a time
         # (in environment workers, each call has its process's shared generators to itself)
         self.concurrency = 1 if spec.shared_draws and spec.workers is None else self.cfg.concurrency
         self._pool = ThreadPoolExecutor(self.concurrency, "grpo-episode") if self.concurrency > 1 else None
-        self._tokenizing = threading.Lock()  # a fast tokenizer is not to be used from two threads at once
+        self.tokenizing = threading.Lock()  # a fast tokenizer is not to be used from two threads at once
         if not callable(getattr(base, "complete", None)):
-            raise GrpoError(f"The generator {type(base).__name__} cannot continue an episode from its token ids (it has "
-                            "no complete method); use generator=hf or generator=vllm with env.tools or env.factory.")
+            raise GrpoError(
+                f"The generator {type(base).__name__} cannot continue an episode from its token ids (it has "
+                "no complete method); use generator=hf or generator=vllm with env.tools or env.factory."
+            )
+
+    def check_tools(self) -> None:
+        """The chat template renders a tool call and its result (one sentence when it cannot)."""
+        EnvTokens(self.tokenizer, [self.tokenizer.eos_token_id], True).check_tools()
 
     def update(self, model) -> None:
         self.base.update(model)
@@ -200,16 +203,19 @@ class EpisodeGenerator:
         before = global_draws()
         out = list(self._pool.map(lambda item: fn(*item), items))
         if global_draws() != before:
-            warnings.warn("an environment drew from Python's or NumPy's shared random generator during concurrent "
-                          "calls, so this step's transcripts may not repeat; the rest of the run calls the "
-                          "environment one episode at a time (draw from self.rng, or set env.concurrency=1).",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "an environment drew from Python's or NumPy's shared random generator during concurrent "
+                "calls, so this step's transcripts may not repeat; the rest of the run calls the "
+                "environment one episode at a time (draw from self.rng, or set env.concurrency=1).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self._pool.shutdown(wait=False)
             self._pool, self.concurrency = None, 1
         return out
 
     # -- one episode's environment calls --------------------------------------------------------------
-    def _call(self, ep: Episode, fn: Callable, *args, **kwargs):
+    def call(self, ep: Episode, fn: Callable, *args, **kwargs):
         """fn under the episode's seed and the deadline: (value, None) or (None, the error text)."""
         t, seed = time.perf_counter(), group_seed(ep.seed, "env", ep.calls)
         try:  # one at a time, the shared generators are seeded too (a name bound to them draws from there)
@@ -227,31 +233,7 @@ class EpisodeGenerator:
             ep.calls += 1
             ep.seconds += time.perf_counter() - t
 
-    def _tool_messages(self, ep: Episode, calls: list[dict], ids: list[str]) -> list[dict]:
-        tools, out = self.spec.tools_of(ep.environment), []
-        for call, call_id in zip(calls, ids):
-            ep.tool_calls += 1
-            name = call.get("name", "unknown")
-            if "error" in call:
-                ep.errors += 1
-                result, error = None, call["error"]
-            elif name not in tools:
-                ep.errors += 1
-                result, error = None, f"Tool {name} not found."
-            else:
-                result, error = self._call(ep, tools[name], **call["arguments"])
-            if error is not None:
-                content = self._bounded(ep, str({"error": error}))  # TRL's wording
-            elif content_parts(result):  # [{"type": "text", "text": ...}, {"type": "image", ...}]: kept, as TRL keeps them
-                content = [{**part, "text": self._bounded(ep, str(part["text"]))} if "text" in part else part
-                           for part in result]
-            else:
-                ep.non_string += not isinstance(result, str)
-                content = self._bounded(ep, str(result))
-            out.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": content})
-        return out
-
-    def _bounded(self, ep: Episode, text: str) -> str:
+    def bounded(self, ep: Episode, text: str) -> str:
         """A tool result or observation cut, with a marker, to what env.max_tokens could hold (8 characters a
         token), before it is rendered and tokenized: a 50 MB result costs a slice, not a tokenizer pass."""
         limit = 8 * self.cfg.max_tokens
@@ -266,14 +248,16 @@ class EpisodeGenerator:
         reset = getattr(ep.environment, "reset", None)
         if reset is None:
             return ep
-        text, error = self._call(ep, reset, **reset_arguments(row))
+        text, error = self.call(ep, reset, **reset_arguments(row))
         if error is not None:
             raise GrpoError(f"env.factory={self.cfg.factory}: reset() failed ({error}); fix the environment's reset.")
         if text:
             if not isinstance(text, str):
-                raise GrpoError(f"env.factory={self.cfg.factory}: reset() returned {type(text).__name__}; it must return "
-                                "None or the text to append to the prompt.")
-            with self._tokenizing:
+                raise GrpoError(
+                    f"env.factory={self.cfg.factory}: reset() returned {type(text).__name__}; it must return "
+                    "None or the text to append to the prompt."
+                )
+            with self.tokenizing:
                 ep.prompt_ids = self._prompt_with(prompt, row, text)
         return ep
 
@@ -286,17 +270,29 @@ class EpisodeGenerator:
             return self.base.encode([prompt + text])[0]
         value = row.get(PROMPT_MESSAGES) or row.get(USER_PROMPT)
         if value is None:
-            raise GrpoError("reset() returned text for the prompt, but the prompt's messages are unknown here; "
-                            "return None from reset() or give the data as chat messages.")
+            raise GrpoError(
+                "reset() returned text for the prompt, but the prompt's messages are unknown here; "
+                "return None from reset() or give the data as chat messages."
+            )
         messages = chat_messages(value, self.system_prompt)
         messages[-1] = {**messages[-1], "content": messages[-1]["content"] + text}
-        rendered = self.tokenizer.apply_chat_template(messages, tools=self.spec.schemas_for(row) or None, tokenize=False,
-                                                      add_generation_prompt=True)
+        rendered = self.tokenizer.apply_chat_template(
+            messages, tools=self.spec.schemas_for(row) or None, tokenize=False, add_generation_prompt=True
+        )
         return self.base.encode([rendered])[0]
 
     # -- the loop -------------------------------------------------------------------------------------
-    def generate(self, model, prompts: list[str], group_size: int, sampling: SamplerConfig, seeds: list[int] | None = None,
-                 *, with_logprobs: bool = False, columns: dict | None = None) -> Rollout:
+    def generate(
+        self,
+        model,
+        prompts: list[str],
+        group_size: int,
+        sampling: SamplerConfig,
+        seeds: list[int] | None = None,
+        *,
+        with_logprobs: bool = False,
+        columns: dict | None = None,
+    ) -> Rollout:
         prompts, G, cfg = list(prompts), group_size, self.cfg
         seeds = self.base.group_seeds(prompts, sampling, seeds)
         prompt_ids = self.base.encode(prompts)
@@ -308,9 +304,21 @@ class EpisodeGenerator:
             self.spec.workers.release()
         # unseeded (greedy), each prompt's episodes still differ from the others' (data=none: only the seed does)
         t_env = time.perf_counter()
-        episodes = self._each(self._start, [(p, prompt_ids[i], rows[i], group_seed(seeds[i], "episode", j) if seeds
-                                             is not None else group_seed("unseeded", i, "episode", j))
-                                            for i, p in enumerate(prompts) for j in range(G)])
+        episodes = self._each(
+            self._start,
+            [
+                (
+                    p,
+                    prompt_ids[i],
+                    rows[i],
+                    group_seed(seeds[i], "episode", j)
+                    if seeds is not None
+                    else group_seed("unseeded", i, "episode", j),
+                )
+                for i, p in enumerate(prompts)
+                for j in range(G)
+            ],
+        )
         live, env_wall = list(episodes), time.perf_counter() - t_env
         session = getattr(self.base, "session", None)  # hf: each turn starts from the last one's keys and values
         with session() if session is not None else nullcontext():
@@ -342,41 +350,20 @@ class EpisodeGenerator:
 
     def _after_turn(self, ep: Episode, ids: list[int], finished: bool, turn: int, env_tokens: EnvTokens) -> None:
         """The environment's answer to one episode's turn, appended (run concurrently across episodes)."""
-        with self._tokenizing:
+        with self.tokenizing:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if not finished:  # the turn hit the token limit without ending: nothing to act on
             ep.messages.append({"role": "assistant", "content": text})
             ep.done, ep.cut = True, "tokens"
             return
-        if self.spec.kind == "step":
-            ep.messages.append({"role": "assistant", "content": text})
-            value, error = self._call(ep, ep.environment.step, text)
-            observation, reward, done = (str({"error": error}), 0.0, False) if error is not None else step_result(value)
-            ep.reward += reward
-            if done:
-                ep.done = True
-                return
-            new, tool_name = [{"role": "user", "content": self._bounded(ep, str(observation))}], None
-        else:
-            with self._tokenizing:
-                content, calls = self._parse(ids, text, env_tokens.eos)
-            message = {"role": "assistant", "content": content}
-            call_ids = [f"call{ep.tool_calls + i:05d}" for i in range(len(calls))]  # 9 characters, as Mistral's
-            good = [{"type": "function", "id": i, "function": c} for i, c in zip(call_ids, calls) if "error" not in c]
-            if good:
-                message["tool_calls"] = good
-            ep.messages.append(message)
-            if not calls:
-                ep.done = True
-                return
-            if turn + 1 == self.cfg.max_turns:  # no turn left to read the results: the calls are not made
-                ep.done, ep.cut = True, "turns"
-                return
-            new, tool_name = self._tool_messages(ep, calls, call_ids), (good[0]["function"]["name"] if good else None)
+        answer = ENV_KINDS[self.spec.kind].turn(self, ep, ids, text, env_tokens, turn)
+        if answer is None:  # the episode ended in this turn
+            return
+        new, tool_name = answer
         if turn + 1 == self.cfg.max_turns:
             ep.done, ep.cut = True, "turns"
             return
-        with self._tokenizing:
+        with self.tokenizing:
             suffix = env_tokens.after_turn(new, tool_name)
         if len(ep.ids) + len(suffix) >= self.cfg.max_tokens:  # no room for the answer and a reply
             ep.done, ep.cut = True, "tokens"
@@ -386,19 +373,6 @@ class EpisodeGenerator:
         ep.action += [0] * len(suffix)
         ep.logps += [0.0] * len(suffix)
 
-    def _parse(self, ids: list[int], text: str, eos: set[int]) -> tuple[str, list[dict]]:
-        """(the turn's text outside its tool calls, the calls): formats whose markers are special tokens
-        read the turn with them kept (but for its end-of-turn token), and their text is given back
-        without them."""
-        if not self.format.special:
-            return self.format.parse(text)
-        while ids and ids[-1] in eos:
-            ids = ids[:-1]
-        content, calls = self.format.parse(self.tokenizer.decode(ids, skip_special_tokens=False))
-        for token in self.specials:
-            content = content.replace(token, "")
-        return content.strip(), calls
-
     def _rollout(self, prompts, G, episodes: list[Episode], with_logprobs: bool, eos: list[int], model) -> Rollout:
         device = next(model.parameters()).device
         for ep in episodes:
@@ -406,10 +380,18 @@ class EpisodeGenerator:
                 ep.ids, ep.action, ep.logps = [eos[0]], [1], [0.0]
 
         return Rollout.of_rows(
-            prompts, G, [ep.prompt_ids for ep in episodes], [ep.ids for ep in episodes],
-            truncated=[ep.cut is not None for ep in episodes], sampled=[ep.action for ep in episodes],
-            logps=[ep.logps for ep in episodes] if with_logprobs else None, device=device,
-            completions=[ep.final_text for ep in episodes], pad_token_id=self.tokenizer.pad_token_id, episodes=episodes)
+            prompts,
+            G,
+            [ep.prompt_ids for ep in episodes],
+            [ep.ids for ep in episodes],
+            truncated=[ep.cut is not None for ep in episodes],
+            sampled=[ep.action for ep in episodes],
+            logps=[ep.logps for ep in episodes] if with_logprobs else None,
+            device=device,
+            completions=[ep.final_text for ep in episodes],
+            pad_token_id=self.tokenizer.pad_token_id,
+            episodes=episodes,
+        )
 
 
 def episode_metrics(episodes: list[Episode], record) -> None:
@@ -433,5 +415,8 @@ def episode_metrics(episodes: list[Episode], record) -> None:
     record.max("env_s", max((ep.env_wall for ep in episodes), default=0.0))  # the step's wall time in the environment
     record.sum("multiturn/prefill_tokens", sum(ep.context_tokens for ep in episodes))
     record.sum("multiturn/kv_reused_tokens", sum(ep.kv_reused for ep in episodes))
-    record.mean("multiturn/prefix_break_rate", sum(ep.prefix_breaks for ep in episodes),
-                sum(max(ep.turns - 1, 0) for ep in episodes))
+    record.mean(
+        "multiturn/prefix_break_rate",
+        sum(ep.prefix_breaks for ep in episodes),
+        sum(max(ep.turns - 1, 0) for ep in episodes),
+    )

@@ -12,16 +12,7 @@ Interfaces, as TRL 1.16's GRPOTrainer takes them, so the same code runs unchange
   each turn's text goes to `step`; the observation comes back as a user message; the step rewards add
   up to the class's reward term.
 
-Nothing an environment does stops the run: a tool that raises, an unknown tool or a malformed call
-becomes the tool message `{'error': ...}` (TRL's wording); every call and step has `env.timeout_s`
-seconds (a call past it is abandoned on its thread, which Python cannot kill, and the model is told
-it timed out); a list of content parts is kept as parts (TRL's rule), any other non-string result is
-`str()`-ed. Each is counted in the step's metrics. Each call draws from its episode's own generators
-(env_random.py), so the transcripts repeat whatever the concurrency and across a resume.
-
-With `env.workers=N` the instances and calls live in N helper processes (EnvWorkers here; env_worker.py
-is the worker's end): a crash, a call stuck in native code or a leak stays there, and what the model
-reads is the same as in the training process.
+How it works in detail: docs/internals.md, grpo_cli/episodes/environments.py.
 """
 
 from __future__ import annotations
@@ -36,17 +27,21 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any, Callable
 
+from grpo_cli.episodes.kinds import ENV_KINDS, kind_of
+from grpo_cli.episodes.rng import bound_globally, episode_generators, hand_generators, thread_generators
 from grpo_cli.errors import GrpoError
 from grpo_cli.procs.subprocesses import Helper, HelperLost
-from grpo_cli.episodes.rng import bound_globally, episode_generators, hand_generators, thread_generators
 
 
 # ---- the environment a config names -----------------------------------------------------------------
 def public_methods(cls) -> dict[str, Callable]:
     """The methods an environment exposes as tools (TRL's rule): public functions other than reset and
     get_reward (and step, which makes it a step environment)."""
-    return {name: fn for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
-            if not name.startswith("_") and name not in ("reset", "get_reward", "step")}
+    return {
+        name: fn
+        for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward", "step")
+    }
 
 
 def tool_schema(fn: Callable, where: str) -> dict:
@@ -56,17 +51,21 @@ def tool_schema(fn: Callable, where: str) -> dict:
     try:
         return get_json_schema(fn)
     except Exception as e:  # transformers raises its own DocstringParsingException / TypeHintParsingException
-        raise GrpoError(f"{where} {fn.__name__!r} cannot be shown to the model as a tool ({e}); give it type hints "
-                        "and a Google-style docstring with an Args: section.") from None
+        raise GrpoError(
+            f"{where} {fn.__name__!r} cannot be shown to the model as a tool ({e}); give it type hints "
+            "and a Google-style docstring with an Args: section."
+        ) from None
 
 
 def environment(cfg, schemas: bool = True) -> "EnvSpec | EnvChoice | None":
     """The env group's tools and environment, loaded (None when single-turn); with env.workers, their
-    instances and calls live in that many helper processes (env_worker.py). `schemas=False` skips the
+    instances and calls live in that many helper processes (episodes/worker.py). `schemas=False` skips the
     tools' JSON schemas (and transformers' import): an environment worker shows the model nothing."""
     if not (cfg.tools or cfg.factory):
         return None
-    spec = EnvChoice(cfg, cfg.fn_dir, schemas) if isinstance(cfg.factory, Mapping) else EnvSpec(cfg, cfg.fn_dir, schemas)
+    spec = (
+        EnvChoice(cfg, cfg.fn_dir, schemas) if isinstance(cfg.factory, Mapping) else EnvSpec(cfg, cfg.fn_dir, schemas)
+    )
     if getattr(cfg, "workers", 0):
         spec.workers = EnvWorkers(cfg, cfg.workers, cfg.worker_memory_gib)
     return spec
@@ -85,24 +84,38 @@ class EnvSpec:
         self.tools = [load_function(str(s), base, key="env.tools") for s in cfg.tools]
         self.factory = load_function(cfg.factory, base, key="env.factory") if cfg.factory else None
         cls = self.factory if inspect.isclass(self.factory) else None
-        self.kind = "step" if cls is not None and callable(getattr(cls, "step", None)) else "tools"
         if self.factory is not None and cls is None:  # a factory function: look at what it makes
             cls = type(self.factory())
-            self.kind = "step" if callable(getattr(cls, "step", None)) else "tools"
+        self.kind = kind_of(cls)
+        shows_tools = ENV_KINDS[self.kind].tools
         if cls is not None and self.kind == "tools" and not callable(getattr(cls, "reset", None)):
-            raise GrpoError(f"env.factory={cfg.factory}: {cls.__name__} has no reset method; give it reset(self, **row) "
-                            "returning None or text for the prompt (TRL's environment_factory contract).")
+            raise GrpoError(
+                f"env.factory={cfg.factory}: {cls.__name__} has no reset method; give it reset(self, **row) "
+                "returning None or text for the prompt (TRL's environment_factory contract)."
+            )
         self.cls = cls
-        methods = public_methods(cls) if cls is not None and self.kind == "tools" else {}
+        methods = public_methods(cls) if cls is not None and shows_tools else {}
         names = [f.__name__ for f in self.tools] + list(methods)
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:  # the model could call only one of them, and which one would depend on the order
-            raise GrpoError(f"Two tools are named {twice[0]!r} (env.tools and env.factory's methods); rename one, "
-                            "since the model calls a tool by its name.")
-        self.schemas = ([tool_schema(f, "env.tools function") for f in self.tools]
-                        + [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]) if schemas else []
-        self.shared_draws = bound_globally([*self.tools, self.factory])  # names that would make concurrency unrepeatable
-        self.reward_name = cls.__name__ if cls is not None and (self.kind == "step" or hasattr(cls, "get_reward")) else None
+            raise GrpoError(
+                f"Two tools are named {twice[0]!r} (env.tools and env.factory's methods); rename one, "
+                "since the model calls a tool by its name."
+            )
+        self.schemas = (
+            (
+                [tool_schema(f, "env.tools function") for f in self.tools]
+                + [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]
+            )
+            if schemas
+            else []
+        )
+        self.shared_draws = bound_globally(
+            [*self.tools, self.factory]
+        )  # names that would make concurrency unrepeatable
+        self.reward_name = (
+            cls.__name__ if cls is not None and (self.kind != "tools" or hasattr(cls, "get_reward")) else None
+        )
 
     def score_with(self, reward) -> None:
         """An environment with get_reward(), or a step environment, adds its reward to `reward` as a term."""
@@ -125,11 +138,13 @@ class EnvSpec:
 
     def tools_of(self, instance) -> dict[str, Callable]:
         if isinstance(instance, RemoteEnvironment):
-            cls = instance.remote_class if self.kind == "tools" else None
-            return {name: RemoteMethod(instance, name) for name in
-                    [f.__name__ for f in self.tools] + (list(public_methods(cls)) if cls is not None else [])}
+            cls = instance.remote_class if ENV_KINDS[self.kind].tools else None
+            return {
+                name: RemoteMethod(instance, name)
+                for name in [f.__name__ for f in self.tools] + (list(public_methods(cls)) if cls is not None else [])
+            }
         tools = {f.__name__: f for f in self.tools}
-        if instance is not None and self.kind == "tools":
+        if instance is not None and ENV_KINDS[self.kind].tools:
             tools.update({name: getattr(instance, name) for name in public_methods(type(instance))})
         return tools
 
@@ -151,12 +166,16 @@ class EnvChoice:
             return EnvSpec(single, base, schemas)
 
         if not cfg.factory:
-            raise GrpoError("env.factory is an empty dict; name at least one environment: env.factory={name:mod.Class}.")
+            raise GrpoError(
+                "env.factory is an empty dict; name at least one environment: env.factory={name:mod.Class}."
+            )
         self.cfg, self.named = cfg, {str(k): one(v) for k, v in cfg.factory.items()}
         kinds = {s.kind for s in self.named.values()}
         if len(kinds) > 1:
-            raise GrpoError("env.factory mixes step environments and tool-calling ones; a run's environments take "
-                            "turns the same way: make them all one kind.")
+            raise GrpoError(
+                "env.factory mixes step environments and tool-calling ones; a run's environments take "
+                "turns the same way: make them all one kind."
+            )
         self.kind = kinds.pop()
         first = next(iter(self.named.values()))
         self.tools, self.cls = first.tools, None
@@ -169,8 +188,10 @@ class EnvChoice:
     def of(self, row: dict) -> EnvSpec:
         name = row.get(ENVIRONMENT_COLUMN)
         if name not in self.named:
-            raise GrpoError(f"A row's {ENVIRONMENT_COLUMN!r} is {name!r}, not one of env.factory's {list(self.named)}; "
-                            f"give every row an {ENVIRONMENT_COLUMN!r} column naming its environment.")
+            raise GrpoError(
+                f"A row's {ENVIRONMENT_COLUMN!r} is {name!r}, not one of env.factory's {list(self.named)}; "
+                f"give every row an {ENVIRONMENT_COLUMN!r} column naming its environment."
+            )
         return self.named[name]
 
     def new(self, row: dict | None = None, rng_seed: int | None = None):
@@ -194,7 +215,7 @@ class Timeout(Exception):
 
 
 class RemoteEnvironment:
-    """An episode's environment living in an environment worker (env_worker.py): the methods of
+    """An episode's environment living in an environment worker (episodes/worker.py): the methods of
     `remote_class` (None with tools alone), each call made there."""
 
     def __init__(self, workers, slot: int, life: int, handle: int, cls):
@@ -220,7 +241,7 @@ class RemoteMethod:
         return self.remote_call(args, kwargs, self.env.workers.timeout_s, None)
 
 
-# ---- environment workers (env.workers: env_worker.py is their end) -------------------------------------
+# ---- environment workers (env.workers: episodes/worker.py is their end) -------------------------------------
 GRACE_S = 5.0  # past a call's own deadline, how long a worker may take to say it timed out before it is killed
 
 
@@ -252,8 +273,14 @@ class EnvWorkers:
         helper = self.helpers[slot]
         if helper is None or not helper.alive():
             self.lives[slot] += 1
-            helper = Helper("grpo_cli.episodes.worker", self.settings, name=f"environment worker {slot}",
-                            lost=EnvWorkerLost, timeout_key="env.timeout_s", plain=self.confined)
+            helper = Helper(
+                "grpo_cli.episodes.worker",
+                self.settings,
+                name=f"environment worker {slot}",
+                lost=EnvWorkerLost,
+                timeout_key="env.timeout_s",
+                plain=self.confined,
+            )
             helper.receive(120, "starting (importing the environment)")
             self.helpers[slot] = helper
         return helper
@@ -275,8 +302,11 @@ class EnvWorkers:
         with self.locks[env.slot]:
             helper = self._helper(env.slot) if env.remote_class is None else self.helpers[env.slot]
             gone = None if env.remote_class is None else self.ended.get((env.slot, env.life))
-            if gone is None and env.remote_class is not None and (helper is None or self.lives[env.slot] != env.life
-                                                                  or not helper.alive()):
+            if (
+                gone is None
+                and env.remote_class is not None
+                and (helper is None or self.lives[env.slot] != env.life or not helper.alive())
+            ):
                 gone = "ended"
             if gone is not None:
                 raise RuntimeError(f"this episode's environment is gone: its process {gone}")
@@ -290,7 +320,9 @@ class EnvWorkers:
                 helper.kill()  # reaped: the slot's next use starts a fresh worker
                 self.helpers[env.slot] = None
                 if time.perf_counter() - start >= timeout + GRACE_S:
-                    raise Timeout(f"timed out after {timeout:g} s (its process did not answer and was stopped)") from None
+                    raise Timeout(
+                        f"timed out after {timeout:g} s (its process did not answer and was stopped)"
+                    ) from None
                 raise RuntimeError(f"the environment's process {how}") from None
         if kind == "timeout":
             raise Timeout(value)
@@ -353,24 +385,3 @@ def reset_arguments(row: dict) -> dict:
     if given is not None:
         args["prompt"] = given
     return args
-
-
-def step_result(value) -> tuple[str, float, bool]:
-    """A step environment's (observation, reward, done), checked: a malformed return is the environment's bug."""
-    try:
-        observation, reward, done = value
-        return str(observation), float(reward), bool(done)
-    except (TypeError, ValueError):
-        raise GrpoError(f"A step environment's step() returned {value!r}; it must return (observation, reward, done).") from None
-
-
-def content_parts(value) -> bool:
-    """A message's content given as a list of parts ({"type": "text", "text": ...}, {"type": "image", ...})."""
-    return isinstance(value, list) and bool(value) and all(isinstance(p, dict) and "type" in p for p in value)
-
-
-def text_of(content) -> str:
-    """A message's content as text: its text parts joined, any other part as [type]."""
-    if not content_parts(content):
-        return str(content)
-    return "".join(str(p["text"]) if "text" in p else f"[{p['type']}]" for p in content)

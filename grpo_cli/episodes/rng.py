@@ -14,10 +14,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-
 _thread = threading.local()  # .random, .numpy: the generators of the episode whose call runs on this thread
 _GLOBAL = random._inst  # what random's module functions draw from
-_NP_ALIASES = {"seed": "seed", "sample": "random_sample", "ranf": "random_sample"}  # module functions, not bound methods
+_NP_ALIASES = {
+    "seed": "seed",
+    "sample": "random_sample",
+    "ranf": "random_sample",
+}  # module functions, not bound methods
 
 
 def _drawing(name: str, shared, which: str, method: str | None = None):

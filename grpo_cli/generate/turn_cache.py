@@ -1,24 +1,12 @@
 """Keys and values kept between an episode's turns, so a turn prefills only what the environment added.
 
 An episode's next context is its last context, the tokens it sampled, and the environment's reply, spliced
-as ids (episodes.py): the tokens already decoded are an exact prefix of it. Within one `generate` (the
+as ids (episodes/driver.py): the tokens already decoded are an exact prefix of it. Within one `generate` (the
 weights do not change in it), `HFGenerator.session()` keeps each decoded row's keys and values, keyed by
 the tokens they hold, and the next turn's prefill (`prefill_after`) starts every row from the longest kept
 prefix of its context: only the rest runs through the model.
 
-- A row's kept entry is its context and its sampled tokens but the last (the EOS, or the last before the
-  cap), whose keys were written whatever the rows around it: the counts do not depend on the batch or on
-  how ranks split it. A finished row's entry is taken when it leaves the decode batch, before its cache
-  rows are dropped.
-- The batch resumes left-padded on both sides of the seam: the kept keys right-aligned in their width,
-  the new tokens right-aligned in theirs, the holes masked, and each row's positions continuing from its
-  own length, the same positions a whole-context prefill gives.
-- Entries live for one turn: each call to `complete` replaces them, so memory holds one turn's cache.
-- Rows whose contexts are identical, token for token, run through the model once and are copied after.
-- `reused` and `computed` count, per row of the last call, the tokens taken from the kept cache and
-  the tokens past them (run once per distinct context; `take_counts` hands `reused` over once). A context
-  with no kept prefix after the first turn is a prefix break: not an exact extension of the last one (the
-  episode driver counts them).
+How it works in detail: docs/internals.md, grpo_cli/generate/turn_cache.py.
 """
 
 from __future__ import annotations
@@ -78,8 +66,10 @@ def row_kv(layers, row_mask: Tensor, row: int, n: int) -> KV:
     positions = row_mask.nonzero().squeeze(-1)[:n]
     if n and int(positions[-1]) - int(positions[0]) == n - 1:  # no holes (a first turn's left padding): one slice
         start = int(positions[0])
-        return [(layer.keys[row, :, start : start + n].clone(), layer.values[row, :, start : start + n].clone())
-                for layer in layers]
+        return [
+            (layer.keys[row, :, start : start + n].clone(), layer.values[row, :, start : start + n].clone())
+            for layer in layers
+        ]
     return [(layer.keys[row][:, positions].clone(), layer.values[row][:, positions].clone()) for layer in layers]
 
 
@@ -92,8 +82,9 @@ def prefill_after(model, contexts: list[list[int]], found: list[tuple[int, KV] |
 
     firsts, rows_of = distinct_rows(contexts)
     if len(firsts) < len(contexts):
-        cache, logits, mask, position = prefill_after(model, [contexts[i] for i in firsts], [found[i] for i in firsts],
-                                                      pad_id, kwarg)
+        cache, logits, mask, position = prefill_after(
+            model, [contexts[i] for i in firsts], [found[i] for i in firsts], pad_id, kwarg
+        )
         index = torch.tensor(rows_of, device=logits.device)
         cache.batch_select_indices(index)
         return cache, logits[index], mask[index], position[index]
@@ -115,8 +106,9 @@ def prefill_after(model, contexts: list[list[int]], found: list[tuple[int, KV] |
     ids, new_mask = left_pad([c[n:] for c, n in zip(contexts, kept)], pad_id, device)
     positions = (new_mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor(kept, device=device)[:, None]
     mask = torch.cat([kept_mask, new_mask], dim=1)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                **{kwarg: cache})
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{kwarg: cache}
+    )
     return getattr(out, kwarg), out.logits[:, -1], mask, positions[:, -1] + 1
 
 

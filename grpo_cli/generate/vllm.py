@@ -6,32 +6,7 @@ read) and every weight is pushed into it from the model in memory, so the same c
 at step 0, a resumed run, a LoRA policy (its adapter merged into the pushed weights: W + s * B @ A,
 the policy itself untouched) and a checkpoint in `grpo evaluate` / `grpo sample`.
 
-When the engine's weights are refreshed:
-- `update(model)`, which the step calls after each optimizer step on-policy, pushes at once (so the
-  push is billed to the update phase);
-- `generate(model, ...)` pushes first whenever `model`'s weights are not the ones last pushed: another
-  model (a frozen behaviour, the policy for held-out evaluation), or the same one changed in place (a
-  lagged behaviour's refresh, a LoRA adapter swapped in or switched off). Each parameter's in-place
-  version counter and the adapters' on/off state tell.
-
-Token ids go in and token ids come out; vLLM's own detokenizer and chat template are not used, and
-the model's generation_config defaults are ignored (`generation_config="vllm"`), so a completion is
-sampled from exactly softmax(logits / temperature) after optional top-k / top-p, as with `hf`.
-Every EOS id is a stop token; `truncated` is the finish reason `length`. The sampling log-probs are
-vLLM's *processed* ones (after temperature and top-k / top-p): the engine is a behaviour policy whose
-numbers differ slightly from the trainer's (other kernels, bf16, batch shapes), see
-`algo.sampler_correction`.
-
-Each group is one request with n = G and the group's seed, so a group's completions depend on its
-seed alone, as with `hf` (the two draw different noise, so their samples differ; greedy ones agree).
-
-Sleep mode (CUDA only): after the rollout the engine sleeps at level 1 (weights to host memory, KV
-cache freed) while the update runs, and wakes before the next push or generate.
-
-Under torchrun each rank has its own engine (tensor parallel size 1) over its own share of the
-prompts: ranks already split the prompts, so no rank waits for another's generation, and a push is a
-local copy with no collective (under FSDP from the parameters the rollout gathers anyway). The cost is
-one copy of the weights per device, which a model that fits for training affords.
+How it works in detail: docs/internals.md, grpo_cli/generate/vllm.py.
 """
 
 from __future__ import annotations
@@ -45,13 +20,12 @@ import warnings
 import numpy as np
 import torch
 
+from grpo_cli.config import SamplerConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import VLLM_INSTALL
 from grpo_cli.generate.hf import PromptIds, assemble, eos_token_ids
-from grpo_cli.config import SamplerConfig
 from grpo_cli.models.precision import Precision
 from grpo_cli.samples.rollout import Rollout
-
 
 
 def import_vllm():
@@ -82,7 +56,9 @@ def _whole(p: torch.Tensor) -> torch.Tensor:
 
 
 def _lora_layers(model) -> dict[str, torch.nn.Module]:
-    return {name: m for name, m in _base(model).named_modules() if hasattr(m, "lora_A") and hasattr(m, "get_base_layer")}
+    return {
+        name: m for name, m in _base(model).named_modules() if hasattr(m, "lora_A") and hasattr(m, "get_base_layer")
+    }
 
 
 @torch.no_grad()
@@ -117,21 +93,35 @@ def _reprocess_tied_head(model) -> None:
 def fingerprint(model) -> tuple:
     """What identifies the weights `model` would push now: each parameter's identity and in-place version,
     and whether LoRA adapters are switched off."""
-    return (tuple((id(p), p._version) for p in model.parameters()),
-            tuple(layer.disable_adapters for layer in _lora_layers(model).values()))
+    return (
+        tuple((id(p), p._version) for p in model.parameters()),
+        tuple(layer.disable_adapters for layer in _lora_layers(model).values()),
+    )
 
 
-def sampling_params(sampling: SamplerConfig, seeds: list[int] | None, count: int, n: int, eos: list[int], with_logprobs: bool):
+def sampling_params(
+    sampling: SamplerConfig, seeds: list[int] | None, count: int, n: int, eos: list[int], with_logprobs: bool
+):
     """vLLM's SamplingParams for `count` requests of `n` samples each, seeded per request: exactly the
     tempered softmax (with top-k / top-p) the trainer scores, stopped at any EOS id, ids not text."""
     from vllm import SamplingParams
 
-    common = dict(n=n, max_tokens=sampling.max_new_tokens, stop_token_ids=eos, detokenize=False,
-                  skip_special_tokens=False, logprobs=0 if with_logprobs else None)
+    common = dict(
+        n=n,
+        max_tokens=sampling.max_new_tokens,
+        stop_token_ids=eos,
+        detokenize=False,
+        skip_special_tokens=False,
+        logprobs=0 if with_logprobs else None,
+    )
     if sampling.greedy:
         return [SamplingParams(temperature=0.0, **common)] * count
-    return [SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=int(seed),
-                           **common) for seed in seeds]
+    return [
+        SamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=int(seed), **common
+        )
+        for seed in seeds
+    ]
 
 
 class VLLMGenerator(PromptIds):
@@ -141,8 +131,17 @@ class VLLMGenerator(PromptIds):
     returns_logprobs = True  # vLLM's own log-probs of every sampled token: the step's sampler_logp
     needs_weights = True  # the step gathers (FSDP) and pushes the policy after each update
 
-    def __init__(self, tokenizer, settings, *, chat_template: bool = False, precision: Precision | None = None,
-                 device: torch.device | None = None, world_size: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        tokenizer,
+        settings,
+        *,
+        chat_template: bool = False,
+        precision: Precision | None = None,
+        device: torch.device | None = None,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
         super().__init__(tokenizer, chat_template)
         self.settings = settings
         self.precision = precision or Precision("fp32")
@@ -159,8 +158,12 @@ class VLLMGenerator(PromptIds):
         dtype = self.precision.frozen_dtype  # the compute dtype: bf16 under bf16-mixed
         cuda = self.device.type == "cuda"
         kwargs = dict(
-            dtype=dtype, seed=self.seed, load_format="dummy", generation_config="vllm",
-            logprobs_mode="processed_logprobs", enforce_eager=s.enforce_eager or not cuda,
+            dtype=dtype,
+            seed=self.seed,
+            load_format="dummy",
+            generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            enforce_eager=s.enforce_eager or not cuda,
             max_model_len=s.max_model_len or getattr(config, "max_position_embeddings", None),
             enable_prefix_caching=True,  # a group's G requests share the prompt's KV blocks
         )
@@ -178,14 +181,20 @@ class VLLMGenerator(PromptIds):
             self.tokenizer.save_pretrained(d)
             # An in-process engine seeds the global generators with its seed: keep the run's own state
             # (a resumed run's restored RNG must not depend on when the engine was built).
-            states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                      torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+            states = (
+                random.getstate(),
+                np.random.get_state(),
+                torch.get_rng_state(),
+                torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            )
             try:
                 self.llm = vllm.LLM(model=d, **kwargs)
             except (ValueError, NotImplementedError) as e:  # an architecture, setting or memory size vLLM refuses
-                raise GrpoError(f"vLLM could not start an engine for this model ({str(e).splitlines()[0]}); adjust "
-                                "generator.max_model_len, generator.kv_cache_gib (CPU) or generator.gpu_memory_utilization "
-                                "(CUDA), or use generator=hf.") from None
+                raise GrpoError(
+                    f"vLLM could not start an engine for this model ({str(e).splitlines()[0]}); adjust "
+                    "generator.max_model_len, generator.kv_cache_gib (CPU) or generator.gpu_memory_utilization "
+                    "(CUDA), or use generator=hf."
+                ) from None
             finally:
                 random.setstate(states[0])
                 np.random.set_state(states[1])
@@ -242,8 +251,16 @@ class VLLMGenerator(PromptIds):
         return self.llm
 
     # -- generation -------------------------------------------------------------------------------
-    def generate(self, model, prompts: list[str], group_size: int, sampling: SamplerConfig, seeds: list[int] | None = None,
-                 *, with_logprobs: bool = True) -> Rollout:
+    def generate(
+        self,
+        model,
+        prompts: list[str],
+        group_size: int,
+        sampling: SamplerConfig,
+        seeds: list[int] | None = None,
+        *,
+        with_logprobs: bool = True,
+    ) -> Rollout:
         """`group_size` completions of each prompt, with the sampling log-probs in roll.sampler_logp."""
         from vllm.inputs import TokensPrompt
 
@@ -256,7 +273,9 @@ class VLLMGenerator(PromptIds):
         n = 1 if sampling.greedy else group_size
         params = sampling_params(sampling, seeds, len(prompts), n, eos, with_logprobs)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
-        rows = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index) for _ in range(group_size // n)]
+        rows = [
+            c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index) for _ in range(group_size // n)
+        ]
         width = max([len(c.token_ids) for c in rows] + [0])
         ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
         logps = torch.zeros((len(rows), width)) if with_logprobs else None
@@ -264,15 +283,31 @@ class VLLMGenerator(PromptIds):
             ids[i, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
             if with_logprobs:
                 logps[i, : len(c.token_ids)] = torch.tensor(
-                    [entry[token].logprob for token, entry in zip(c.token_ids, c.logprobs)])
+                    [entry[token].logprob for token, entry in zip(c.token_ids, c.logprobs)]
+                )
         truncated = torch.tensor([c.finish_reason == "length" for c in rows], dtype=torch.bool)
         device = next(model.parameters()).device
-        return assemble(prompts, prompt_ids, group_size, ids.to(device), eos, self.tokenizer,
-                        None if logps is None else logps.to(device), truncated=truncated.to(device))
+        return assemble(
+            prompts,
+            prompt_ids,
+            group_size,
+            ids.to(device),
+            eos,
+            self.tokenizer,
+            None if logps is None else logps.to(device),
+            truncated=truncated.to(device),
+        )
 
-    def complete(self, model, contexts: list[list[int]], sampling: SamplerConfig, seeds: list[int] | None = None, *,
-                 with_logprobs: bool = True):
-        """One continuation of each context's token ids (an episode so far; episodes.py), seeded per row, as
+    def complete(
+        self,
+        model,
+        contexts: list[list[int]],
+        sampling: SamplerConfig,
+        seeds: list[int] | None = None,
+        *,
+        with_logprobs: bool = True,
+    ):
+        """One continuation of each context's token ids (an episode so far; episodes/driver.py), seeded per row, as
         HFGenerator.complete: [(ids up to and including EOS, sampling log-probs or None, ended with EOS)]."""
         from vllm.inputs import TokensPrompt
 

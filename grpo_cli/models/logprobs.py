@@ -7,22 +7,8 @@ logits. Because this happens inside `forward`, every wrapper's hooks run: DDP's 
 FSDP's unshard and reshard, PEFT's adapters (and `disable_adapter()`). Without `logprobs=`, forward is
 the model's own, so generation and `save_pretrained` are unaffected.
 
-Memory: each chunk's head runs under activation checkpointing, so the backward keeps the hidden
-states (which the body's backward needs anyway) and per-token results, never a float32
-[positions, vocab] tensor: with Qwen's 151,936-token vocabulary a 64 x 512-token micro-batch would
-otherwise hold 18 GiB of logits for backward. The price is one more head forward per chunk in the
-backward pass.
-
-Models whose forward transforms logits after the head (Gemma's soft-capping, Cohere's and Granite's
-scaling) are scored through their own full forward instead (`logits_to_keep`), which is exact but
-keeps [B, T, vocab] logits.
-
-Packing (docs/math.md "Packed batches"): no pad token enters the forward. The packer (packer.py) lays a
-micro-batch's rows end to end in bins, position ids restarting at 0 for every row, which transformers reads as
-sequence boundaries, so a token attends to its own row only. Only the states that predict a scored token go
-through the head, and the results are flat, one per scored token.
+How it works in detail: docs/internals.md, grpo_cli/models/logprobs.py.
 """
-
 from __future__ import annotations
 
 import types

@@ -113,7 +113,7 @@ def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpoin
     k_and_v = 2 * q if kv < q else 2 * kv
     per_layer = (4 * s.hidden + q + k_and_v + 2 * q + 4 * s.intermediate) * act_bytes + 4 * row_len
     if pointwise and not checkpointing:
-        per_layer -= 2 * s.intermediate * act_bytes  # measured: tests/test_recompute.py
+        per_layer -= 2 * s.intermediate * act_bytes  # measured: tests/models/test_recompute.py
     if checkpointing:  # each layer keeps its input; one layer's full set lives while it is recomputed
         return s.layers * s.hidden * act_bytes + per_layer
     return s.layers * per_layer

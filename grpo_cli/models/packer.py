@@ -9,26 +9,8 @@ spread so the micro-batches hold about equal tokens (longest first, each to the 
 micro-batch computes more than `largest_micro_batch` positions, which is what the planner counts. The
 loss is the whole batch's either way: every normaliser is global (docs/math.md, "Aggregation").
 
-Layout of a micro-batch's forward:
-- "padded": one row per sequence, every row as long as the step's longest prompt plus its longest
-  completion (the padded view, update/batch.py);
-- "bins": rows laid end to end in bins as long as the micro-batch's longest row (first-fit decreasing), so
-  attention never costs more than one padded row and no pad token is computed (docs/math.md, "Packed
-  batches"); given the model's pair cost (the step's), longer bins where the filler short bins leave
-  costs more than their longer attention (fill_bins);
-- "one_bin": the whole micro-batch as one sequence of rows (variable-length attention kernels);
-- "shared" (`trainer.shared_prompts`): as "bins", but the rows of a micro-batch that share a prompt (a
-  group's G samples) lie as one unit, the prompt once and then each row's completion, with a tree
-  attention mask: a completion sees the prompt and itself, so each prompt is computed once per micro-batch
-  instead of G times (docs/math.md, "Shared prompts").
-
-A model that attends block by block (segments.py: sdpa, layers not recomputed) takes a "bins" or "shared"
-micro-batch whose longest row has GROW_FROM tokens as one bin: each row (or shared branch) attends only to
-itself (and its prompt), so the bin's length costs nothing and no filler is computed. Shorter rows stay in
-bins under the mask: one attention call per row costs them more than the pairs it saves (the default task's
-10-token rows: its update 2.5x slower row by row).
+How it works in detail: docs/internals.md, grpo_cli/models/packer.py.
 """
-
 from __future__ import annotations
 
 import heapq

@@ -8,14 +8,8 @@
   of a weight rounds away, so this is refused where the learning rate is too small to register
   (`check_pure_bf16_lr`); bf16-mixed is the setting that trains at small learning rates.
 
-- `auto`: bf16-mixed where bf16 compute is fast (a CUDA device with bf16; a CPU with AVX-512 BF16 or
-  AMX, as torch reports it, confirmed by a short matmul probe), fp32 elsewhere. On a CPU without native
-  bf16, bf16 is emulated and a matmul runs tens of times slower than in float32; an explicit bf16
-  setting there gets a warning with the ratio measured.
-
-The loss math (ratios, KL, aggregation) is float32 under every setting (objective.py upcasts).
+How it works in detail: docs/internals.md, grpo_cli/models/precision.py.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -67,7 +61,7 @@ class Precision:
 def training_precision(name: str, device: torch.device) -> tuple[Precision, str | None]:
     """The precision a run trains in, and a line saying why when it matters: what `auto` chose (and
     why, starting "precision:"), or a warning for an explicit bf16 setting where bf16 compute is slow."""
-    if name not in PRECISIONS:  # checks.py refused it already: a caller's bug
+    if name not in PRECISIONS:  # the config's check refused it already: a caller's bug
         raise ValueError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}.")
     if name == "fp32":
         return Precision(name, device.type), None

@@ -7,24 +7,10 @@ of those are cheap to compute again and large to hold (the MLP's are the interme
 on SmolLM2). Here the norms and the MLP run under torch's selective activation checkpointing
 (`torch.utils.checkpoint` with `create_selective_checkpoint_contexts`): the outputs of matrix products are kept,
 everything else is recomputed in the backward from them. The backward runs the same operations on the same
-values as without it, so gradients are bitwise the same (tests/test_recompute.py).
+values as without it, so gradients are bitwise the same (tests/models/test_recompute.py).
 
-Measured on SmolLM2-135M in float32, one 1,024-token forward and backward, one thread of a 2-core AMD EPYC
-(AVX2), `scripts/bench_recompute.py`: the memory the forward adds fell from 1,314 to 886 KiB a token, the
-process's peak from 2,650 to 2,240 MiB, and the forward and backward took 0.93x the time (three interleaved
-rounds: less memory written and read back outweighs the recompute).
-Attention is left as it is: its block-by-block path (segments.py) chooses its kernel from the model's config
-for the forward only, and its recompute would run another one.
-
-`model.recompute_pointwise=auto` (the default) wraps models whose hidden size is AUTO_MIN_HIDDEN or more. Each
-wrapped module costs a fixed amount of Python per call; on the built-in tiny model (hidden size 128, micro-batches
-of about 800 tokens) that made the update 1.66x as long (`scripts/bench_floors.py`, 40 steps, the two settings run
-side by side), where SmolLM2-135M's (576) gained.
-
-Only under autograd: a forward without gradients (generation, the reference, scoring) runs the modules as
-they are. Full checkpointing (`model.gradient_checkpointing`) recomputes whole layers and makes this moot.
+How it works in detail: docs/internals.md, grpo_cli/models/recompute.py.
 """
-
 from __future__ import annotations
 
 import functools

@@ -1,25 +1,8 @@
 """Process settings that make CPU runs fast: torch's thread count, and glibc's allocator told to keep
 freed memory for reuse.
 
-On CPU every cast, gradient and temporary of a large model is a fresh multi-megabyte allocation.
-By default glibc serves those with mmap, or trims the top of its heap once 128 KiB there is free,
-and returns the memory to the kernel, so each allocation is page-faulted in again, zero-filled, on
-first touch. `reuse_freed_memory` sets glibc's M_MMAP_MAX to 0 (large blocks come from the heap) and
-M_TRIM_THRESHOLD to -1 (never trim), the effect of MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1
-without restarting the process. torch asks for 64-byte aligned blocks, which glibc (2.36 here) can
-seldom place in a freed block of exactly the same size, so the heap grows for a few steps (two to
-three at the 0.5B shape) before most sizes find a hole; after that a step seldom touches new memory
-(an occasional late growth, by one block, depends on the address-space layout). Measured at the Qwen2.5-0.5B shape
-in bf16-mixed (scripts/bench.py): with a trim threshold of 2 GiB (the largest positive value) the
-heap still released the update's 2.9 GB between steps, and each update took 9-10 s faulting it in
-again; with trimming off, 4.9 s from the third step on, at the same peak RSS (12.9 GB). The price:
-the process's RSS stays at its peak until it exits.
-`GRPO_MALLOC=system` keeps glibc's defaults.
-
-`prepare_libraries` sets transformers up as a job and the generation worker want it: quiet, and without scipy
-for losses a language model never runs (`defer_scipy`).
+How it works in detail: docs/internals.md, grpo_cli/models/runtime.py.
 """
-
 from __future__ import annotations
 
 import ctypes

@@ -1,29 +1,15 @@
 """Attention over a packed micro-batch's rows, one row (or shared-prompt branch) at a time.
 
 A packed bin (packer.py) holds several rows end to end. transformers' sdpa attends over a whole bin with a
-block-diagonal mask: every query meets every key of the bin, and the mask throws most of the products away.
-The long workload's update bins were 10-18% dense (a 482-position bin of 9 heads: 105 ms forward and backward
-under the mask, 62 ms row by row, on the CPU of docs/benchmarks.md). Here each block of a bin attends only to
+block-diagonal mask: every query meets every key of the bin, and the mask throws most of the products away
+(the long workload's bins were 10-18% dense; docs/benchmarks.md, "Figures behind the code"). Here each block of a bin attends only to
 what it sees:
 - a row (or a shared unit's prompt): causal over itself;
 - a shared-prompt completion (packer.shared_inputs): its prompt, and causally itself, the query `i` of an
   `m`-token completion seeing the prompt's `n` keys and its own first `i + 1`.
 
-Blocks are `(start, end, prefix_start, prefix_end)` in a bin's positions; positions no block covers (bin
-filler, which nothing real attends and nothing scores) get a zero output. Each token sees exactly the keys,
-values and positions of the masked forward, so log-probs and gradients equal it up to float rounding
-(tests/test_segments.py).
-
-`segment_attention(model, blocks)` routes the model's attention here for one forward: the model's config
-names this module's function (registered with transformers' `AttentionInterface`) until the context ends, and
-the blocks travel to every layer as a keyword of the forward, as transformers passes its attention keywords, with
-a dict in which the first layer leaves each block's mask for the others.
-It applies (`can_segment`) to sdpa models on a CPU whose layers are not recomputed in the backward: gradient
-checkpointing would recompute them after the config is restored. The packer decides which micro-batches go
-block by block (packer.py: those whose longest row is long enough that a call per row pays) and lays them as
-one bin: with no attention across rows, a longer bin costs nothing, and one bin has no filler.
+How it works in detail: docs/internals.md, grpo_cli/models/segments.py.
 """
-
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -30,7 +30,7 @@ from grpo_cli.errors import GrpoError
 
 
 def how_it_ended(process: subprocess.Popen) -> str:
-    """"was killed by SIGKILL", "exited with code 7", or "closed its end of the pipe" (still running)."""
+    """ "was killed by SIGKILL", "exited with code 7", or "closed its end of the pipe" (still running)."""
     try:
         code = process.wait(5)
     except subprocess.TimeoutExpired:
@@ -87,13 +87,25 @@ class Helper:
     `name` begins its sentences ("the generation worker was killed by SIGKILL while ..."); `lost` is the
     exception they are raised as."""
 
-    def __init__(self, module: str, first: object, *, name: str, lost: type[HelperLost] = HelperLost,
-                 timeout_key: str = "", plain: bool = False):
+    def __init__(
+        self,
+        module: str,
+        first: object,
+        *,
+        name: str,
+        lost: type[HelperLost] = HelperLost,
+        timeout_key: str = "",
+        plain: bool = False,
+    ):
         ours, theirs = socket.socketpair()
         quiet = subprocess.DEVNULL if plain else None
-        self.process = subprocess.Popen([sys.executable, "-m", "grpo_cli.procs.launch", str(os.getpid()), module,
-                                         str(theirs.fileno())],
-                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "grpo_cli.procs.launch", str(os.getpid()), module, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=quiet,
+            stderr=quiet,
+        )
         theirs.close()  # the helper holds the only other end: its death is this end's EOF
         self.conn, self.name, self.lost, self.plain = Connection(ours.detach()), name, lost, plain
         self.answered = False  # whether it has answered once (started): a plain helper's errors after are its loss
@@ -144,7 +156,8 @@ class Helper:
             self.process.kill()
             raise self.lost(f"{self.name} sent a message that is not plain data ({e}) and was stopped") from None
         if not (isinstance(message, tuple) and len(message) == 2 and isinstance(message[0], str)) or (
-                message[0] in ("error", "bug") and not isinstance(message[1], str)):
+            message[0] in ("error", "bug") and not isinstance(message[1], str)
+        ):
             self.process.kill()
             raise self.lost(f"{self.name} sent a message of no known shape and was stopped")
         if message[0] in ("error", "bug") and len(message[1]) > PLAIN_TEXT_CHARS:  # it may be hostile: cut short
@@ -204,7 +217,9 @@ class Channel:
         self.conn.send_bytes(pickle.dumps(message))
 
 
-def serve(handler: Callable[[Channel, object], None], memory_gib: Callable[[object], float] = lambda first: 0.0) -> None:
+def serve(
+    handler: Callable[[Channel, object], None], memory_gib: Callable[[object], float] = lambda first: 0.0
+) -> None:
     """A helper's main: read the first message (the trainer's path and the handler's settings), set the
     process up as a helper, and run `handler(channel, settings)`; a GrpoError goes back as its sentence,
     a bug with its trace; a trainer that has gone ends the helper quietly."""

@@ -1,16 +1,14 @@
 """How weights travel from the trainer to a sampling process (docs/math.md, "Stale sampling"): a
 `WeightTransport` sends a list of tensors from the trainer and receives them, in the same order, into
-the sampler's parameters. Versioning is the rollout source's (source.WorkerSource), not the transport's.
+the sampler's parameters. Versioning is the rollout source's (ahead.WorkerSource), not the transport's.
 
 `GlooTransport` is the CPU path: a two-process gloo group of its own on a TCP store the trainer opens,
 so it never touches a torchrun job's group, and the same code reaches another node (the store's address
 is the one change). Small tensors go in buckets: consecutive ones of one dtype are flattened into
 buffers of at most `bucket_mb` (1 MiB), one broadcast each; a tensor of that size or more goes alone,
-in place on both sides. Flattening the large ones too (256 MiB buckets) made a 494M push 4x slower on a
-2-core CPU, 5.3 s against 1.3 s (the copies cost more than the messages they save); with 1 MiB buckets
-it takes what one message per tensor took, 1.24 s against 1.26 s, in 169 messages instead of 290
-(scripts/bench_push.py). On CUDA the tensors are staged through host memory. A transport for NCCL or CUDA IPC (same-GPU, zero-copy), or for an adapter alone (a LoRA run
-already pushes only its trainable tensors), is one more class with these three methods.
+in place on both sides (larger buckets cost more in copies than they save in messages: docs/benchmarks.md,
+"Figures behind the code"). On CUDA the tensors are staged through host memory. A transport for NCCL or CUDA IPC, or for
+an adapter alone, is one more class with these three methods.
 """
 
 from __future__ import annotations
@@ -56,8 +54,9 @@ class GlooTransport:
 
         self.timeout_s, self.bucket_mb, self.rank = timeout_s, bucket_mb, 0 if address is None else 1
         host, port = address or ("127.0.0.1", 0)
-        self.store = tdist.TCPStore(host, port, 2, self.rank == 0, datetime.timedelta(seconds=START_TIMEOUT_S),
-                                    wait_for_workers=False)
+        self.store = tdist.TCPStore(
+            host, port, 2, self.rank == 0, datetime.timedelta(seconds=START_TIMEOUT_S), wait_for_workers=False
+        )
         self.address = (host, self.store.port)
         self.group = None  # joined at the first push: the sampler may still be loading its model
 
@@ -80,7 +79,12 @@ class GlooTransport:
         """Into `params` (cast to their dtype and device when the sender's differ)."""
         for bucket in buckets(layout, self.bucket_mb):
             first = params[bucket[0]].data
-            if len(bucket) == 1 and first.device.type == "cpu" and first.is_contiguous() and first.dtype == layout[bucket[0]][1]:
+            if (
+                len(bucket) == 1
+                and first.device.type == "cpu"
+                and first.is_contiguous()
+                and first.dtype == layout[bucket[0]][1]
+            ):
                 self._broadcast(first)  # a large tensor lands in place: no copy
                 continue
             shells = [torch.empty(layout[i][0], dtype=layout[i][1]) for i in bucket]

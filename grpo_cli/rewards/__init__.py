@@ -18,8 +18,9 @@ from typing import Callable, Optional, Sequence
 from grpo_cli.config.reward import term_specs
 from grpo_cli.errors import GrpoError
 from grpo_cli.registry import load
+
 # Each reward's builder, `build(cfg) -> term`, named by import path and imported when first used, so the
-# names (checks.py reads them) cost no torch. A new reward is its module, a line here and its YAML.
+# names (the config's check reads them) cost no torch. A new reward is its module, a line here and its YAML.
 BUILDERS: dict[str, Callable | str] = {
     "exact_match": "grpo_cli.rewards.exact_match:build",
     "math": "grpo_cli.rewards.math_equiv:build",
@@ -58,7 +59,9 @@ class Batch:
     def row(self, i: int) -> "Batch":
         """Completion i alone: a failing batch is replayed one row at a time to name the culprit."""
         return Batch(
-            [self.prompts[i]], [self.completions[i]], [self.answers[i]],
+            [self.prompts[i]],
+            [self.completions[i]],
+            [self.answers[i]],
             None if self.completion_tokens is None else [self.completion_tokens[i]],
             {k: [v[i]] for k, v in self.columns.items()},
             None if self.completion_ids is None else [self.completion_ids[i]],
@@ -74,7 +77,9 @@ TermFn = Callable[[Batch], Sequence[float]]
 class Reward:
     """Named, checked terms and their weights; calling it gives the weighted sum per completion."""
 
-    def __init__(self, terms: dict[str, TermFn], weights: dict[str, float], pool=None, max_failed_fraction: float = 1.0):
+    def __init__(
+        self, terms: dict[str, TermFn], weights: dict[str, float], pool=None, max_failed_fraction: float = 1.0
+    ):
         self.terms, self.weights = terms, weights
         self.pool, self.max_failed_fraction = pool, max_failed_fraction  # reward_pool.RewardPool, or in-process
         self.failed: list = []  # the last batch's completions that a worker could not score (reward_pool.Failure)
@@ -94,9 +99,14 @@ class Reward:
             def kind(env):  # an environment in a worker (env.workers) stands for its class
                 return getattr(env, "remote_class", type(env))
 
-            values = [None if only is not None and kind(ep.environment) is not only else
-                      ep.environment.get_reward() if hasattr(ep.environment, "get_reward") else ep.reward
-                      for ep in batch.episodes]
+            values = [
+                None
+                if only is not None and kind(ep.environment) is not only
+                else ep.environment.get_reward()
+                if hasattr(ep.environment, "get_reward")
+                else ep.reward
+                for ep in batch.episodes
+            ]
             return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward
 
         term.user_code, term.max_value = True, max_value
@@ -113,19 +123,27 @@ class Reward:
             return None
         return sum(self.weights[name] * t for name, t in zip(self.terms, tops))
 
-    def score(self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None,
-              episodes=None):
+    def score(
+        self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None, episodes=None
+    ):
         """(weighted sum per completion, {term: its values}) for one batch. A term's NaN is no score (a
         None from user code, or a completion a worker could not score): the sum is over the terms that
         scored it, as TRL's nansum, and NaN when none did. `self.failed` lists the worker failures; more
         than `max_failed_fraction` of the batch stops the run with one sentence."""
         messages = (columns or {}).get(PROMPT_MESSAGES)
-        batch = Batch(list(prompts), list(completions), [str(a) for a in answers],
-                      None if completion_tokens is None else [int(n) for n in completion_tokens],
-                      {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")}, completion_ids,
-                      None if messages is None else list(messages), episodes)
-        pooled = [name for name, fn in self.terms.items()
-                  if self.pool is not None and not getattr(fn, "in_process", False)]
+        batch = Batch(
+            list(prompts),
+            list(completions),
+            [str(a) for a in answers],
+            None if completion_tokens is None else [int(n) for n in completion_tokens],
+            {k: list(v) for k, v in (columns or {}).items() if not k.startswith("_")},
+            completion_ids,
+            None if messages is None else list(messages),
+            episodes,
+        )
+        pooled = [
+            name for name, fn in self.terms.items() if self.pool is not None and not getattr(fn, "in_process", False)
+        ]
         values, self.failed = self.pool.score(pooled, batch) if pooled else ({}, [])
         for name in self.terms:
             if name not in values:
@@ -153,15 +171,25 @@ class Reward:
     def _failed_sentence(self, names: list[str], batch: Batch) -> str:
         first = self.failed[0]
         label = names[0] if len(names) == 1 else "+".join(names)
-        return (f"Reward {label!r} could not score {len(self.failed)} of {len(batch)} completions, more than "
-                f"reward.max_failed_fraction={self.max_failed_fraction:g}: completion {first.index} "
-                f"({_short(batch.completions[first.index])}) {first.why}; fix the reward, or raise "
-                "reward.timeout_s or reward.worker_memory_gib.")
+        return (
+            f"Reward {label!r} could not score {len(self.failed)} of {len(batch)} completions, more than "
+            f"reward.max_failed_fraction={self.max_failed_fraction:g}: completion {first.index} "
+            f"({_short(batch.completions[first.index])}) {first.why}; fix the reward, or raise "
+            "reward.timeout_s or reward.worker_memory_gib."
+        )
 
-    def __call__(self, prompts, completions, answers, *, completion_tokens=None, columns=None,
-                 completion_ids=None, episodes=None) -> list[float]:
-        return self.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
-                          completion_ids=completion_ids, episodes=episodes)[0]
+    def __call__(
+        self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None, episodes=None
+    ) -> list[float]:
+        return self.score(
+            prompts,
+            completions,
+            answers,
+            completion_tokens=completion_tokens,
+            columns=columns,
+            completion_ids=completion_ids,
+            episodes=episodes,
+        )[0]
 
 
 def load_user_rewards(cfg) -> None:
@@ -189,10 +217,12 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
         return
     if cfg.tests_field not in rows.column_names:
         shown = ", ".join(sorted(c for c in rows.column_names if not c.startswith("_")))
-        raise GrpoError(f"reward=code reads each row's tests from the dataset column {cfg.tests_field!r}, which this "
-                        f"data does not have (its columns: {shown}); set reward.tests_field, or use data with tests.")
-    from grpo_cli.sandbox.program import Sandbox
+        raise GrpoError(
+            f"reward=code reads each row's tests from the dataset column {cfg.tests_field!r}, which this "
+            f"data does not have (its columns: {shown}); set reward.tests_field, or use data with tests."
+        )
     from grpo_cli.rewards.code import parse_tests
+    from grpo_cli.sandbox.program import Sandbox
 
     for i, tests in enumerate(rows[cfg.tests_field]):
         parse_tests(tests, i, f"{cfg.tests_field} ({split} split)")
@@ -235,12 +265,17 @@ def build_reward(cfg, workers: bool = True) -> Reward:
         from grpo_cli.rewards.reward_pool import RewardPool
 
         pool = RewardPool(cfg, cfg.workers, cfg.timeout_s, cfg.worker_memory_gib)
-    return Reward(terms, dict(zip([label for label, _, _ in specs], map(float, weights))), pool,
-                  getattr(cfg, "max_failed_fraction", 1.0))
+    return Reward(
+        terms,
+        dict(zip([label for label, _, _ in specs], map(float, weights))),
+        pool,
+        getattr(cfg, "max_failed_fraction", 1.0),
+    )
 
 
 def reward_with(reward_cfg, spec):
-    """The reward group's Reward for this environment (an episodes.environments.EnvSpec, or None): an environment that scores episodes (get_reward(),
+    """The reward group's Reward for this environment (an episodes.environments.EnvSpec, or None): an environment
+    that scores episodes (get_reward(),
     or a step environment's rewards) is one more term (rewards.Reward.add_environment_term), and with
     reward=auto the only one, as TRL's GRPOTrainer scores with an environment and no reward_funcs. A
     reward that would score nothing is one sentence."""
@@ -249,10 +284,15 @@ def reward_with(reward_cfg, spec):
     if scores:
         spec.score_with(reward)
     if not reward.terms:
-        what = (f"env.factory={spec.cfg.factory} has no get_reward() and no step()" if spec is not None and spec.cfg.factory
-                else "there is no env.factory")
-        raise GrpoError(f"reward=none leaves the scoring to the environment, but {what}; give the environment a "
-                        "get_reward() method, or name a reward (reward=exact_match, reward=python, ...).")
+        what = (
+            f"env.factory={spec.cfg.factory} has no get_reward() and no step()"
+            if spec is not None and spec.cfg.factory
+            else "there is no env.factory"
+        )
+        raise GrpoError(
+            f"reward=none leaves the scoring to the environment, but {what}; give the environment a "
+            "get_reward() method, or name a reward (reward=exact_match, reward=python, ...)."
+        )
     return reward
 
 
@@ -289,12 +329,28 @@ def no_score_none(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def score_batch(reward_fn, prompts, completions, answers, *, completion_tokens=None, columns=None,
-                completion_ids=None, episodes=None):
+def score_batch(
+    reward_fn,
+    prompts,
+    completions,
+    answers,
+    *,
+    completion_tokens=None,
+    columns=None,
+    completion_ids=None,
+    episodes=None,
+):
     """(totals, per-term values) of any reward: a `Reward`, or a plain fn(prompts, completions, answers)."""
     if isinstance(reward_fn, Reward):
-        return reward_fn.score(prompts, completions, answers, completion_tokens=completion_tokens, columns=columns,
-                               completion_ids=completion_ids, episodes=episodes)
+        return reward_fn.score(
+            prompts,
+            completions,
+            answers,
+            completion_tokens=completion_tokens,
+            columns=columns,
+            completion_ids=completion_ids,
+            episodes=episodes,
+        )
     return list(reward_fn(prompts, completions, answers)), {}
 
 
@@ -311,8 +367,10 @@ def run_term(name: str, fn: TermFn, batch: Batch, *, user_code: bool, none_is_no
     except SystemExit as e:  # a reward that exits would end the run with its code and no word
         if not user_code:
             raise
-        raise GrpoError(f"Reward {name!r} called sys.exit({e.code!r}); a reward must return one float per completion "
-                        "(raise an exception to report a problem).") from None
+        raise GrpoError(
+            f"Reward {name!r} called sys.exit({e.code!r}); a reward must return one float per completion "
+            "(raise an exception to report a problem)."
+        ) from None
     except Exception as e:
         if not user_code:
             raise

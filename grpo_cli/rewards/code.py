@@ -5,21 +5,12 @@ The program is the last fenced block of the completion (```python ... ```); a co
 read up to its first closing fence (the prompt opened the block), else whole. The tests are the
 dataset column `reward.tests_field`, one entry per row, in any of these forms (or as a JSON string of
 one of them):
-- stdin/stdout pairs: `[{"input": "3 4\\n", "output": "7\\n"}, ...]`, or APPS's
+- stdin/stdout pairs: `[{"input": "3 4\n", "output": "7\n"}, ...]`, or APPS's
   `{"inputs": [...], "outputs": [...]}`: the program reads the input and must print the output
   (compared line by line, trailing whitespace aside);
 - assert statements: `["assert add(1, 2) == 3", ...]`, each run after the program.
 
-Each test is a fresh `python -I -S` process (standard library only) in a fresh scratch directory, with an
-empty environment and the limits `reward.code_cpu_s` (CPU seconds; the wall clock allows twice that plus
-a second), `reward.code_memory_mib` (address space), `reward.code_output_kib` (any file, so stdout too)
-and `reward.code_processes`. With `reward.sandbox=os` (the default) it runs in namespaces of its own with
-a read-only view of the runtime, no privileges and a seccomp filter (rewards/sandbox_child.py,
-sandbox_os.py); `Sandbox.check` stops the run at start, in one sentence, where the kernel refuses them.
-The trainer judges each test: stdin/stdout by comparing what the program printed, asserts by evaluating
-the parts that need the program in the sandbox and the rest here (rewards/code_verdict.py). A test that
-breaks a limit fails; the process group is killed when the test ends, so nothing it started outlives it.
-Tests run in parallel threads, one per core. docs/sandbox.md has the threat model and the attack results.
+How it works in detail: docs/internals.md, grpo_cli/rewards/code.py.
 """
 
 from __future__ import annotations
@@ -63,8 +54,10 @@ def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str 
             judged = verdict(t)
             tests.append(("judged", t, judged) if judged else ("assert", t, None))
         else:
-            raise GrpoError(f"Row {row}'s {field} holds {t!r}, not a test; give a list of {{\"input\": ..., "
-                            "\"output\": ...} pairs or of assert statements (reward=code).")
+            raise GrpoError(
+                f'Row {row}\'s {field} holds {t!r}, not a test; give a list of {{"input": ..., '
+                '"output": ...} pairs or of assert statements (reward=code).'
+            )
     if not tests:
         raise GrpoError(f"Row {row}'s {field} is empty; every row needs at least one test (reward=code).")
     return tests
@@ -79,9 +72,11 @@ def build(cfg):
 
     def reward(batch):
         if field not in batch.columns:
-            raise GrpoError(f"reward=code reads each row's tests from the dataset column {field!r}, which this data "
-                            f"does not have (its columns: {', '.join(sorted(batch.columns)) or 'none'}); set "
-                            "reward.tests_field.")
+            raise GrpoError(
+                f"reward=code reads each row's tests from the dataset column {field!r}, which this data "
+                f"does not have (its columns: {', '.join(sorted(batch.columns)) or 'none'}); set "
+                "reward.tests_field."
+            )
         jobs = []  # (completion, test) pairs
         for i, (text, tests) in enumerate(zip(batch.completions, batch.columns[field])):
             program = extract_program(text)

@@ -9,16 +9,7 @@ does there (reading the harness's memory, patching `exec` or the builtins, retur
 anything, exiting early after printing) can make a wrong answer pass: the values it can send are ones an
 honest program could return.
 
-The values cross as tagged plain data, written as Python literals and read with `ast.literal_eval`
-(`encode` in rewards/sandbox_child.py): None, bools, ints, floats (nan and
-inf too), complex numbers, strings, bytes, ranges, and lists, tuples, sets, frozensets and dicts of them.
-An iterator comes back as an iterator over its items. Any other object fails the test.
-
-HumanEval's shape, a `def check(candidate):` of asserts called as `check(entry_point)` (with constants such
-as its METADATA beside it), is judged as the top-level asserts it stands for, `candidate` read as the entry
-point. Tests of another shape (loops, helper functions, assignments the asserts read) run whole in the
-sandbox, and the harness's last line reports their pass; a program that digs the line out of the harness's
-memory can forge that.
+How it works in detail: docs/internals.md, grpo_cli/rewards/code_verdict.py.
 """
 
 from __future__ import annotations
@@ -33,16 +24,70 @@ MARK = "\x00grpo-values "  # starts the harness's line of values on stdout
 # capped): comparisons, logic, displays, the operators below (not *, ** or <<, which a value could make
 # huge) and the calls below. Anything else that touches the program's values is evaluated in the sandbox,
 # as part of the piece: the expected values are on the other side of a comparison and never go there.
-OPEN = (ast.Compare, ast.BoolOp, ast.UnaryOp, ast.IfExp, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.keyword,
-        ast.Starred)
+OPEN = (
+    ast.Compare,
+    ast.BoolOp,
+    ast.UnaryOp,
+    ast.IfExp,
+    ast.List,
+    ast.Tuple,
+    ast.Set,
+    ast.Dict,
+    ast.keyword,
+    ast.Starred,
+)
 OPERATORS = (ast.Add, ast.Sub, ast.Div, ast.FloorDiv, ast.Mod, ast.BitAnd, ast.BitOr, ast.BitXor)
-CALLS = frozenset({"abs", "all", "any", "bool", "dict", "float", "frozenset", "int", "isinstance", "len", "list",
-                   "max", "min", "reversed", "set", "sorted", "str", "tuple", "type", "math.isclose", "math.isnan",
-                   "math.isinf", "math.isfinite", "math.floor", "math.ceil", "math.fabs", "collections.Counter"})
+CALLS = frozenset(
+    {
+        "abs",
+        "all",
+        "any",
+        "bool",
+        "dict",
+        "float",
+        "frozenset",
+        "int",
+        "isinstance",
+        "len",
+        "list",
+        "max",
+        "min",
+        "reversed",
+        "set",
+        "sorted",
+        "str",
+        "tuple",
+        "type",
+        "math.isclose",
+        "math.isnan",
+        "math.isinf",
+        "math.isfinite",
+        "math.floor",
+        "math.ceil",
+        "math.fabs",
+        "collections.Counter",
+    }
+)
 MODULES = frozenset({"math", "cmath", "collections", "fractions", "decimal", "string", "operator"})
 TRUSTED = frozenset(name for name in dir(builtins) if name.islower() and not name.startswith("_")) - {
-    "eval", "exec", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "getattr", "setattr",
-    "delattr", "help", "exit", "quit", "memoryview", "print"}
+    "eval",
+    "exec",
+    "compile",
+    "open",
+    "input",
+    "breakpoint",
+    "globals",
+    "locals",
+    "vars",
+    "getattr",
+    "setattr",
+    "delattr",
+    "help",
+    "exit",
+    "quit",
+    "memoryview",
+    "print",
+}
 
 
 @dataclass
@@ -60,7 +105,7 @@ class Verdict:
         if at < 0:
             return False
         try:
-            encoded = ast.literal_eval(stdout[at + len(MARK):].split("\n", 1)[0])
+            encoded = ast.literal_eval(stdout[at + len(MARK) :].split("\n", 1)[0])
             values = Values({f"_v{i}": decode(v) for i, v in enumerate(encoded) if not _raised(v)})
         except Exception:  # noqa: BLE001 - a line the program cut short or forged: not a pass
             return False
@@ -96,8 +141,12 @@ def verdict(source: str) -> Verdict | None:
     for stmt in tree.body:
         if isinstance(stmt, ast.Import) and all(a.name in MODULES for a in stmt.names):
             names |= {a.asname or a.name for a in stmt.names}
-            calls |= {f"{a.asname or a.name}.{c.split('.')[1]}": c for a in stmt.names for c in CALLS
-                      if c.startswith(a.name + ".")}
+            calls |= {
+                f"{a.asname or a.name}.{c.split('.')[1]}": c
+                for a in stmt.names
+                for c in CALLS
+                if c.startswith(a.name + ".")
+            }
         elif isinstance(stmt, ast.ImportFrom) and stmt.module in MODULES and not stmt.level:
             names |= {a.asname or a.name for a in stmt.names}
             calls |= {a.asname or a.name: f"{stmt.module}.{a.name}" for a in stmt.names}
@@ -129,8 +178,12 @@ def _flattened(tree: ast.Module) -> ast.Module:
                 return tree
             body += inlined
             called.add(call.func.id)
-        elif not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
-                  and _literal(stmt.value)):
+        elif not (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and _literal(stmt.value)
+        ):
             body.append(stmt)
     read = {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name)}
     constants = {t.id for s in tree.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)}
@@ -143,8 +196,18 @@ def _inlined(fn: ast.FunctionDef, call: ast.Call) -> list[ast.stmt] | None:
     """`fn`'s assertions and imports with its one parameter read as the call's one argument (a name), or None
     where `fn` or the call is of another shape."""
     a = fn.args
-    if (fn.decorator_list or a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults or len(a.args) != 1
-            or len(call.args) != 1 or call.keywords or not isinstance(call.args[0], ast.Name)):
+    if (
+        fn.decorator_list
+        or a.posonlyargs
+        or a.vararg
+        or a.kwonlyargs
+        or a.kwarg
+        or a.defaults
+        or len(a.args) != 1
+        or len(call.args) != 1
+        or call.keywords
+        or not isinstance(call.args[0], ast.Name)
+    ):
         return None
     param, given = a.args[0].arg, call.args[0].id
     out = []
@@ -191,8 +254,7 @@ def _split(node: ast.AST, names: set[str], calls: dict[str, str], pieces: list[s
             if field == "func":
                 continue
             if isinstance(value, list):
-                setattr(node, field, [_split(v, names, calls, pieces) if isinstance(v, ast.AST) else v
-                                      for v in value])
+                setattr(node, field, [_split(v, names, calls, pieces) if isinstance(v, ast.AST) else v for v in value])
             elif isinstance(value, ast.expr):
                 setattr(node, field, _split(value, names, calls, pieces))
         return node
@@ -201,15 +263,23 @@ def _split(node: ast.AST, names: set[str], calls: dict[str, str], pieces: list[s
 
 
 def decode(v):
-    """A value as the harness encoded it (rewards/sandbox_child.encode)."""
+    """A value as the harness encoded it (sandbox/child.encode)."""
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, list):  # never bare: lists come tagged
         raise ValueError("an untagged list")
-    (tag, body), = v.items()
+    ((tag, body),) = v.items()
     items = lambda: [decode(x) for x in body]  # noqa: E731
-    kinds = {"f": lambda: float(body), "c": lambda: complex(*map(float, body)), "b": lambda: bytes.fromhex(body),
-             "r": lambda: range(*body), "l": items, "t": lambda: tuple(items()), "s": lambda: set(items()),
-             "F": lambda: frozenset(items()), "i": lambda: iter(items()),
-             "d": lambda: {decode(k): decode(x) for k, x in body}}
+    kinds = {
+        "f": lambda: float(body),
+        "c": lambda: complex(*map(float, body)),
+        "b": lambda: bytes.fromhex(body),
+        "r": lambda: range(*body),
+        "l": items,
+        "t": lambda: tuple(items()),
+        "s": lambda: set(items()),
+        "F": lambda: frozenset(items()),
+        "i": lambda: iter(items()),
+        "d": lambda: {decode(k): decode(x) for k, x in body},
+    }
     return kinds[tag]()

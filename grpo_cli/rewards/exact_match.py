@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 
-
 def build(cfg):
     """`reward.format_pattern` must match the completion from start to end (surrounding whitespace
     aside); `.` also matches newlines, so `<think>.*?</think>` spans lines."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 def overlong_penalty(length: int, max_length: int, buffer: int) -> float:
     """DAPO eq. 13, with L the completion's length in tokens, L_max and L_cache the buffer:
     0 when L <= L_max - L_cache, (L_max - L_cache - L) / L_cache inside the buffer, -1 past L_max."""

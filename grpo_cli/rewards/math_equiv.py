@@ -19,7 +19,9 @@ def build(cfg):
     try:
         from math_verify import parse, verify
     except ImportError:
-        raise GrpoError("reward=math needs the math-verify library; install it with pip install 'grpo-cli[math]'.") from None
+        raise GrpoError(
+            "reward=math needs the math-verify library; install it with pip install 'grpo-cli[math]'."
+        ) from None
 
     def reward(batch):
         timeout = TIMEOUT_S if threading.current_thread() is threading.main_thread() else None

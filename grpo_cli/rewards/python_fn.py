@@ -12,29 +12,7 @@ dataset column by its name, when the caller has the dataset rows (training steps
 Return one finite float per completion (a list, tuple, numpy array or tensor). Accept `**kwargs` to
 ignore what you do not use.
 
-A reward function written for TRL's GRPOTrainer, `fn(prompts, completions, completion_ids, **kwargs)`
-reading dataset columns from kwargs, runs unchanged. As in TRL, `None` for a completion means "no
-score from this function": it adds 0 to the weighted sum (TRL sums with nansum).
-
-A completion counts as correct (accuracy, pass@k, maj@k) when its reward reaches the function's
-`max_reward` attribute (set `score.max_reward = 5.0` beside it), 1.0 when it has none, or
-`reward.correct_threshold` when given.
-
-`reward.fn` names a module on sys.path (PYTHONPATH) or in the current directory (`mypkg.rewards:score`,
-or `mypkg.rewards.score`), or a file (`my_rewards.py:score`, `path/to/rewards.py:score`). Relative paths
-and modules are looked up in `reward.fn_dir`, which `grpo train` sets to the directory it was started
-in and saves with the run, so `grpo evaluate` and `grpo sample` find the function from any directory.
-
-Several functions, each its own term logged as `reward/<function name>` and added up with
-`reward.weights` (TRL's `reward_funcs` and `reward_weights`): `reward.fn=[my.py:fmt,my.py:acc]
-reward.weights=[0.2,1]`.
-
-Conversational data (a prompt column of chat messages, TRL's format): the function gets `prompts` as
-those message lists and each completion as `[{"role": "assistant", "content": text}]`, as TRL passes
-them, so TRL's `accuracy_reward` and `think_format_reward` run unchanged; plain-text data gets strings.
-A multi-turn episode (env.tools, env.factory) is one completion: the list of every message after the
-prompt (assistant turns with their `tool_calls`, tool results, observations), and `environments`
-holds each episode's environment instance, as TRL passes them.
+How it works in detail: docs/internals.md, grpo_cli/rewards/python_fn.py.
 """
 
 from __future__ import annotations
@@ -52,8 +30,10 @@ def parameters(fn) -> tuple[set[str], bool]:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or C function without a signature: pass everything
         return set(), True
-    return ({p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)},
-            any(p.kind == p.VAR_KEYWORD for p in params))
+    return (
+        {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)},
+        any(p.kind == p.VAR_KEYWORD for p in params),
+    )
 
 
 PASSED = ("prompts", "completions", "answers", "completion_tokens", "completion_ids", "environments")
@@ -70,14 +50,21 @@ def check_signature(fn, spec: str, columns: list[str]) -> None:
         return
     name = getattr(fn, "__name__", spec)
     by_position = [p.name for p in params if p.kind == p.POSITIONAL_ONLY and p.default is p.empty]
-    missing = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty
-               and p.name not in PASSED and p.name not in columns] + by_position
+    missing = [
+        p.name
+        for p in params
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.default is p.empty
+        and p.name not in PASSED
+        and p.name not in columns
+    ] + by_position
     if missing:
         shown = ", ".join(c for c in columns if not c.startswith("_"))
         raise GrpoError(
             f"reward.fn={spec!r}: {name}() requires {', '.join(missing)}, which no call passes: a reward is called "
             f"with keywords, {', '.join(PASSED[:-1])} and the dataset's columns ({shown}); rename the parameter, give "
-            "it a default, or take **kwargs.")
+            "it a default, or take **kwargs."
+        )
 
 
 def build(cfg):

@@ -15,19 +15,26 @@ from grpo_cli.models.loading import resolve_device, resolve_path
 
 def build(cfg):
     if not cfg.model_path or cfg.model_batch_size < 1:  # checks.check_reward refuses these
-        raise ValueError(f"reward.model_path={cfg.model_path!r}, model_batch_size={cfg.model_batch_size}: run the checks.")
-    location, device = resolve_path(cfg.model_path, key="reward.model_path"), resolve_device(cfg.model_device, key="reward.model_device")
+        raise ValueError(
+            f"reward.model_path={cfg.model_path!r}, model_batch_size={cfg.model_batch_size}: run the checks."
+        )
+    location, device = (
+        resolve_path(cfg.model_path, key="reward.model_path"),
+        resolve_device(cfg.model_device, key="reward.model_device"),
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(location)
         model = AutoModelForSequenceClassification.from_pretrained(location)
     except (OSError, ValueError, RuntimeError) as e:  # missing files, a wrong architecture, mismatched weights
         raise GrpoError(
-            f"Could not load a reward model from {cfg.model_path!r} ({first_line(e)}); check the hub id and your network, "
+            f"Could not load a reward model from {cfg.model_path!r} ({first_line(e)}); check the hub id and your "
+            "network, "
             "or pass reward.model_path=LOCAL_DIR."
         ) from None
     if model.config.num_labels != 1:
         raise GrpoError(
-            f"The reward model {cfg.model_path!r} has {model.config.num_labels} labels; reward=model needs one (a scalar score)."
+            f"The reward model {cfg.model_path!r} has {model.config.num_labels} labels; reward=model needs one (a "
+            "scalar score)."
         )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

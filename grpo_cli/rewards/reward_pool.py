@@ -10,11 +10,7 @@ the function sees the same arguments as in the training process, as lists of one
 - the worker dies (a segfault, `os._exit`, the kernel's OOM killer), or runs out of its address space
   (`worker_memory_gib`, RLIMIT_AS: a MemoryError);
 
-in each case that completion scores `None` (no score, rewards.Reward), the failure is counted, and a new
-worker takes the dead one's place. What the function raises is still the user's to fix: it stops the
-run at once with the sentence the training process would give. Workers are started as
-`python -m grpo_cli.rewards.reward_worker` (a fresh interpreter, not a fork of the trainer with its threads and
-devices), die with the trainer (PR_SET_PDEATHSIG), and leave SIGINT to it.
+How it works in detail: docs/internals.md, grpo_cli/rewards/reward_pool.py.
 """
 
 from __future__ import annotations
@@ -97,8 +93,10 @@ class RewardPool:
                     continue
                 if w.task is None:  # died before its first sample: building the terms crashed it
                     self.close()
-                    raise GrpoError(f"A reward worker died while building the reward ({why}); set reward.workers=0 "
-                                    "to see the error in the training process.")
+                    raise GrpoError(
+                        f"A reward worker died while building the reward ({why}); set reward.workers=0 "
+                        "to see the error in the training process."
+                    )
                 failures.append(Failure(w.task, why))
                 w.task = None
                 w.kill()
@@ -134,8 +132,10 @@ class RewardPool:
         elif now >= (w.deadline if w.ready else w.started + START_TIMEOUT_S):
             if not w.ready:
                 self.close()
-                raise GrpoError(f"A reward worker did not start within {START_TIMEOUT_S:g} s; "
-                                "check that the reward builds quickly, or set reward.workers=0.")
+                raise GrpoError(
+                    f"A reward worker did not start within {START_TIMEOUT_S:g} s; "
+                    "check that the reward builds quickly, or set reward.workers=0."
+                )
             return f"timed out after {self.timeout_s:g} s (reward.timeout_s)"
         return None
 

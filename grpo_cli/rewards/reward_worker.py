@@ -7,8 +7,8 @@ from __future__ import annotations
 import traceback
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.rewards import build_reward
 from grpo_cli.procs.subprocesses import Channel, serve
+from grpo_cli.rewards import build_reward
 
 
 def _serve(channel: Channel, settings) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_cli.data.tasks import answer_column
 from grpo_cli.models.distributed import SINGLE, Dist
 from grpo_cli.rewards import Judge
-from grpo_cli.data.tasks import answer_column
 from grpo_cli.rollout.scoring import Draws, greedy_scores, sampled_scores
 
 
@@ -35,11 +35,30 @@ def part_scores(generator, model, part: dict, reward_fn, judge: Judge, settings:
     prompts, answers = part[settings.prompt_field], part[settings.answer_field]
     if not prompts:
         return {}
-    scores = greedy_scores(generator, model, prompts, answers, reward_fn, judge,
-                           max_new_tokens=settings.sampler.max_new_tokens, columns=part)
-    scores.update(sampled_scores(generator, model, prompts, answers, reward_fn, judge,
-                                 Draws(4, settings.sampler, seed=settings.seed, offset=first),
-                                 extract=settings.extract, pattern=settings.pattern, columns=part))
+    scores = greedy_scores(
+        generator,
+        model,
+        prompts,
+        answers,
+        reward_fn,
+        judge,
+        max_new_tokens=settings.sampler.max_new_tokens,
+        columns=part,
+    )
+    scores.update(
+        sampled_scores(
+            generator,
+            model,
+            prompts,
+            answers,
+            reward_fn,
+            judge,
+            Draws(4, settings.sampler, seed=settings.seed, offset=first),
+            extract=settings.extract,
+            pattern=settings.pattern,
+            columns=part,
+        )
+    )
     return scores
 
 
@@ -53,16 +72,24 @@ class HeldOut:
     def __init__(self, cfg, rows, source, judge: Judge, dist: Dist, console, metrics):
         t = cfg.trainer
         self.rows = rows.select(range(min(t.eval_prompts, len(rows))))
-        self.settings = HeldOutSettings(cfg.data.prompt_field, answer_column(rows.column_names, cfg.data), cfg.sampler,
-                                        cfg.reward.extract, cfg.reward.pattern, t.seed)
+        self.settings = HeldOutSettings(
+            cfg.data.prompt_field,
+            answer_column(rows.column_names, cfg.data),
+            cfg.sampler,
+            cfg.reward.extract,
+            cfg.reward.pattern,
+            t.seed,
+        )
         self.source, self.judge = source, judge  # the rollout source samples the policy (source.py)
         self.dist, self.console, self.metrics = dist, console, metrics
         self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation
         at_end = t.eval_before_after and t.eval_before_at == "end"
         self.deferred = at_end and source.evaluates_any_model()
         if at_end and not self.deferred:
-            console.warn("trainer.eval_before_at=end needs the in-process hf generator and one process (the scores "
-                         "come from the initial weights loaded again); the scores before training are measured first")
+            console.warn(
+                "trainer.eval_before_at=end needs the in-process hf generator and one process (the scores "
+                "come from the initial weights loaded again); the scores before training are measured first"
+            )
 
     def scores(self) -> dict:
         return held_out_scores(self.source, self.rows, self.settings, self.dist)
@@ -77,13 +104,17 @@ class HeldOut:
         """The scores before training: those a checkpoint kept, else measured now when `enabled` (after the
         last step when deferred)."""
         if self.deferred and not saved:
-            self.console.print(f"held-out accuracy on {len(self.rows)} prompts before training: measured after the last "
-                               "step, on the initial weights loaded again (trainer.eval_before_at=end)")
+            self.console.print(
+                f"held-out accuracy on {len(self.rows)} prompts before training: measured after the last "
+                "step, on the initial weights loaded again (trainer.eval_before_at=end)"
+            )
             return None
         before = saved or (self.scores() if enabled else None)
         if before:
-            self.console.print(f"held-out accuracy on {len(self.rows)} prompts before training: greedy "
-                               f"{before['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f} (correct: {self.judge.label})")
+            self.console.print(
+                f"held-out accuracy on {len(self.rows)} prompts before training: greedy "
+                f"{before['accuracy']:.3f}, sampled {before['sampled_accuracy']:.3f} (correct: {self.judge.label})"
+            )
             if first_row:
                 self.metrics.write(self.row(0, before))  # where the held-out curve starts
         return before
@@ -92,8 +123,10 @@ class HeldOut:
         scores = self.scores()
         self.last = (step, scores)
         self.metrics.write(self.row(step, scores))
-        self.console.print(f"step {step} held-out: greedy accuracy {scores['accuracy']:.3f}, sampled "
-                           f"{scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f} (correct: {self.judge.label})")
+        self.console.print(
+            f"step {step} held-out: greedy accuracy {scores['accuracy']:.3f}, sampled "
+            f"{scores['sampled_accuracy']:.3f}, reward {scores['reward_mean']:.3f} (correct: {self.judge.label})"
+        )
 
     def final(self, step: int) -> dict:
         """The scores after the last step: the periodic evaluation's when one ran at that step (the same
@@ -112,25 +145,40 @@ class HeldOut:
         model = load().eval()
         scores = held_out_scores(self.source, self.rows, self.settings, self.dist, model=model)
         del model
-        self.console.print(f"held-out accuracy on {len(self.rows)} prompts before training (the initial weights, loaded "
-                           f"again): greedy {scores['accuracy']:.3f}, sampled {scores['sampled_accuracy']:.3f}")
+        self.console.print(
+            f"held-out accuracy on {len(self.rows)} prompts before training (the initial weights, loaded "
+            f"again): greedy {scores['accuracy']:.3f}, sampled {scores['sampled_accuracy']:.3f}"
+        )
         self.metrics.write(self.row(0, scores))
         return scores
 
     def after(self, before: dict, after: dict) -> dict:
         """The scores after training (`final`) printed beside `before`; returns the summary's keys."""
         self.console.print(
-            f"held-out accuracy on {len(self.rows)} prompts: greedy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
-            f"sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f} (correct: {self.judge.label})")
-        summary = dict(greedy_accuracy_before=before["accuracy"], greedy_accuracy_after=after["accuracy"],
-                       sampled_accuracy_before=before["sampled_accuracy"], sampled_accuracy_after=after["sampled_accuracy"],
-                       correct=self.judge.label)
+            f"held-out accuracy on {len(self.rows)} prompts: greedy {before['accuracy']:.3f} -> "
+            f"{after['accuracy']:.3f}, "
+            f"sampled {before['sampled_accuracy']:.3f} -> {after['sampled_accuracy']:.3f} (correct: {self.judge.label})"
+        )
+        summary = dict(
+            greedy_accuracy_before=before["accuracy"],
+            greedy_accuracy_after=after["accuracy"],
+            sampled_accuracy_before=before["sampled_accuracy"],
+            sampled_accuracy_after=after["sampled_accuracy"],
+            correct=self.judge.label,
+        )
         if "tool_use_frac" in after:  # episodes: how often the greedy model called a tool
-            self.console.print(f"held-out greedy tool use: {before['tool_use_frac']:.3f} -> {after['tool_use_frac']:.3f} "
-                               f"of episodes, {before['tool_calls']:.2f} -> {after['tool_calls']:.2f} calls and "
-                               f"{before['turns']:.2f} -> {after['turns']:.2f} turns per episode", highlight=False)
-            summary.update(tool_use_before=before["tool_use_frac"], tool_use_after=after["tool_use_frac"],
-                           tool_calls_before=before["tool_calls"], tool_calls_after=after["tool_calls"])
+            self.console.print(
+                f"held-out greedy tool use: {before['tool_use_frac']:.3f} -> {after['tool_use_frac']:.3f} "
+                f"of episodes, {before['tool_calls']:.2f} -> {after['tool_calls']:.2f} calls and "
+                f"{before['turns']:.2f} -> {after['turns']:.2f} turns per episode",
+                highlight=False,
+            )
+            summary.update(
+                tool_use_before=before["tool_use_frac"],
+                tool_use_after=after["tool_use_frac"],
+                tool_calls_before=before["tool_calls"],
+                tool_calls_after=after["tool_calls"],
+            )
         return summary
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-
 from dataclasses import dataclass
 
 import torch
 
 from grpo_cli.config import SamplerConfig
-from grpo_cli.samples.rollout import group_seed
 from grpo_cli.generate.base import generate
 from grpo_cli.rewards import Judge, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, normalise
+from grpo_cli.samples.rollout import group_seed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,13 +44,32 @@ def maj_at_k(answers: list[str | None], right, k: int) -> float:
 
 
 def _score(reward_fn, prompts, roll, answers, columns, tokens: list[int]):
-    return score_batch(reward_fn, prompts, roll.completions, answers, completion_tokens=tokens, columns=columns,
-                       completion_ids=roll.completion_ids(), episodes=roll.episodes)
+    return score_batch(
+        reward_fn,
+        prompts,
+        roll.completions,
+        answers,
+        completion_tokens=tokens,
+        columns=columns,
+        completion_ids=roll.completion_ids(),
+        episodes=roll.episodes,
+    )
 
 
 @torch.no_grad()
-def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *, max_new_tokens: int,
-                  batch_size: int = 256, columns: dict | None = None, advance=None) -> dict:
+def greedy_scores(
+    generator,
+    model,
+    prompts,
+    answers,
+    reward_fn,
+    judge: Judge,
+    *,
+    max_new_tokens: int,
+    batch_size: int = 256,
+    columns: dict | None = None,
+    advance=None,
+) -> dict:
     """Greedy completions for every prompt, scored by the reward (which also sees `columns`, the
     dataset's columns by name, when given; each term's mean is `reward/<term>`); `accuracy` is the share
     the judge calls correct (rewards.Judge: by default, reward at its maximum): with an environment, the
@@ -76,9 +94,11 @@ def greedy_scores(generator, model, prompts, answers, reward_fn, judge: Judge, *
     scored = [r for r in rewards if not math.isnan(r)]  # a completion no term scored (None) is left out, as TRL
     multi_turn = {}
     if episodes:  # how the model used its environment: turns, and the share of episodes calling a tool
-        multi_turn = {"turns": sum(ep.turns for ep in episodes) / n,
-                      "tool_use_frac": sum(ep.tool_calls > 0 for ep in episodes) / n,
-                      "tool_calls": sum(ep.tool_calls for ep in episodes) / n}
+        multi_turn = {
+            "turns": sum(ep.turns for ep in episodes) / n,
+            "tool_use_frac": sum(ep.tool_calls > 0 for ep in episodes) / n,
+            "tool_calls": sum(ep.tool_calls for ep in episodes) / n,
+        }
     return {
         **multi_turn,
         "accuracy": sum(correct) / n,
@@ -118,16 +138,33 @@ class Draws:
 
 
 @torch.no_grad()
-def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, draws: Draws, *,
-                   extract: str = "last_number", pattern: str | None = None, columns: dict | None = None,
-                   advance=None) -> dict:
+def sampled_scores(
+    generator,
+    model,
+    prompts,
+    answers,
+    reward_fn,
+    judge: Judge,
+    draws: Draws,
+    *,
+    extract: str = "last_number",
+    pattern: str | None = None,
+    columns: dict | None = None,
+    advance=None,
+) -> dict:
     """`draws.samples` completions per prompt, each scored by the reward and judged: the share correct,
     pass@k, and maj@k (the most common answer, read as `reward.extract` reads it, is right when the
     completions giving it are judged correct). Every model, and every split of the prompts over ranks,
     sees the same draws (Draws)."""
     answer_of = answer_extractor(extract, pattern)
-    samples, sampler, ks, seed, offset, batch_size = (draws.samples, draws.sampler, draws.ks, draws.seed, draws.offset,
-                                                      draws.batch_size)
+    samples, sampler, ks, seed, offset, batch_size = (
+        draws.samples,
+        draws.sampler,
+        draws.ks,
+        draws.seed,
+        draws.offset,
+        draws.batch_size,
+    )
     counts, votes = [], []  # correct completions per prompt; its (vote keys, keys judged correct)
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
@@ -135,8 +172,9 @@ def sampled_scores(generator, model, prompts, answers, reward_fn, judge: Judge, 
         cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
         roll = generate(generator, model, p, samples, sampler, seeds, columns=cols)
         per = lambda values: [v for v in values for _ in range(samples)]  # noqa: E731
-        total, _ = _score(reward_fn, per(p), roll, per(a), {k: per(v) for k, v in cols.items()},
-                          roll.sampled_tokens().tolist())
+        total, _ = _score(
+            reward_fn, per(p), roll, per(a), {k: per(v) for k, v in cols.items()}, roll.sampled_tokens().tolist()
+        )
         correct = judge(total, roll.completions, per(a))
         for i, target in enumerate(a):
             block = range(i * samples, (i + 1) * samples)

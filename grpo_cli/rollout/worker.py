@@ -8,17 +8,7 @@ prompt order. It runs the whole chain of source.LocalSource: prompts, generation
 the dynamic-sampling filter and refill; it answers each request with a scored rollout tagged with the
 version (the number of updates) of the weights that sampled it.
 
-Which weights it holds is the source's choice (source.WorkerSource): the policy's, pushed after every
-update; a frozen behaviour's, loaded there once; a lagged behaviour's, pushed at each refresh. Pushes
-go over a transport.WeightTransport. A rollout whose weights are not the policy's carries their
-log-probs (`Rollout.behaviour_logp`): a behaviour's are scored as the trainer would, in the training
-precision; a stale policy's are the built-in decoder's own in fp32, else scored the same way. Where
-config.reference_in_worker, each rollout also carries the KL reference's log-probs (`Rollout.ref_logp`),
-scored here as the trainer would (its micro-batches, its precision) from a frozen copy of the initial
-weights (under LoRA, this copy's base with the adapter off), while the trainer updates.
-
-A worker that dies or does not answer within `generator.timeout_s` is a `WorkerDied` (source.SourceLost).
-The worker dies with the trainer (PR_SET_PDEATHSIG) and leaves SIGINT and SIGTERM to it.
+How it works in detail: docs/internals.md, grpo_cli/rollout/worker.py.
 """
 
 from __future__ import annotations
@@ -66,10 +56,21 @@ class WorkerSpec:
         model, behaviour = cfg.model, cfg.algo.behaviour
         if behaviour == "frozen":  # the behaviour's own weights, no adapter: nothing is pushed to it
             model = replace(model, path=cfg.algo.behaviour_path or model.path, lora=replace(model.lora, r=0))
-        return cls(model=replace(model, device=str(device)), precision=cfg.trainer.precision, generator=cfg.generator,
-                   chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt, reward=cfg.reward,
-                   env=cfg.env, settings=replace(settings, judge=None), behaviour=behaviour, seed=cfg.trainer.seed,
-                   device=str(device), threads=threads, reference=reference_in_worker(cfg))
+        return cls(
+            model=replace(model, device=str(device)),
+            precision=cfg.trainer.precision,
+            generator=cfg.generator,
+            chat_template=cfg.data.chat_template,
+            system_prompt=cfg.data.system_prompt,
+            reward=cfg.reward,
+            env=cfg.env,
+            settings=replace(settings, judge=None),
+            behaviour=behaviour,
+            seed=cfg.trainer.seed,
+            device=str(device),
+            threads=threads,
+            reference=reference_in_worker(cfg),
+        )
 
 
 class RolloutWorker:
@@ -80,13 +81,20 @@ class RolloutWorker:
         try:  # the generator's factory, by reference: one registered in this process (register_generator) too
             factory = pickle.dumps(GENERATORS[spec.generator.name].factory)
         except Exception as e:  # a lambda or a local class: the worker cannot import it
-            raise GrpoError(f"generator.name={spec.generator.name} is registered with a factory the generation worker "
-                            f"cannot import ({type(e).__name__}: {e}); register a module-level class or function, or "
-                            "a 'module:attribute' string, or set trainer.max_staleness=0 and generator.worker=false.") from None
+            raise GrpoError(
+                f"generator.name={spec.generator.name} is registered with a factory the generation worker "
+                f"cannot import ({type(e).__name__}: {e}); register a module-level class or function, or "
+                "a 'module:attribute' string, or set trainer.max_staleness=0 and generator.worker=false."
+            ) from None
         self.device, self.timeout_s = device, timeout_s
         self.transport = GlooTransport(timeout_s)
-        self.helper = Helper("grpo_cli.rollout.worker", (spec, tokenizer, prompts, factory, self.transport.address),
-                             name="the generation worker", lost=WorkerDied, timeout_key="generator.timeout_s")
+        self.helper = Helper(
+            "grpo_cli.rollout.worker",
+            (spec, tokenizer, prompts, factory, self.transport.address),
+            name="the generation worker",
+            lost=WorkerDied,
+            timeout_key="generator.timeout_s",
+        )
         self.ready = None  # the shapes of the worker's trainable tensors, once it has loaded its model
         self.requested: deque[int] = deque()  # steps asked for and not yet answered, in order
         self.received: dict[int, dict] = {}  # step -> scored rollout (as plain types), not yet trained on
@@ -116,8 +124,10 @@ class RolloutWorker:
         waited = time.perf_counter() - start
         layout = [(tuple(t.shape), t.dtype) for t in tensors]
         if [shape for shape, _ in layout] != self.ready:
-            raise RuntimeError("the generation worker's trainable parameters differ from the trainer's: "
-                               f"{len(self.ready)} against {len(tensors)}")
+            raise RuntimeError(
+                "the generation worker's trainable parameters differ from the trainer's: "
+                f"{len(self.ready)} against {len(tensors)}"
+            )
         self.helper.send(("weights", version, layout))
         try:
             self.transport.send(tensors)
@@ -127,8 +137,10 @@ class RolloutWorker:
                 raise
             self.helper.process.kill()
             why = f"did not answer within {self.timeout_s:g} s" if hung else how_it_ended(self.helper.process)
-            raise WorkerDied(f"the generation worker {why} while taking the weights of update {version}"
-                             + (" (generator.timeout_s)" if hung else "")) from None
+            raise WorkerDied(
+                f"the generation worker {why} while taking the weights of update {version}"
+                + (" (generator.timeout_s)" if hung else "")
+            ) from None
         return waited
 
     def _started(self) -> None:
@@ -150,7 +162,7 @@ class RolloutWorker:
         self.requested.append(step)
 
     def take(self, step: int) -> dict:
-        """Step `step`'s scored rollout, as plain types (source.scored_from_state)."""
+        """Step `step`'s scored rollout, as plain types (ahead.scored_from_state)."""
         self._started()
         while step not in self.received:
             self._take(f"sampling step {self.requested[0] if self.requested else step}")
@@ -181,8 +193,10 @@ def worker_device(cfg, trainer_device: torch.device, rank: int) -> torch.device:
         return device
     index = (device.index or 0) + rank
     if index >= torch.cuda.device_count():
-        raise GrpoError(f"generator.device={cfg.generator.device} puts local rank {rank}'s worker on cuda:{index}, which "
-                        f"this machine does not have ({torch.cuda.device_count()} GPUs); choose a lower first device.")
+        raise GrpoError(
+            f"generator.device={cfg.generator.device} puts local rank {rank}'s worker on cuda:{index}, which "
+            f"this machine does not have ({torch.cuda.device_count()} GPUs); choose a lower first device."
+        )
     return torch.device("cuda", index)
 
 
@@ -229,16 +243,27 @@ def _reference(spec: WorkerSpec, model, precision):
 def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     """The rollout chain of this process: source.LocalSource with the run's generator, environment and reward."""
     from grpo_cli.episodes import environment, with_env
-    from grpo_cli.rewards import reward_with
     from grpo_cli.generate.base import make_generator
-    from grpo_cli.rewards import Judge
-    from grpo_cli.rollout.source import LocalSource
     from grpo_cli.models.policies import Policies
+    from grpo_cli.rewards import Judge, reward_with
+    from grpo_cli.rollout.source import LocalSource
 
     env = environment(spec.env)
     reward_fn = reward_with(spec.reward, env)  # an environment that scores episodes is one more reward term
-    generator = with_env(make_generator(spec.generator, tokenizer, chat_template=spec.chat_template, precision=precision,
-                               device=device, seed=spec.seed), env, tokenizer, chat_template=spec.chat_template, system_prompt=spec.system_prompt)
+    generator = with_env(
+        make_generator(
+            spec.generator,
+            tokenizer,
+            chat_template=spec.chat_template,
+            precision=precision,
+            device=device,
+            seed=spec.seed,
+        ),
+        env,
+        tokenizer,
+        chat_template=spec.chat_template,
+        system_prompt=spec.system_prompt,
+    )
     settings = replace(spec.settings, judge=Judge(spec.reward, reward_fn))
     return LocalSource(generator, Policies(model), reward_fn, settings, precision=precision, prompts=prompts)
 
@@ -251,14 +276,16 @@ def _serve(channel: Channel, opening) -> None:
     from grpo_cli.models.runtime import prepare_libraries
 
     prepare_libraries()  # as the trainer's job does, before the model classes are imported
-    from grpo_cli.rollout.source import scored_state
     from grpo_cli.models.forward import score
+    from grpo_cli.rollout.ahead import scored_state
     from grpo_cli.samples.metrics import clock
 
     spec, tokenizer, prompts, factory, address = opening
     from grpo_cli.generate.base import register_generator
 
-    register_generator(spec.generator.name, pickle.loads(factory), settings=type(spec.generator))  # on the trainer's sys.path
+    register_generator(
+        spec.generator.name, pickle.loads(factory), settings=type(spec.generator)
+    )  # on the trainer's sys.path
     model, trainable, precision, device = _sampler(spec)
     reference = _reference(spec, model, precision)
     chain = _chain(spec, model, tokenizer, prompts, precision, device)

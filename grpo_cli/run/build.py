@@ -6,8 +6,8 @@ hub push. Rank 0 writes every file; every rank builds the same objects.
 
 from __future__ import annotations
 
-import random
 import os
+import random
 import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -17,35 +17,37 @@ import torch
 from omegaconf import OmegaConf
 from rich.markup import escape
 
-from grpo_cli.run.floors import StepFloors, cached_peaks
-from grpo_cli.run.observers import AfterStep
-from grpo_cli.run.state import Run
-from grpo_cli.run.checkpoint import (CONFIG_FILE, clean_temporaries,
-                                     experiment_diff, load_state, resolve_resume, write_config)
-from grpo_cli.config import check
-from grpo_cli.run.console import Console, MetricsLog
+from grpo_cli.config import check, reference_in_worker
+from grpo_cli.data.prompts import USER_PROMPT, encode_prompts
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
-from grpo_cli.data.prompts import USER_PROMPT
-from grpo_cli.models.distributed import SINGLE, Dist, unwrap
-from grpo_cli.episodes import environment, with_env
-from grpo_cli.rewards import reward_with
-from grpo_cli.episodes import env_notes
-from grpo_cli.config import reference_in_worker
+from grpo_cli.episodes import env_notes, environment, with_env
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import check_available, make_generator
-from grpo_cli.rollout.held_out import HeldOut
-from grpo_cli.data.prompts import encode_prompts
-from grpo_cli.run.plan import planned
+from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.models.loading import load_tokenizer, resolve_device
 from grpo_cli.models.policies import Policies, load_policy
-from grpo_cli.update.schedules import schedule
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
-from grpo_cli.run.publish import check_push
-from grpo_cli.rewards import Judge, check_reward_columns, load_user_rewards
 from grpo_cli.models.runtime import prepare_process
-from grpo_cli.rollout.source import LocalSource, RolloutSource, WorkerSource
-from grpo_cli.samples.settings import StepSettings
+from grpo_cli.rewards import Judge, check_reward_columns, load_user_rewards, reward_with
+from grpo_cli.rollout.held_out import HeldOut
+from grpo_cli.rollout.source import LocalSource, RolloutSource
+from grpo_cli.run.checkpoint import (
+    CONFIG_FILE,
+    clean_temporaries,
+    experiment_diff,
+    load_state,
+    resolve_resume,
+    write_config,
+)
+from grpo_cli.run.console import Console, MetricsLog
+from grpo_cli.run.floors import StepFloors, cached_peaks
+from grpo_cli.run.observers import AfterStep
+from grpo_cli.run.plan import planned
+from grpo_cli.run.publish import check_push
+from grpo_cli.run.state import Run
 from grpo_cli.run.trackers import check_trackers, open_trackers
+from grpo_cli.samples.settings import StepSettings
+from grpo_cli.update.schedules import schedule
 
 RUN_FILES = ("metrics.jsonl", "completions.jsonl", "checkpoints", "final")
 
@@ -58,13 +60,14 @@ def set_seed(seed: int) -> None:
 
 def build_optimizer(model, cfg, total_steps: int):
     """AdamW over the trainable parameters and the schedule `optimizer.scheduler` names (update/schedules.py;
-    both checked in checks.py)."""
+    both checked by the config's declarations)."""
     params = [p for p in model.parameters() if p.requires_grad]
     # Fused: one pass over each tensor instead of one per arithmetic op (1.37 s -> 0.31 s for 494M
     # float32 parameters on this CPU); torch has it for CPU and CUDA floating-point tensors, FSDP's too.
     fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, eps=cfg.eps,
-                            fused=fused or None)
+    opt = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, eps=cfg.eps, fused=fused or None
+    )
     sched = schedule(cfg.scheduler, opt, cfg.warmup_steps, max(total_steps, 1))
     return opt, sched
 
@@ -73,11 +76,15 @@ def resolve_strategy(strategy: str, dist: Dist) -> str:
     if strategy == "auto":
         return "ddp" if dist.world_size > 1 else "single"
     if strategy == "single" and dist.world_size > 1:
-        raise GrpoError(f"trainer.strategy=single, but torchrun started {dist.world_size} processes; set "
-                        "trainer.strategy=ddp (or fsdp), or launch one process.")
+        raise GrpoError(
+            f"trainer.strategy=single, but torchrun started {dist.world_size} processes; set "
+            "trainer.strategy=ddp (or fsdp), or launch one process."
+        )
     if strategy != "single" and dist.world_size == 1 and dist is SINGLE:
-        raise GrpoError(f"trainer.strategy={strategy} needs a process group: launch with torchrun "
-                        "(torchrun --nproc-per-node N -m grpo_cli train ...), or set trainer.strategy=auto.")
+        raise GrpoError(
+            f"trainer.strategy={strategy} needs a process group: launch with torchrun "
+            "(torchrun --nproc-per-node N -m grpo_cli train ...), or set trainer.strategy=auto."
+        )
     return strategy
 
 
@@ -103,15 +110,19 @@ def resume_point(cfg, run_dir: Path, console: Console) -> tuple[Path | None, dic
     if resume_from is None:
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         if held and str(cfg.resume).strip().lower() != "auto" and not cfg.overwrite:
-            raise GrpoError(f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or "
-                            "start over there with overwrite=true (which deletes it), or choose another output_dir.")
+            raise GrpoError(
+                f"{run_dir} already holds a run ({', '.join(held)}); continue it with resume=auto, or "
+                "start over there with overwrite=true (which deletes it), or choose another output_dir."
+            )
         return None, {}, run_dir
     state = load_state(resume_from)
     if not cfg.output_dir and str(cfg.resume).lower() != "auto":
         run_dir = resume_from.parent.parent  # resume=PATH continues in that checkpoint's run
     if state["step"] > cfg.trainer.steps:
-        raise GrpoError(f"{resume_from} is at step {state['step']}, past trainer.steps={cfg.trainer.steps}; raise "
-                        "trainer.steps to continue the run (its final/ is left as it is).")
+        raise GrpoError(
+            f"{resume_from} is at step {state['step']}, past trainer.steps={cfg.trainer.steps}; raise "
+            "trainer.steps to continue the run (its final/ is left as it is)."
+        )
     changed = experiment_diff(state.get("config", {}), asdict(cfg))
     if changed:
         raise GrpoError(
@@ -135,9 +146,11 @@ def builtin_settings_note(cfg) -> str | None:
     kept = {k: v for k, v in BUILTIN_MODEL_SETTINGS.items() if OmegaConf.select(settings, k) == v}
     if not kept:
         return None
-    return (f"model.path={cfg.model.path} runs with the built-in tiny model's settings "
-            f"({', '.join(f'{k}={v:g}' for k, v in kept.items())}), which suit a 3 MB model, not a real one; "
-            "start from a preset (experiment=instruct, experiment=qwen_gsm8k) or set those keys.")
+    return (
+        f"model.path={cfg.model.path} runs with the built-in tiny model's settings "
+        f"({', '.join(f'{k}={v:g}' for k, v in kept.items())}), which suit a 3 MB model, not a real one; "
+        "start from a preset (experiment=instruct, experiment=qwen_gsm8k) or set those keys."
+    )
 
 
 def check_run(cfg, console: Console, dist: Dist):
@@ -157,8 +170,10 @@ def check_run(cfg, console: Console, dist: Dist):
     t, world = cfg.trainer, dist.world_size
     strategy = resolve_strategy(t.strategy, dist)
     if t.prompts_per_step % world:
-        raise GrpoError(f"trainer.prompts_per_step={t.prompts_per_step} must divide by the {world} processes, so each "
-                        f"rank samples whole groups; use a multiple of {world}.")
+        raise GrpoError(
+            f"trainer.prompts_per_step={t.prompts_per_step} must divide by the {world} processes, so each "
+            f"rank samples whole groups; use a multiple of {world}."
+        )
     return env, strategy
 
 
@@ -190,23 +205,54 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     ref = ", with a frozen reference" if cfg.algo.beta else ""
     ref = ", the KL reference scored in the generation worker" if reference_in_worker(cfg) else ref
-    console.phase(f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
-                  f"{precision.name}{ref}")
+    console.phase(
+        f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
+        f"{precision.name}{ref}"
+    )
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
-    prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, world, train_rows,  # refuses
-                          (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data)))  # too few rows
+    prompts = PromptOrder(
+        len(train_rows),
+        t.prompts_per_step,
+        t.seed,
+        dist.rank,
+        world,
+        train_rows,  # refuses
+        (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data)),
+    )  # too few rows
     reward_fn = reward_with(cfg.reward, env)  # an environment that scores episodes is one more reward term
     check_answers(train_rows.column_names, cfg.data, reward_fn, cfg.reward.correct)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
     settings = replace(StepSettings.of(cfg, Judge(cfg.reward, reward_fn)), max_tokens=plan.budget)
-    user_text = (dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
-                 if USER_PROMPT in train_rows.column_names else {})
-    run = Run(cfg=cfg, run_dir=run_dir, console=console, dist=dist, command=command, precision=precision,
-              tokenizer=tokenizer, policy=policy, policies=policies, reward_fn=reward_fn, settings=settings,
-              optimizer=optimizer, scheduler=scheduler, user_text=user_text, prompts=prompts, metrics=metrics,
-              samples_log=samples_log, first_step=resumed_at + 1, saved=resumed_at, resumed_from=resume_from, plan=plan)
+    user_text = (
+        dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
+        if USER_PROMPT in train_rows.column_names
+        else {}
+    )
+    run = Run(
+        cfg=cfg,
+        run_dir=run_dir,
+        console=console,
+        dist=dist,
+        command=command,
+        precision=precision,
+        tokenizer=tokenizer,
+        policy=policy,
+        policies=policies,
+        reward_fn=reward_fn,
+        settings=settings,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        user_text=user_text,
+        prompts=prompts,
+        metrics=metrics,
+        samples_log=samples_log,
+        first_step=resumed_at + 1,
+        saved=resumed_at,
+        resumed_from=resume_from,
+        plan=plan,
+    )
     run.source = open_source(run, env, worker_device, cfg.generator.threads or threads)
     run.after = AfterStep(run, StepFloors.of(cfg, policy, precision, world))  # the peaks: probed once, cached
     try:
@@ -221,7 +267,9 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     if t.eval_before_after and not state.get("held_out_before") and not run.held_out.deferred:
         console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
     run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
-    console.phase(f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions")
+    console.phase(
+        f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions"
+    )
     return run
 
 
@@ -235,7 +283,7 @@ def generation_device(cfg, device: torch.device, local_rank: int) -> torch.devic
 
 
 def warn_env(cfg, env, model, tokenizer, prompts: list[str], console: Console) -> None:
-    """Before training with an environment: what env_notes.py finds worth a warning."""
+    """Before training with an environment: what episodes/notes.py finds worth a warning."""
     for note in env_notes(cfg, env, model, tokenizer, prompts):
         console.warn(note)
 
@@ -244,9 +292,15 @@ def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) 
     """metrics.jsonl (with the trackers) and completions.jsonl, written by rank 0 alone; rows a resumed
     run's checkpoint does not cover are cut once it has loaded (start_run), then redone, not duplicated."""
     resumed_at, writes = state.get("step", 0), dist.is_main
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes,
-                         trackers=open_trackers(trackers, run_dir, asdict(cfg), cfg.trainer.tracker_project,
-                                                resumed_at if state else None) if writes else None)
+    metrics = MetricsLog(
+        run_dir / "metrics.jsonl",
+        enabled=writes,
+        trackers=open_trackers(
+            trackers, run_dir, asdict(cfg), cfg.trainer.tracker_project, resumed_at if state else None
+        )
+        if writes
+        else None,
+    )
     return metrics, MetricsLog(run_dir / "completions.jsonl", enabled=writes)
 
 
@@ -258,42 +312,86 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
     local = None
     if worker_device is None or cfg.algo.behaviour != "current":
-        generator = with_env(make_generator(cfg.generator, run.tokenizer, chat_template=cfg.data.chat_template,
-                                   precision=run.precision, device=resolve_device(cfg.model.device),
-                                   world_size=dist.world_size, seed=t.seed), env, run.tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt)
-        local = LocalSource(generator, run.policies, run.reward_fn, run.settings, precision=run.precision,
-                            dist=dist, prompts=run.prompts, warn=run.console.warn)
+        generator = with_env(
+            make_generator(
+                cfg.generator,
+                run.tokenizer,
+                chat_template=cfg.data.chat_template,
+                precision=run.precision,
+                device=resolve_device(cfg.model.device),
+                world_size=dist.world_size,
+                seed=t.seed,
+            ),
+            env,
+            run.tokenizer,
+            chat_template=cfg.data.chat_template,
+            system_prompt=cfg.data.system_prompt,
+        )
+        local = LocalSource(
+            generator,
+            run.policies,
+            run.reward_fn,
+            run.settings,
+            precision=run.precision,
+            dist=dist,
+            prompts=run.prompts,
+            warn=run.console.warn,
+        )
     if worker_device is None:
         return local
     if cfg.algo.dynamic_sampling and dist.world_size > 1:
-        raise GrpoError("algo.dynamic_sampling in the generation worker refills each rank's groups alone, without the "
-                        "quota every rank shares under torchrun; set generator.worker=false and trainer.max_staleness=0, "
-                        "or run one process.")
-    run.console.phase(f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
-                      f"max_staleness={t.max_staleness}")
+        raise GrpoError(
+            "algo.dynamic_sampling in the generation worker refills each rank's groups alone, without the "
+            "quota every rank shares under torchrun; set generator.worker=false and trainer.max_staleness=0, "
+            "or run one process."
+        )
+    run.console.phase(
+        f"starting the generation worker on {worker_device} ({threads} thread{'s' * (threads != 1)}), "
+        f"max_staleness={t.max_staleness}"
+    )
     from grpo_cli.rollout import worker as rollout_worker
+    from grpo_cli.rollout.ahead import WorkerSource
 
     spec = rollout_worker.WorkerSpec.of(cfg, run.settings, worker_device, threads)
-    worker = rollout_worker.RolloutWorker(spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device,
-                                          cfg.generator.timeout_s)
-    return WorkerSource(worker, run.policies, cfg.algo, max_staleness=t.max_staleness,
-                        first_step=run.first_step, last_step=t.steps, warn=run.console.warn, evaluator=local,
-                        prompts=run.prompts, reference=spec.reference)
+    worker = rollout_worker.RolloutWorker(
+        spec, run.tokenizer, run.prompts, next(run.policy.parameters()).device, cfg.generator.timeout_s
+    )
+    return WorkerSource(
+        worker,
+        run.policies,
+        cfg.algo,
+        max_staleness=t.max_staleness,
+        first_step=run.first_step,
+        last_step=t.steps,
+        warn=run.console.warn,
+        evaluator=local,
+        prompts=run.prompts,
+        reference=spec.reference,
+    )
 
 
 def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world: int, device, console: Console):
     """The tokenizer, the data and the memory plan (tokenizer, data splits, token budget per micro-batch):
     before any model loads, and before the run directory is claimed, so a config that cannot fit leaves
     the directory as it was."""
-    tokenizer = (load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume") if resume_from
-                 else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code))
+    tokenizer = (
+        load_tokenizer(str(resume_from), cfg.model.trust_remote_code, key="resume")
+        if resume_from
+        else load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+    )
     data = load_data(cfg.data, tokenizer, log=console.warn, tools=env.schemas_for if env else None)
     train_rows = data["train"]
     for name, split in data.items():
         check_reward_columns(cfg.reward, split, name)
     console.phase(f"data={cfg.data.name}: {len(train_rows):,} training prompts, {len(data['test']):,} held out")
-    plan = planned(cfg, encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
-                   precision, world, state.get("max_tokens_per_micro_batch"), device)
+    plan = planned(
+        cfg,
+        encode_prompts(tokenizer, train_rows[cfg.data.prompt_field], cfg.data.chat_template),
+        precision,
+        world,
+        state.get("max_tokens_per_micro_batch"),
+        device,
+    )
     console.print(escape(plan.line()), highlight=False)
     return tokenizer, data, plan
 
@@ -304,7 +402,9 @@ def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist,
     if dist.is_main:
         if cfg.overwrite and resume_from is None:
             for name in RUN_FILES:
-                shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (run_dir / name).unlink(missing_ok=True)
+                shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (
+                    run_dir / name
+                ).unlink(missing_ok=True)
         for left in clean_temporaries(run_dir):
             console.warn(f"removed {left}, left by a save that was interrupted")
         write_config(run_dir / CONFIG_FILE, asdict(cfg))
@@ -316,8 +416,10 @@ def load_policies(cfg, precision: Precision, strategy: str, resume_from, state: 
     """The policy (wrapped for DDP / FSDP) and its reference and behaviour (docs/math.md, "Policies")."""
     sharded = strategy == "fsdp"
     if state and sharded and not state.get("sharded"):
-        raise GrpoError(f"{resume_from} was written without FSDP, so its optimizer state cannot be sharded; resume it "
-                        "with trainer.strategy=ddp (or in one process), or start a new FSDP run with resume=false.")
+        raise GrpoError(
+            f"{resume_from} was written without FSDP, so its optimizer state cannot be sharded; resume it "
+            "with trainer.strategy=ddp (or in one process), or start a new FSDP run with resume=false."
+        )
     policy = load_policy(cfg.model, precision, None if sharded else resume_from)  # FSDP restores its shards below
     if precision.name == "bf16" and not cfg.model.lora.r:  # a LoRA adapter is float32 whatever the base
         check_pure_bf16_lr(policy, cfg.optimizer.lr)

@@ -12,110 +12,26 @@ optimizer, the scheduler, the rollout source, the RNG), each saved and loaded th
 `state_dict()` / `load_state_dict()`, beside the few facts read before anything is built (the step, the
 config, the world size, the memory plan).
 
-Reading: the trainer state is loaded with `torch.load(weights_only=True)` (tensors and plain types
-only: RNG states are stored as tensors), so a checkpoint from someone else is data, not a program.
+How it works in detail: docs/internals.md, grpo_cli/run/checkpoint.py.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import warnings
 from pathlib import Path
-from typing import Protocol
 
-import numpy as np
 import torch
 
-from grpo_cli.models.distributed import Dist, SINGLE, is_sharded, unwrap
 from grpo_cli.errors import GrpoError, first_line, write_failure
+from grpo_cli.models.distributed import SINGLE, Dist, is_sharded, unwrap
 
 STATE_FILE = "trainer_state.pt"
 CONFIG_FILE = "config.yaml"  # the run's resolved config, beside the weights: final/ reproduces itself
 STEP_DIR = re.compile(r"^step-(\d+)$")
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "model.safetensors.index.json")
-
-
-# --- RNG states as tensors and plain types --------------------------------------------------------
-
-
-def rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(_as_tuples(state["python"]))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuples(x):
-    """random.setstate wants tuples; a state that went through a serialiser may hold lists."""
-    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-# --- the parts of a trainer state -------------------------------------------------------------------
-
-
-class Stateful(Protocol):
-    """A stateful part of a run: what it saves, and how it takes that back (torch's own shape)."""
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-class Rng:
-    """This process's random generators: Python's, NumPy's, torch's (CPU and CUDA)."""
-
-    def state_dict(self) -> dict:
-        return rng_state()
-
-    def load_state_dict(self, state: dict) -> None:
-        set_rng_state(state)
-
-
-class PerRank:
-    """A part each rank holds its own of (its RNG, its rollouts sampled ahead): saved as every rank's, loaded
-    as this rank's; a checkpoint of another world size gives each rank `fallback(every rank's)`."""
-
-    def __init__(self, part: Stateful, dist: Dist, fallback):
-        self.part, self.dist, self.fallback = part, dist, fallback
-
-    def state_dict(self) -> dict:
-        return {"per_rank": self.dist.gather_objects(self.part.state_dict())}
-
-    def load_state_dict(self, state: dict) -> None:
-        ranks = state["per_rank"]
-        self.part.load_state_dict(ranks[self.dist.rank] if len(ranks) == self.dist.world_size else self.fallback(ranks))
-
-
-class OptimizerState:
-    """The optimizer's state; under FSDP it says only `sharded`, its shards being written beside the model
-    (save_checkpoint) and read back from `checkpoint`, resharded to this world size (one process too)."""
-
-    def __init__(self, optimizer, policy, checkpoint: Path | None):
-        self.optimizer, self.policy, self.checkpoint = optimizer, policy, checkpoint
-
-    def state_dict(self) -> dict:
-        return {"sharded": True} if is_sharded(self.policy) else self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("sharded"):
-            load_sharded(self.checkpoint, self.policy, self.optimizer)
-        else:
-            self.optimizer.load_state_dict(state)
 
 
 # --- writing ----------------------------------------------------------------------------------------
@@ -138,14 +54,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-
-
 def check_finite(model, dist: Dist = SINGLE) -> None:
     """Refuse to save weights that hold NaN or inf (on any rank's shard)."""
     bad = [n for n, p in model.named_parameters() if not bool(torch.isfinite(_local(p)).all())]
     if dist.all_max(float(bool(bad))):
-        raise GrpoError(f"The weights are not finite ({', '.join(bad[:3]) or 'on another rank'}), so they were not "
-                        "saved; lower optimizer.lr, check the reward, and resume from the last checkpoint.")
+        raise GrpoError(
+            f"The weights are not finite ({', '.join(bad[:3]) or 'on another rank'}), so they were not "
+            "saved; lower optimizer.lr, check the reward, and resume from the last checkpoint."
+        )
 
 
 def _local(p):
@@ -221,8 +137,16 @@ def read_config(directory) -> dict | None:
     return None
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int = 0,
-                    dist: Dist = SINGLE, optimizer=None) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model,
+    tokenizer,
+    trainer_state: dict,
+    keep_last: int = 0,
+    dist: Dist = SINGLE,
+    optimizer=None,
+) -> Path:
     """Write checkpoints/step-{step} atomically, then point `latest` at it, then prune old ones. Every
     rank calls it; rank 0 writes the files (`trainer_state` holds every rank's parts: PerRank), each rank
     (FSDP) its shards."""
@@ -239,7 +163,11 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
         except OSError as e:
             ok, error = False, e
     if not dist.all_max(0.0 if ok else 1.0) == 0.0:
-        raise write_failure(tmp, error) if dist.is_main else GrpoError("Rank 0 could not write a checkpoint; see its message.")
+        raise (
+            write_failure(tmp, error)
+            if dist.is_main
+            else GrpoError("Rank 0 could not write a checkpoint; see its message.")
+        )
     try:
         if sharded:  # every rank writes its shard of the model and optimizer
             import torch.distributed.checkpoint as dcp
@@ -251,8 +179,9 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
         if dist.is_main:
             _save_model(model, tokenizer, tmp, full, trainer_state.get("config"))
             with _as_os_error(tmp):
-                torch.save({**trainer_state, "step": step, "world_size": dist.world_size, "sharded": sharded},
-                           tmp / STATE_FILE)
+                torch.save(
+                    {**trainer_state, "step": step, "world_size": dist.world_size, "sharded": sharded}, tmp / STATE_FILE
+                )
             _fsync_tree(tmp)
             if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
                 shutil.rmtree(final)
@@ -266,7 +195,11 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, trainer_state: d
             shutil.rmtree(tmp, ignore_errors=True)
         ok, error = False, e
     if dist.all_max(0.0 if ok else 1.0):
-        raise write_failure(tmp, error) if not ok else GrpoError("Another rank could not write its part of a checkpoint; see its message.")
+        raise (
+            write_failure(tmp, error)
+            if not ok
+            else GrpoError("Another rank could not write its part of a checkpoint; see its message.")
+        )
     if dist.is_main and keep_last > 0:
         for old in list_checkpoints(run_dir)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
@@ -329,7 +262,9 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).exists()]
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).exists()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -376,8 +311,10 @@ def resolve_resume(resume: str | None, run_dir: Path, warn=lambda message: None)
         path = found[-1]
     why = unreadable(path)
     if why is not None:
-        raise GrpoError(f"Cannot resume from {path}: {why.rstrip('.')}; pick an earlier checkpoint with resume=PATH, "
-                        "use resume=auto (the newest readable one), or start over with resume=false.")
+        raise GrpoError(
+            f"Cannot resume from {path}: {why.rstrip('.')}; pick an earlier checkpoint with resume=PATH, "
+            "use resume=auto (the newest readable one), or start over with resume=false."
+        )
     return path
 
 
@@ -387,8 +324,10 @@ def load_state(checkpoint: Path) -> dict:
     try:
         state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated, empty or foreign file, or one holding pickled objects
-        raise GrpoError(f"{f} cannot be read as a trainer state ({first_line(e)[:160]}); it is damaged or was not "
-                        "written by grpo-cli.") from None
+        raise GrpoError(
+            f"{f} cannot be read as a trainer state ({first_line(e)[:160]}); it is damaged or was not "
+            "written by grpo-cli."
+        ) from None
     if not isinstance(state, dict) or "step" not in state:
         raise GrpoError(f"{f} is not a grpo-cli trainer state (no step recorded).")
     return state
@@ -413,8 +352,14 @@ def load_sharded(checkpoint: Path, model, optimizer) -> None:
 EXPERIMENT_GROUPS = ("model", "reward", "sampler", "optimizer", "data", "algo", "env")
 EXPERIMENT_KEYS = ("trainer.seed", "trainer.prompts_per_step", "trainer.precision")
 # Where it runs, how the reward model is batched and what it is called may change.
-FREE_KEYS = ("model.device", "model.name", "reward.model_device", "reward.model_batch_size", "reward.fn_dir",
-             "env.fn_dir")
+FREE_KEYS = (
+    "model.device",
+    "model.name",
+    "reward.model_device",
+    "reward.model_batch_size",
+    "reward.fn_dir",
+    "env.fn_dir",
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -428,7 +373,10 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 def experiment_diff(saved: dict, current: dict) -> list[str]:
     """`key: saved -> current` for every experiment-defining key that differs."""
     a, b = _flatten(saved), _flatten(current)
-    keys = [k for k in sorted(set(a) | set(b))
-            if (k.split(".")[0] in EXPERIMENT_GROUPS or k in EXPERIMENT_KEYS) and k not in FREE_KEYS]
+    keys = [
+        k
+        for k in sorted(set(a) | set(b))
+        if (k.split(".")[0] in EXPERIMENT_GROUPS or k in EXPERIMENT_KEYS) and k not in FREE_KEYS
+    ]
     # A key the saved config lacks is a setting added since that run was written: it ran with the default.
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if k in a and a.get(k) != b.get(k)]

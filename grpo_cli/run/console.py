@@ -17,7 +17,6 @@ from rich.table import Table
 
 from grpo_cli.errors import write_failure
 
-
 STARTED = time.perf_counter()  # cli.main resets it when a command starts: phase lines count from there
 
 
@@ -52,8 +51,10 @@ class Console:
         """A signal's first time: the run finishes its step and saves (stopping.GracefulStop calls it)."""
         import signal
 
-        self.warn(f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint (press Ctrl-C again to "
-                  "stop at once)")
+        self.warn(
+            f"{signal.Signals(signum).name}: finishing this step and saving a checkpoint (press Ctrl-C again to "
+            "stop at once)"
+        )
 
     def warn(self, message: str) -> None:
         self.rich.print(f"[bold yellow]warning:[/] {message}")
@@ -67,8 +68,14 @@ class Console:
             return
         if not self.rich.is_terminal:
             now = time.monotonic()
-            self._plain = {"total": total, "every": log_every, "seconds": every_seconds, "last": now,
-                           "t0": now, "first": start}
+            self._plain = {
+                "total": total,
+                "every": log_every,
+                "seconds": every_seconds,
+                "last": now,
+                "t0": now,
+                "first": start,
+            }
             try:
                 yield self
             finally:
@@ -99,8 +106,14 @@ class Console:
             yield lambda n=1: None
             return
         if self.rich.is_terminal:
-            with Progress(TextColumn(f"[bold]{escape(description)}"), BarColumn(), MofNCompleteColumn(),
-                          TimeRemainingColumn(), console=self.rich, transient=True) as progress:
+            with Progress(
+                TextColumn(f"[bold]{escape(description)}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=self.rich,
+                transient=True,
+            ) as progress:
                 task = progress.add_task(description, total=total)
                 yield lambda n=1: progress.advance(task, n)
             return
@@ -124,8 +137,11 @@ class Console:
                 p["last"] = now
                 done = step - p["first"]
                 left = (now - p["t0"]) / max(done, 1) * (p["total"] - step)
-                self.rich.print(f"{self.label}step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}"
-                                f"{tools}  {row['seconds']:.2f} s/step  eta {_clock(left)}", highlight=False)
+                self.rich.print(
+                    f"{self.label}step {step}/{p['total']}  reward {row['reward_mean']:.3f}  kl {row['kl']:.4f}"
+                    f"{tools}  {row['seconds']:.2f} s/step  eta {_clock(left)}",
+                    highlight=False,
+                )
             return
         if self._progress is None:
             if not self.show_progress:
@@ -142,7 +158,9 @@ class Console:
             step_s=f"{row['seconds']:.2f}",
         )
 
-    def eval_table(self, rows: list[dict], columns: dict[str, str], title: str = "evaluation", caption: str = "") -> None:
+    def eval_table(
+        self, rows: list[dict], columns: dict[str, str], title: str = "evaluation", caption: str = ""
+    ) -> None:
         """One row per model (`columns` maps each key shown to its header, the first naming the model);
         turned on its side, one column per model, when that would not fit the terminal."""
         cell = lambda v: f"{v:.3f}" if isinstance(v, float) else "" if v is None else str(v)  # noqa: E731
@@ -172,8 +190,12 @@ class Console:
             table.add_column(col, justify="left" if col == "completion" else "right")
         for completion, (r, times) in list(distinct.items())[:limit]:
             text = completion if "messages" in r else repr(completion)  # an episode's transcript: a line per message
-            table.add_row(escape(text), str(times), "none" if r["reward"] is None else f"{r['reward']:.3f}",
-                          f"{r['advantage']:+.3f}")
+            table.add_row(
+                escape(text),
+                str(times),
+                "none" if r["reward"] is None else f"{r['reward']:.3f}",
+                f"{r['advantage']:+.3f}",
+            )
         self.rich.print(escape(heading))
         self.rich.print(table)
 

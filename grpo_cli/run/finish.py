@@ -29,8 +29,9 @@ def finish_run(run: Run) -> dict:
         merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
     save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
     after = run.held_out.final(t.steps) if run.held_out_before or run.held_out.deferred else None  # the curve's end
-    before = run.held_out_before or (run.held_out.initial(lambda: load_policy(cfg.model, run.precision, None))
-                                     if after is not None else None)
+    before = run.held_out_before or (
+        run.held_out.initial(lambda: load_policy(cfg.model, run.precision, None)) if after is not None else None
+    )
     run.metrics.close()
     rows = [r for r in run.metrics.read() if "reward_mean" in r]  # training rows, not eval/ ones
     last = rows[-20:]
@@ -40,7 +41,7 @@ def finish_run(run: Run) -> dict:
         "reward_last20": sum(r["reward_mean"] for r in last) / len(last) if last else None,
         "seconds": time.perf_counter() - run.started,
         "health": ", ".join(dict.fromkeys(k.split("/", 1)[1] for r in rows for k in r if k.startswith("health/")))
-                  or ("not checked" if t.health == "off" else "no rule fired"),
+        or ("not checked" if t.health == "off" else "no rule fired"),
         "run_dir": str(run.run_dir),
     }
     if after is not None:

@@ -8,31 +8,7 @@ AdamW), push (weights into a generator with its own copy) and wait (the trainer 
 worker answers the steps asked ahead, before a push). A row's `seconds` is the step's wall time: these
 phases and what lies between them.
 
-Floors, from this machine's measured peaks (bandwidth: on a CPU a read of a buffer twice its last-level
-cache, on a GPU a copy; FLOP/s: a matmul in the compute dtype; probed once per machine, device, dtype and
-thread count, and cached in ~/.cache/grpo-cli/peaks.json, or $GRPO_CLI_CACHE). A run's first probe here
-happens before the model loads, while the process is small, and its buffer (64-256 MiB on a CPU) is handed
-back to the kernel after (runtime.returned_when_freed), so it does not stay in the run's memory. Every metrics row carries `efficiency/<phase>` = the
-phase's floor / its measured seconds for generation, scoring and the update (1 is the hardware's limit):
-- generation: a roofline per decode step. Each turn of the step's rows (an episode's runs of sampled tokens,
-  one turn for single-turn rows) decodes together, every row leaving as soon as it has sampled its last token;
-  each one-token step reads the weights once and each live row's keys and values (its context so far), and
-  computes 2P FLOPs per live row, so its floor is the longer of the two. A batch of 16-32 rows of a 135M model
-  on one CPU core is compute-bound; the same batch's last few rows are memory-bound. Plus each distinct
-  prompt's prefill at 2P FLOPs a token (its G samples share it). FLOP/s in the dtype it samples in (bf16's under
-  generator.weights=bf16). The environment's tokens, prefilled in later turns, are left out (the floor stays
-  below what must be done). The row keeps it as `gen_floor_s`; from a metrics row alone (no rollout), the
-  longer of the whole decode's weight reads and its tokens' FLOPs, without the keys and values;
-- scoring: one forward over the step's tokens, 2P FLOPs a token, per extra forward the config asks for (the
-  tokens the forward computes: `forward_tokens`, each prompt once, under trainer.shared_prompts);
-- the update: forward and backward, 6P FLOPs a token, per pass (algo.num_iterations);
-- the environment, the push and the wait have none here: the first is the environment's own code, the
-  second a copy whose floor depends on the transport, the third the other process's work.
-Under data-parallel ranks (DDP, FSDP2) a row's token counts are the ranks' sum and each rank computes its
-share at its own peaks, so the floors are a rank's: the counts divided by the ranks (`StepFloors.ranks`).
-P is the policy's parameter count. Scoring and the update count only weights (no activations), and no phase
-counts attention's FLOPs, so the floors are optimistic: a ratio near 1 is the hardware's limit, a tiny model's
-large ratio is per-operation overhead, not memory or arithmetic.
+How it works in detail: docs/internals.md, grpo_cli/run/floors.py.
 """
 
 from __future__ import annotations
@@ -57,8 +33,11 @@ def _machine(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-             if line.startswith("model name")]
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+        if line.startswith("model name")
+    ]
     return names[0] if names else platform.processor() or platform.machine()
 
 
@@ -125,8 +104,15 @@ def sampled_runs(roll) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return position[first], last - first + 1, turn
 
 
-def decode_floor(contexts: torch.Tensor, lengths: torch.Tensor, weight_bytes: float, kv_bytes: float,
-                 bandwidth: float, token_flops: float, flops: float) -> float:
+def decode_floor(
+    contexts: torch.Tensor,
+    lengths: torch.Tensor,
+    weight_bytes: float,
+    kv_bytes: float,
+    bandwidth: float,
+    token_flops: float,
+    flops: float,
+) -> float:
     """The roofline of rows decoding together: row r samples lengths[r] tokens after contexts[r] tokens, the first
     from the prefill's logits, each later one from a one-token step over the rows still sampling. Step j reads
     the weights once and, for each such row, the keys and values of its contexts[r] + j positions, and computes
@@ -166,24 +152,49 @@ class StepFloors:
         dtype = precision.frozen_dtype  # what generation reads: bf16 under bf16-mixed (autocast's copies)
         sampled = torch.bfloat16 if getattr(cfg.generator, "weights", "full") == "bf16" else dtype  # generator.weights
         params = sum(p.numel() for p in policy.parameters())
-        return cls(params, params * torch.finfo(sampled).bits / 8, *cached_peaks(device, dtype),
-                   int(cfg.algo.beta != 0 and not reference_in_worker(cfg)) + int(cfg.algo.num_iterations > 1),
-                   cfg.algo.num_iterations,
-                   cfg.sampler.group_size,
-                   cached_peaks(device, sampled)[1] if sampled != dtype else None,
-                   kv_bytes_per_position(policy, torch.finfo(sampled).bits / 8), ranks)
+        return cls(
+            params,
+            params * torch.finfo(sampled).bits / 8,
+            *cached_peaks(device, dtype),
+            int(cfg.algo.beta != 0 and not reference_in_worker(cfg)) + int(cfg.algo.num_iterations > 1),
+            cfg.algo.num_iterations,
+            cfg.sampler.group_size,
+            cached_peaks(device, sampled)[1] if sampled != dtype else None,
+            kv_bytes_per_position(policy, torch.finfo(sampled).bits / 8),
+            ranks,
+        )
 
     def floors(self, rows: list[dict]) -> dict[str, float | None]:
         """floor_seconds of these rows at this run's sizes and peaks."""
-        return floor_seconds(rows, self.params, self.weight_bytes, self.bandwidth, self.flops, self.forwards,
-                             self.passes, self.group_size, sample_flops=self.sample_flops, ranks=self.ranks)
+        return floor_seconds(
+            rows,
+            self.params,
+            self.weight_bytes,
+            self.bandwidth,
+            self.flops,
+            self.forwards,
+            self.passes,
+            self.group_size,
+            sample_flops=self.sample_flops,
+            ranks=self.ranks,
+        )
 
     def generation_floor(self, roll) -> float:
         """The rollout's generation floor (module docstring): each turn's decode roofline and the prompts' prefill."""
         flops = self.sample_flops or self.flops
         contexts, lengths, turns = sampled_runs(roll)
-        decode = sum(decode_floor(contexts[turns == k], lengths[turns == k], self.weight_bytes, self.kv_bytes,
-                                  self.bandwidth, 2 * self.params, flops) for k in turns.unique().tolist())
+        decode = sum(
+            decode_floor(
+                contexts[turns == k],
+                lengths[turns == k],
+                self.weight_bytes,
+                self.kv_bytes,
+                self.bandwidth,
+                2 * self.params,
+                flops,
+            )
+            for k in turns.unique().tolist()
+        )
         firsts = roll.prompt_lengths.cpu()[:: roll.group_size]  # each group's prompt, prefilled once
         if roll.weight is not None:  # not a rank's padding groups
             firsts = firsts[roll.weight.cpu().view(-1, roll.group_size).amax(1) > 0]
@@ -221,9 +232,19 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
     return total
 
 
-def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth: float, flops: float,
-                  forwards: int, passes: int, group_size: int = 1, *,
-                  sample_flops: float | None = None, ranks: int = 1) -> dict[str, float | None]:
+def floor_seconds(
+    rows: list[dict],
+    params: int,
+    weight_bytes: float,
+    bandwidth: float,
+    flops: float,
+    forwards: int,
+    passes: int,
+    group_size: int = 1,
+    *,
+    sample_flops: float | None = None,
+    ranks: int = 1,
+) -> dict[str, float | None]:
     """Each phase's floor, summed over the rows (module docstring); None where there is none. `sample_flops`:
     generation's FLOP/s where it computes in another dtype than the update (default `flops`). `ranks`: the
     data-parallel ranks the rows' token counts are summed over, each computing its share at the peaks given
@@ -238,12 +259,20 @@ def floor_seconds(rows: list[dict], params: int, weight_bytes: float, bandwidth:
         if "gen_floor_s" in r:  # the rollout's roofline (StepFloors.generation_floor)
             gen += r["gen_floor_s"]
         else:
-            decode = max(r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / sample_flops)
+            decode = max(
+                r.get("completion_len_max", 0.0) * weight_bytes / bandwidth, 2 * params * completion / sample_flops
+            )
             gen += decode + 2 * params * prompt / group_size / sample_flops
         score += forwards * 2 * params * forward / flops
         update += passes * 6 * params * forward / flops
-    return {"generation": gen, "environment": None, "scoring": score if forwards else None, "update": update,
-            "push": None, "wait": None}
+    return {
+        "generation": gen,
+        "environment": None,
+        "scoring": score if forwards else None,
+        "update": update,
+        "push": None,
+        "wait": None,
+    }
 
 
 def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
@@ -252,7 +281,9 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     total = sum(spent.values())
     if not rows or total <= 0:
         return None
-    shares = ", ".join(f"{p} {s / total:.0%}" for p, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s / total >= 0.005)
+    shares = ", ".join(
+        f"{p} {s / total:.0%}" for p, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s / total >= 0.005
+    )
     top = max(spent, key=spent.get)
     line = f"time: {shares} of {total / len(rows):.2f} s per step"
     f = floors
@@ -261,6 +292,9 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
         return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
     sampled = top == "generation" and f.sample_flops is not None  # generator.weights=bf16: bf16's FLOP/s
     flops = f"{(f.sample_flops if sampled else f.flops) / 1e9:.0f} GFLOP/s{' (bf16)' if sampled else ''}"
-    return (f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
-            f"({spent[top] / len(rows):.3f} s per step against {floor / len(rows):.4f} s at the {f.bandwidth / 1e9:.0f} GB/s "
-            f"and {flops} measured here; no activations or attention FLOPs counted, so a small model's ratio is overhead).")
+    return (
+        f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
+        f"({spent[top] / len(rows):.3f} s per step against {floor / len(rows):.4f} s at the {f.bandwidth / 1e9:.0f} "
+        "GB/s "
+        f"and {flops} measured here; no activations or attention FLOPs counted, so a small model's ratio is overhead)."
+    )

@@ -4,22 +4,7 @@ each with a documented threshold and the knob that fixes what it sees.
 A broken run rarely crashes; it learns nothing for hours. Each rule reads the step's metrics row and
 the rows before it:
 
-| rule | fires when | usual fix |
-| --- | --- | --- |
-| truncation | over half the completions hit sampler.max_new_tokens, 3 steps running | raise max_new_tokens, or a length penalty |
-| zero_variance | every group's rewards are equal, trainer.zero_variance_warn_steps steps running | temperature, group size, an easier task |
-| reward_constant | every completion of the batch has the same reward, 5 steps running | the reward does not look at the completion |
-| reward_missing | over half the completions have no score (None, or a worker failure), 2 steps running | the reward |
-| sampler_mismatch | the sampler's own log-probs (vLLM, or algo.sampler_correction=tis) differ from the trainer's by over 0.1 nats a token | algo.sampler_correction=tis, generator precision |
-| kl_explode | the KL to the reference is over 2 nats a token | lower optimizer.lr, raise algo.beta |
-| entropy_collapse | entropy under 0.01 nats a token while under half the completions are correct, 3 steps running | raise sampler.temperature or algo.entropy_coef |
-| entropy_explode | entropy over 3x its first value and over 2 nats a token above it, 3 steps running | lower optimizer.lr |
-| memory_growth | memory (resident on CPU, allocated on CUDA) rose at every one of the last 8 steps, by over 64 MiB, after 5 warm-up steps, while the steps' tokens did not pass their earlier high by 10% | a leak: a reward or callback keeping references |
-| prefix_breaks | over a quarter of episodes' later turns did not extend the last turn's tokens (multiturn/prefix_break_rate), 2 steps running | a chat template or environment that rewrites earlier turns |
-
-`warn` prints one line per rule, once, naming the knob; `stop` saves a checkpoint and stops the run with
-that sentence; `off` checks nothing. A row gets `health/<rule>: 1` at every step its rule holds, and the
-run summary lists the rules that fired.
+How it works in detail: docs/internals.md, grpo_cli/run/health.py.
 """
 
 from __future__ import annotations
@@ -38,7 +23,9 @@ KL_NATS = 2.0  # the default tiny run peaks at 0.74
 ENTROPY_FLOOR, ENTROPY_STEPS, ENTROPY_ACCURACY = 0.01, 3, 0.5
 ENTROPY_FACTOR, ENTROPY_RISE = 3.0, 2.0
 MEMORY_WARMUP, MEMORY_STEPS, MEMORY_GROWTH_GIB = 5, 8, 64 / 1024
-MEMORY_WORK_RISE = 1.1  # memory_growth stays quiet while the steps' tokens reach new highs (over 10% above the earlier ones)
+MEMORY_WORK_RISE = (
+    1.1  # memory_growth stays quiet while the steps' tokens reach new highs (over 10% above the earlier ones)
+)
 BREAK_RATE, BREAK_STEPS = 0.25, 2
 
 
@@ -62,7 +49,7 @@ def _memory_grew(rows: list[dict]) -> bool:
     seen = [r for r in rows[MEMORY_WARMUP:] if "memory_gib" in r]
     if len(seen) < MEMORY_STEPS + 1:
         return False
-    last = [r["memory_gib"] for r in seen[-(MEMORY_STEPS + 1):]]
+    last = [r["memory_gib"] for r in seen[-(MEMORY_STEPS + 1) :]]
     before = max((_work(r) for r in rows[: len(rows) - MEMORY_STEPS]), default=0.0)
     more_work = max(_work(r) for r in rows[-MEMORY_STEPS:]) > MEMORY_WORK_RISE * before  # a new high: not a leak
     return all(b > a for a, b in zip(last, last[1:])) and last[-1] - last[0] > MEMORY_GROWTH_GIB and not more_work
@@ -71,11 +58,15 @@ def _memory_grew(rows: list[dict]) -> bool:
 def _mismatch(rows: list[dict], corrected: bool) -> str:
     """The sampler_mismatch sentence: what to set depends on whether the correction is on already."""
     row = rows[-1]
-    gap = (f"the sampler's log-probs differ from the trainer's by {row['sampler/logp_diff']:.3f} nats a token, over "
-           f"{SAMPLER_NATS}: the sampled tokens are not the policy's; ")
+    gap = (
+        f"the sampler's log-probs differ from the trainer's by {row['sampler/logp_diff']:.3f} nats a token, over "
+        f"{SAMPLER_NATS}: the sampled tokens are not the policy's; "
+    )
     if corrected:
-        return (gap + f"algo.sampler_correction=tis weighs them ({row.get('sampler/capped_frac', 0.0):.1%} of tokens at "
-                "its cap); to remove the gap, sample in the training precision (generator=hf: generator.weights=full)")
+        return (
+            gap + f"algo.sampler_correction=tis weighs them ({row.get('sampler/capped_frac', 0.0):.1%} of tokens at "
+            "its cap); to remove the gap, sample in the training precision (generator=hf: generator.weights=full)"
+        )
     return gap + "set algo.sampler_correction=tis, or sample in the training precision"
 
 
@@ -83,44 +74,102 @@ def rules(cfg) -> list[Rule]:
     s, t = cfg.sampler, cfg.trainer
     zero_steps = t.zero_variance_warn_steps
     return [
-        Rule("truncation", lambda rows: _running(rows, TRUNCATED_STEPS, lambda r: r["truncated_frac"] > TRUNCATED_FRAC),
-             lambda rows: f"{rows[-1]['truncated_frac']:.0%} of completions hit sampler.max_new_tokens={s.max_new_tokens} "
-                          f"for {TRUNCATED_STEPS} steps, so their rewards judge unfinished answers; raise "
-                          "sampler.max_new_tokens, or add a length penalty (reward=combo with length)"),
-        Rule("zero_variance", lambda rows: _running(rows, zero_steps, lambda r: r["zero_var_frac"] == 1.0),
-             lambda rows: f"every group has had zero reward variance for {zero_steps} steps, so the advantages and the "
-                          "loss are zero and nothing learns; raise sampler.temperature or sampler.group_size, or use an "
-                          "easier task or a denser reward"),
-        Rule("reward_constant", lambda rows: _running(rows, CONSTANT_STEPS, lambda r: r["reward_std"] == 0.0
-                                                      and r.get("reward_none_frac", 0.0) < 1.0),
-             lambda rows: f"every completion has scored {rows[-1]['reward_mean']:g} for {CONSTANT_STEPS} steps; check that "
-                          "the reward reads the completion (reward.fn, reward.extract, data.answer_field)"),
-        Rule("reward_missing", lambda rows: _running(rows, MISSING_STEPS, lambda r: r.get("reward_none_frac", 0.0) > MISSING_FRAC),
-             lambda rows: f"{rows[-1]['reward_none_frac']:.0%} of completions had no score (None, or a reward worker "
-                          f"failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"),
-        Rule("sampler_mismatch", lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
-             lambda rows: _mismatch(rows, corrected=cfg.algo.sampler_correction == "tis")),
-        Rule("kl_explode", lambda rows: rows[-1].get("kl", 0.0) > KL_NATS,
-             lambda rows: f"the KL to the reference is {rows[-1]['kl']:.2f} nats a token, over {KL_NATS:g}: the policy is "
-                          "running away; lower optimizer.lr or raise algo.beta"),
-        Rule("entropy_collapse", lambda rows: _running(rows, ENTROPY_STEPS, lambda r: r.get("entropy", 1.0) < ENTROPY_FLOOR
-                                                       and r.get("accuracy", 0.0) < ENTROPY_ACCURACY),
-             lambda rows: f"the policy's entropy is {rows[-1]['entropy']:.4f} nats a token while {rows[-1]['accuracy']:.0%} "
-                          "of completions are correct: it samples one answer and cannot explore; raise "
-                          "sampler.temperature or algo.entropy_coef"),
-        Rule("entropy_explode", lambda rows: "entropy" in rows[0] and _running(
-                 rows, ENTROPY_STEPS, lambda r: r["entropy"] > max(ENTROPY_FACTOR * rows[0]["entropy"],
-                                                                    rows[0]["entropy"] + ENTROPY_RISE)),
-             lambda rows: f"the policy's entropy rose from {rows[0]['entropy']:.2f} to {rows[-1]['entropy']:.2f} nats a "
-                          "token: its outputs are turning to noise; lower optimizer.lr"),
-        Rule("memory_growth", _memory_grew,
-             lambda rows: f"memory has grown at each of the last {MEMORY_STEPS} steps, to {rows[-1]['memory_gib']:.2f} GiB: "
-                          "something keeps a reference every step (a reward or callback that stores completions?)"),
-        Rule("prefix_breaks", lambda rows: _running(rows, BREAK_STEPS, lambda r: r.get("multiturn/prefix_break_rate", 0.0)
-                                                    > BREAK_RATE),
-             lambda rows: f"{rows[-1]['multiturn/prefix_break_rate']:.0%} of episodes' later turns did not extend the last "
-                          "turn's tokens, so each prefilled its whole context again; an environment or chat template is "
-                          "rewriting earlier turns (episodes must only append)"),
+        Rule(
+            "truncation",
+            lambda rows: _running(rows, TRUNCATED_STEPS, lambda r: r["truncated_frac"] > TRUNCATED_FRAC),
+            lambda rows: (
+                f"{rows[-1]['truncated_frac']:.0%} of completions hit sampler.max_new_tokens={s.max_new_tokens} "
+                f"for {TRUNCATED_STEPS} steps, so their rewards judge unfinished answers; raise "
+                "sampler.max_new_tokens, or add a length penalty (reward=combo with length)"
+            ),
+        ),
+        Rule(
+            "zero_variance",
+            lambda rows: _running(rows, zero_steps, lambda r: r["zero_var_frac"] == 1.0),
+            lambda rows: (
+                f"every group has had zero reward variance for {zero_steps} steps, so the advantages and the "
+                "loss are zero and nothing learns; raise sampler.temperature or sampler.group_size, or use an "
+                "easier task or a denser reward"
+            ),
+        ),
+        Rule(
+            "reward_constant",
+            lambda rows: _running(
+                rows, CONSTANT_STEPS, lambda r: r["reward_std"] == 0.0 and r.get("reward_none_frac", 0.0) < 1.0
+            ),
+            lambda rows: (
+                f"every completion has scored {rows[-1]['reward_mean']:g} for {CONSTANT_STEPS} steps; check that "
+                "the reward reads the completion (reward.fn, reward.extract, data.answer_field)"
+            ),
+        ),
+        Rule(
+            "reward_missing",
+            lambda rows: _running(rows, MISSING_STEPS, lambda r: r.get("reward_none_frac", 0.0) > MISSING_FRAC),
+            lambda rows: (
+                f"{rows[-1]['reward_none_frac']:.0%} of completions had no score (None, or a reward worker "
+                f"failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"
+            ),
+        ),
+        Rule(
+            "sampler_mismatch",
+            lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
+            lambda rows: _mismatch(rows, corrected=cfg.algo.sampler_correction == "tis"),
+        ),
+        Rule(
+            "kl_explode",
+            lambda rows: rows[-1].get("kl", 0.0) > KL_NATS,
+            lambda rows: (
+                f"the KL to the reference is {rows[-1]['kl']:.2f} nats a token, over {KL_NATS:g}: the policy is "
+                "running away; lower optimizer.lr or raise algo.beta"
+            ),
+        ),
+        Rule(
+            "entropy_collapse",
+            lambda rows: _running(
+                rows,
+                ENTROPY_STEPS,
+                lambda r: r.get("entropy", 1.0) < ENTROPY_FLOOR and r.get("accuracy", 0.0) < ENTROPY_ACCURACY,
+            ),
+            lambda rows: (
+                f"the policy's entropy is {rows[-1]['entropy']:.4f} nats a token while {rows[-1]['accuracy']:.0%} "
+                "of completions are correct: it samples one answer and cannot explore; raise "
+                "sampler.temperature or algo.entropy_coef"
+            ),
+        ),
+        Rule(
+            "entropy_explode",
+            lambda rows: (
+                "entropy" in rows[0]
+                and _running(
+                    rows,
+                    ENTROPY_STEPS,
+                    lambda r: (
+                        r["entropy"] > max(ENTROPY_FACTOR * rows[0]["entropy"], rows[0]["entropy"] + ENTROPY_RISE)
+                    ),
+                )
+            ),
+            lambda rows: (
+                f"the policy's entropy rose from {rows[0]['entropy']:.2f} to {rows[-1]['entropy']:.2f} nats a "
+                "token: its outputs are turning to noise; lower optimizer.lr"
+            ),
+        ),
+        Rule(
+            "memory_growth",
+            _memory_grew,
+            lambda rows: (
+                f"memory has grown at each of the last {MEMORY_STEPS} steps, to {rows[-1]['memory_gib']:.2f} GiB: "
+                "something keeps a reference every step (a reward or callback that stores completions?)"
+            ),
+        ),
+        Rule(
+            "prefix_breaks",
+            lambda rows: _running(rows, BREAK_STEPS, lambda r: r.get("multiturn/prefix_break_rate", 0.0) > BREAK_RATE),
+            lambda rows: (
+                f"{rows[-1]['multiturn/prefix_break_rate']:.0%} of episodes' later turns did not extend the last "
+                "turn's tokens, so each prefilled its whole context again; an environment or chat template is "
+                "rewriting earlier turns (episodes must only append)"
+            ),
+        ),
     ]
 
 
@@ -153,8 +202,10 @@ class Health:
             if self.mode == "stop":
                 stop = stop or f"Health check {rule.name!r} at step {step}: {sentence}."
             else:
-                self.warn(f"health: {rule.name} at step {step}: {sentence} (trainer.health=stop stops such a run; "
-                          "off silences this).")
+                self.warn(
+                    f"health: {rule.name} at step {step}: {sentence} (trainer.health=stop stops such a run; "
+                    "off silences this)."
+                )
         return stop
 
 

@@ -35,8 +35,11 @@ class AfterStep:
         self.unhealthy = self.health.check(step, row)  # adds health/<rule> to the row
         log_step(run, step, row, roll)
         if step == run.first_step and dist.is_main:  # the memory plan again, from what was really sampled
-            run.console.print(escape("from this step's samples, " + run.plan.from_samples(row).line()),
-                              highlight=False, soft_wrap=True)
+            run.console.print(
+                escape("from this step's samples, " + run.plan.from_samples(row).line()),
+                highlight=False,
+                soft_wrap=True,
+            )
         if t.eval_every and step % t.eval_every == 0:
             run.held_out.during(step)
 
@@ -56,7 +59,9 @@ def log_step(run, step: int, row: dict, roll) -> None:
             run.samples_log.write(r)
         show = shown_group(sample, roll.group_size)
         prompt, answer = show[0]["prompt"], show[0]["answer"]  # data=none: no prompt (reset() writes each), no answer
-        what = (f"completions of {prompt!r}" if prompt else "episodes") + (f" (answer {answer})" if answer != "" else "")
+        what = (f"completions of {prompt!r}" if prompt else "episodes") + (
+            f" (answer {answer})" if answer != "" else ""
+        )
         run.console.completions(show, f"step {step}: {what}; {len(sample)} in completions.jsonl")
 
 
@@ -65,15 +70,22 @@ def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | Non
     the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
     G, answers, user_text = roll.group_size, roll.answers, user_text or {}
     rows = [
-        {"step": step, "prompt": user_text.get(roll.prompts[g], roll.prompts[g]), "completion": roll.completions[g * G + j],
-         "answer": str(answers[g]),
-         "reward": no_score_none(float(roll.rewards[g, j])), "advantage": float(roll.advantages[g * G + j])}
-        for g in range(min(groups, len(roll.prompts))) for j in range(G)
+        {
+            "step": step,
+            "prompt": user_text.get(roll.prompts[g], roll.prompts[g]),
+            "completion": roll.completions[g * G + j],
+            "answer": str(answers[g]),
+            "reward": no_score_none(float(roll.rewards[g, j])),
+            "advantage": float(roll.advantages[g * G + j]),
+        }
+        for g in range(min(groups, len(roll.prompts)))
+        for j in range(G)
     ]
     if roll.episodes is not None:  # the whole transcript: every turn, tool call and result
         for r, ep in zip(rows, roll.episodes):  # rows are the first groups' completions, in order
-            r.update(completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls,
-                     cut=ep.cut)
+            r.update(
+                completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls, cut=ep.cut
+            )
     return rows
 
 
@@ -94,9 +106,11 @@ class Watch:
     def updates(self, step: int, row: dict) -> None:
         self.skipped = self.skipped + 1 if row["skipped"] else 0
         if row["skipped"]:
-            self.console.warn(f"step {step}: the loss or gradient was not finite, so this update was skipped "
-                              f"({self.skipped} in a row; the run stops at trainer.nonfinite_patience="
-                              f"{self.t.nonfinite_patience}).")
+            self.console.warn(
+                f"step {step}: the loss or gradient was not finite, so this update was skipped "
+                f"({self.skipped} in a row; the run stops at trainer.nonfinite_patience="
+                f"{self.t.nonfinite_patience})."
+            )
         if self.skipped >= self.t.nonfinite_patience:
             raise GrpoError(
                 f"{self.skipped} updates in a row had a non-finite loss or gradient (step {step}), so training "

@@ -1,7 +1,8 @@
 """What the disk shows of `grpo train`'s config, checked after its values and before torch loads (10 s on a
 small machine): a model directory that is not there or holds no model, a data file or resume path that is
 not there, a reward.fn, env.factory or env.tools module that is nowhere on the path. The loaders say the
-same later; here a mistake costs a second. Kept apart from the settings' declarations (config/), whose values the docs' example
+same later; here a mistake costs a second. Kept apart from the settings' declarations (config/), whose values the
+docs' example
 commands are checked against (their paths, such as /models/my-sft, are examples)."""
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from grpo_cli.config.data import FILE_FORMATS
-from grpo_cli.models.paths import local_problem
-from grpo_cli.config.reward import term_specs
-from grpo_cli.registry import is_file_spec
-from grpo_cli.registry import split_spec
 from grpo_cli.config.declare import Problems
+from grpo_cli.config.reward import term_specs
+from grpo_cli.models.paths import local_problem
+from grpo_cli.registry import is_file_spec, split_spec
 
 
 def check_train_paths(cfg) -> None:
@@ -33,13 +33,18 @@ def check_train_paths(cfg) -> None:
                 p.need(Path(path).expanduser().is_file(), f"data.{key}={path} does not exist")
     resume = str(cfg.resume).strip() if cfg.resume is not None else ""
     if resume.lower() not in ("", "false", "none", "no", "0", "auto"):  # as run/checkpoint.resolve_resume reads it
-        p.need(Path(resume).expanduser().exists(), f"resume={resume} is neither a checkpoint nor a run directory: "
-                                                   "nothing is there; pass resume=auto, a checkpoints/step-N path, "
-                                                   "or resume=false")
+        p.need(
+            Path(resume).expanduser().exists(),
+            f"resume={resume} is neither a checkpoint nor a run directory: "
+            "nothing is there; pass resume=auto, a checkpoints/step-N path, "
+            "or resume=false",
+        )
     factories = cfg.env.factory.items() if isinstance(cfg.env.factory, Mapping) else [("", cfg.env.factory)]
     specs = [("env.tools", str(t), cfg.env.fn_dir) for t in cfg.env.tools or []]
     specs += [(f"env.factory{'.' + str(k) if k else ''}", str(v), cfg.env.fn_dir) for k, v in factories if v]
-    specs += [("reward.fn", spec, cfg.reward.fn_dir) for _, kind, spec in term_specs(cfg.reward) if kind == "python" and spec]
+    specs += [
+        ("reward.fn", spec, cfg.reward.fn_dir) for _, kind, spec in term_specs(cfg.reward) if kind == "python" and spec
+    ]
     for key, spec, base in specs:
         if not is_file_spec(spec) and (":" in spec or "." in spec):
             p.need(not (problem := missing_module(key, spec, base)), problem or "")
@@ -54,8 +59,15 @@ def missing_module(key: str, spec: str, base: str | None) -> str | None:
 
     module, attr = split_spec(spec)
     top, base = module.split(".")[0], os.path.abspath(base or os.getcwd())
-    if not top or is_file_spec(spec) or importlib.util.find_spec(top) is not None or \
-            os.path.exists(os.path.join(base, top + ".py")) or os.path.isdir(os.path.join(base, top)):
+    if (
+        not top
+        or is_file_spec(spec)
+        or importlib.util.find_spec(top) is not None
+        or os.path.exists(os.path.join(base, top + ".py"))
+        or os.path.isdir(os.path.join(base, top))
+    ):
         return None
-    return (f"{key}={spec!r} cannot be imported (ModuleNotFoundError: No module named {top!r}); put its module on "
-            f"PYTHONPATH or in {base}, or name the file ({key}=path/to/{module.rpartition('.')[2]}.py:{attr})")
+    return (
+        f"{key}={spec!r} cannot be imported (ModuleNotFoundError: No module named {top!r}); put its module on "
+        f"PYTHONPATH or in {base}, or name the file ({key}=path/to/{module.rpartition('.')[2]}.py:{attr})"
+    )

@@ -1,33 +1,7 @@
 """The memory planner: peak memory by part, estimated from the config and the model's config before
 any weights load, and the token budget that fits `trainer.memory_gib`.
 
-Peak = what stays all run + the larger of the two phases:
-- all run: the process itself (measured: Python, torch, transformers, the data), the policy's weights,
-  a frozen reference (beta != 0, not under LoRA) or behaviour copy, and AdamW's two moments;
-- generation: the KV cache of every row of the step at its full length (prompt + max_new_tokens), the
-  sampler's per-row [vocab] temporaries, for episodes a second copy of the cache (each decoded row's
-  keys and values kept for its next turn), and on a CPU the packed copies of the large weights decoding
-  multiplies by (generator.matmul, packed.py; float32, or bf16 under bf16 autocast);
-- the update: the gradients, the activations autograd keeps for backward (per token and layer, counted
-  from a Llama-style block: two RMSNorms 2h each, q, k, v, the attention output and o_proj's input, h
-  each, with k and v repeated to every head when a mask is in play, the MLP's four [intermediate]
-  tensors, the attention mask's row when rows are packed or padded; under model.recompute_pointwise two
-  [intermediate] fewer), the head's logits chunk (at most
-  logprobs.CHUNK_LOGITS positions x vocab, counted once; three times with an entropy bonus, through
-  autograd's own logits, softmax and gradient: head_tensors) and one layer's
-  gradients in flight. With gradient checkpointing a layer keeps only its input, plus one layer's
-  activations while it is recomputed.
-
-Activations are counted at the compute dtype's width. The update's transient tensors (activations,
-logits, backward) are multiplied by ALLOCATOR_SLACK, the resident memory the process holds per byte
-of them, measured once on a calibration shape that is not among the tests' (hidden 320, 6 layers,
-vocabulary 8,000, 8 rows of 336 tokens, fp32 on CPU: glibc keeps freed blocks mapped, and the
-backward's gradients land in fresh ones). On CUDA the peak is torch.cuda.max_memory_allocated, the live
-tensors alone, and the factor is CUDA_SLACK: the live bytes per counted byte (tensors the count leaves
-out: attention's and the loss's temporaries), measured on an H100 on two shapes of a 0.5B model (fp32
-full training, bf16-mixed LoRA; docs/gpu-check.md). The estimate is checked against measured peaks in
-tests/test_memory.py (within 20% on three other shapes) and by `make gpu-check` on a GPU. It assumes
-every row runs to max_new_tokens, so it is an upper bound for runs whose completions stop early.
+How it works in detail: docs/internals.md, grpo_cli/run/plan.py.
 """
 
 from __future__ import annotations
@@ -40,8 +14,17 @@ from grpo_cli.config import reference_in_worker
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import GENERATORS
 from grpo_cli.models.logprobs import CHUNK_LOGITS
-from grpo_cli.models.memory import (ALLOCATOR_SLACK, CUDA_SLACK, GIB, Shape, activation_bytes_per_token, dtype_bytes,
-                                    model_shape, noise_steps_ahead, resident_bytes)
+from grpo_cli.models.memory import (
+    ALLOCATOR_SLACK,
+    CUDA_SLACK,
+    GIB,
+    Shape,
+    activation_bytes_per_token,
+    dtype_bytes,
+    model_shape,
+    noise_steps_ahead,
+    resident_bytes,
+)
 from grpo_cli.models.packer import largest_micro_batch
 from grpo_cli.models.recompute import recompute_wanted
 from grpo_cli.registry import load
@@ -71,12 +54,15 @@ class Plan:
 
     def line(self) -> str:
         """One line: the total, then each part in GiB."""
+
         def parts(d):
             return ", ".join(f"{k} {v / GIB:.2f}" for k, v in d.items() if v >= 0.005 * GIB)
 
-        return (f"memory plan: peak {self.total / GIB:.2f} GiB = all run ({parts(self.persistent)}) + the larger of "
-                f"generation ({parts(self.generation)}) and the update ({parts(self.update)}; "
-                f"{self.per_token / 2**10:.0f} KiB per token, {self.tokens:,} tokens per micro-batch) [GiB]")
+        return (
+            f"memory plan: peak {self.total / GIB:.2f} GiB = all run ({parts(self.persistent)}) + the larger of "
+            f"generation ({parts(self.generation)}) and the update ({parts(self.update)}; "
+            f"{self.per_token / 2**10:.0f} KiB per token, {self.tokens:,} tokens per micro-batch) [GiB]"
+        )
 
 
 def row_length(cfg, longest_prompt: int) -> int:
@@ -88,9 +74,21 @@ def row_length(cfg, longest_prompt: int) -> int:
     return longest_prompt + after
 
 
-def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_bytes: int, act_bytes: int,
-         world_size: int = 1, runtime: float | None = None, budget: int | None = None, row_len: int | None = None,
-         tokens: int | None = None, device_type: str = "cpu") -> Plan:
+def plan(
+    cfg,
+    shape: Shape,
+    *,
+    longest_prompt: int,
+    param_bytes: int,
+    frozen_bytes: int,
+    act_bytes: int,
+    world_size: int = 1,
+    runtime: float | None = None,
+    budget: int | None = None,
+    row_len: int | None = None,
+    tokens: int | None = None,
+    device_type: str = "cpu",
+) -> Plan:
     """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
     given, stands for trainer.max_tokens_per_micro_batch. `row_len` and `tokens`, when given, are a step's
     longest row and largest micro-batch as sampled (Plan.from_samples), in place of the worst case."""
@@ -98,8 +96,10 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     lora = cfg.model.lora.r > 0
     P = shape.parameters
     row_len = row_len or row_length(cfg, longest_prompt)
-    persistent = {"runtime": resident_bytes() if runtime is None else runtime,
-                  "weights": P * (frozen_bytes if lora else param_bytes)}
+    persistent = {
+        "runtime": resident_bytes() if runtime is None else runtime,
+        "weights": P * (frozen_bytes if lora else param_bytes),
+    }
     if lora:
         persistent["weights"] += shape.trainable * 4  # the adapter is float32
     if algo.beta != 0 and not lora and not reference_in_worker(cfg):  # else the generation worker holds it
@@ -111,38 +111,55 @@ def plan(cfg, shape: Shape, *, longest_prompt: int, param_bytes: int, frozen_byt
     rows = t.prompts_per_step // max(world_size, 1) * s.group_size
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * act_bytes
     ahead = noise_steps_ahead(rows, shape.vocab, s.max_new_tokens, device_type)
-    generation = {"KV cache": rows * row_len * kv_per_token,  # sampling: logits, scores, log-softmax, and the noise
-                  "sampling": rows * shape.vocab * 4 * (3 + ahead)}  # drawn `ahead` tokens at a time: [rows, vocab] fp32
+    generation = {
+        "KV cache": rows * row_len * kv_per_token,  # sampling: logits, scores, log-softmax, and the noise
+        "sampling": rows * shape.vocab * 4 * (3 + ahead),
+    }  # drawn `ahead` tokens at a time: [rows, vocab] fp32
     env = getattr(cfg, "env", None)
-    if env is not None and (env.tools or env.factory):  # episodes: each decoded row kept for its next turn (turn_cache.py)
+    if env is not None and (
+        env.tools or env.factory
+    ):  # episodes: each decoded row kept for its next turn (turn_cache.py)
         generation["kept turns"] = generation["KV cache"]
     gen = getattr(cfg, "generator", None)
     term = GENERATORS[gen.name].memory if gen is not None else None
     if term is not None:  # what the back-end holds beside the cache (generate/base.py, Backend.memory)
-        generation.update(load(term)(gen, shape, device_type=device_type,
-                                     weight_bytes=frozen_bytes if lora else param_bytes, act_bytes=act_bytes))
+        generation.update(
+            load(term)(
+                gen,
+                shape,
+                device_type=device_type,
+                weight_bytes=frozen_bytes if lora else param_bytes,
+                act_bytes=act_bytes,
+            )
+        )
     pointwise = recompute_wanted(cfg.model.recompute_pointwise, shape.hidden)
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing, pointwise)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
-    tokens = tokens or largest_micro_batch(row_len, token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
-                                           batch_rows=min(t.micro_batch_size, rows))
+    tokens = tokens or largest_micro_batch(
+        row_len,
+        token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
+        batch_rows=min(t.micro_batch_size, rows),
+    )
     completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
     head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
     slack = CUDA_SLACK if device_type == "cuda" else ALLOCATOR_SLACK
-    update = {"gradients": shape.trainable * trainable_bytes,
-              "activations": slack * tokens * per_token,
-              "logits": slack * head_tensors(cfg) * head_positions * shape.vocab * 4,
-              "backward": slack * tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4}
+    update = {
+        "gradients": shape.trainable * trainable_bytes,
+        "activations": slack * tokens * per_token,
+        "logits": slack * head_tensors(cfg) * head_positions * shape.vocab * 4,
+        "backward": slack * tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4,
+    }
     if act_bytes < param_bytes and not lora:  # bf16-mixed: autocast keeps a bf16 copy of the weights it cast
         update["cast weights"] = P * act_bytes
-    return Plan(persistent=persistent, generation=generation, update=update, tokens=int(tokens),
-                per_token=slack * per_token)
+    return Plan(
+        persistent=persistent, generation=generation, update=update, tokens=int(tokens), per_token=slack * per_token
+    )
 
 
 def head_tensors(cfg) -> int:
     """[chunk, vocab] float32 tensors the plan counts for the head. logprobs.TokenLogProb holds the logits and
     the probabilities (which become the gradient) for a moment, and one such tensor with the allocator's
-    slack is what the measured peaks fit (tests/test_memory.py's three shapes: counting two tensors
+    slack is what the measured peaks fit (tests/models/test_memory.py's three shapes: counting two tensors
     overestimated the wide, head-heavy one by 24%, past the 20% the test allows). Three through autograd's
     ops, as before, when an entropy bonus differentiates the entropy."""
     return 3 if cfg.algo.entropy_coef else 1
@@ -165,7 +182,8 @@ def fit(cfg, shape: Shape, **plan_args) -> int:
             f"trainer.memory_gib={t.memory_gib:g} cannot hold generation: the weights, optimizer state and process "
             f"need {fixed / GIB:.2f} GiB and the KV cache of {t.prompts_per_step} prompts x {s.group_size} completions "
             f"{gen / GIB:.2f} GiB more; lower trainer.prompts_per_step or sampler.max_new_tokens, use model.lora, or "
-            f"raise trainer.memory_gib.")
+            f"raise trainer.memory_gib."
+        )
     low, high = 0, 1
     while total(high) <= limit and high < 1 << 40:  # the plan grows with the budget: bisect its last fit
         low, high = high, high * 2
@@ -177,18 +195,26 @@ def fit(cfg, shape: Shape, **plan_args) -> int:
             raise GrpoError(
                 f"trainer.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} does not fit in "
                 f"trainer.memory_gib={t.memory_gib:g} (room for {low:,} tokens); lower it, or leave it at 0 and the "
-                "planner picks the budget.")
+                "planner picks the budget."
+            )
         return t.max_tokens_per_micro_batch
     if low < row_len:
         raise GrpoError(
             f"trainer.memory_gib={t.memory_gib:g} leaves room for {low:,} tokens per micro-batch, fewer than one "
             f"completion with the longest prompt ({row_len:,}); raise trainer.memory_gib, lower "
-            "sampler.max_new_tokens, or set model.gradient_checkpointing=true.")
+            "sampler.max_new_tokens, or set model.gradient_checkpointing=true."
+        )
     return low
 
 
-def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_size: int = 1,
-            resumed_budget: int | None = None, device: torch.device | None = None) -> Plan:
+def planned(
+    cfg,
+    tokenizer_prompts: list[list[int]] | None,
+    precision,
+    world_size: int = 1,
+    resumed_budget: int | None = None,
+    device: torch.device | None = None,
+) -> Plan:
     """The plan, its `budget` the token budget per micro-batch to run with (trainer.max_tokens_per_micro_batch,
     or the one memory_gib picks). Raises GrpoError when trainer.memory_gib cannot be met. A resumed run keeps the
     budget its checkpoint ran with (`resumed_budget`) while memory_gib is still set, so it batches, and
@@ -197,9 +223,13 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     shape = model_shape(m.path, m.trust_remote_code, m.lora if m.lora.r else None)
     longest = max((len(p) for p in tokenizer_prompts), default=0) if tokenizer_prompts else 0
     compute = precision.frozen_dtype  # the compute dtype
-    kwargs = dict(longest_prompt=longest, param_bytes=dtype_bytes(precision.param_dtype),
-                  frozen_bytes=dtype_bytes(precision.frozen_dtype), act_bytes=dtype_bytes(compute),
-                  world_size=world_size)
+    kwargs = dict(
+        longest_prompt=longest,
+        param_bytes=dtype_bytes(precision.param_dtype),
+        frozen_bytes=dtype_bytes(precision.frozen_dtype),
+        act_bytes=dtype_bytes(compute),
+        world_size=world_size,
+    )
     # The process, measured once so every plan below counts the same; on a GPU the plan is of CUDA's
     # allocations, which the process's own memory is not part of.
     kwargs["runtime"] = 0.0 if device is not None and device.type == "cuda" else resident_bytes()
@@ -207,13 +237,13 @@ def planned(cfg, tokenizer_prompts: list[list[int]] | None, precision, world_siz
     budget = cfg.trainer.max_tokens_per_micro_batch
     row = row_length(cfg, longest)
     if budget and budget < row:  # that row would run alone, past the budget
-        raise GrpoError(f"trainer.max_tokens_per_micro_batch={budget} is smaller than the longest row a step can hold "
-                        f"({row} tokens: the longest prompt and the tokens after it); raise it to {row} or more, or "
-                        "lower sampler.max_new_tokens.")
+        raise GrpoError(
+            f"trainer.max_tokens_per_micro_batch={budget} is smaller than the longest row a step can hold "
+            f"({row} tokens: the longest prompt and the tokens after it); raise it to {row} or more, or "
+            "lower sampler.max_new_tokens."
+        )
     if cfg.trainer.memory_gib:
         budget = resumed_budget if resumed_budget and not budget else fit(cfg, shape, **kwargs)
     out = plan(cfg, shape, budget=budget or None, **kwargs)
     out.budget, out.redo = budget, lambda **seen: plan(cfg, shape, budget=budget or None, **kwargs, **seen)
     return out
-
-

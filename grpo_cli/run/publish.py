@@ -23,30 +23,53 @@ def card_text(cfg, summary: dict, command: str) -> str:
     from huggingface_hub import ModelCardData
 
     base = cfg.model.path
-    data = ModelCardData(library_name="transformers", tags=["grpo", "grpo-cli", "reinforcement-learning"],
-                         base_model=None if base.startswith(("builtin:", "/", ".", "~")) else base)
+    data = ModelCardData(
+        library_name="transformers",
+        tags=["grpo", "grpo-cli", "reinforcement-learning"],
+        base_model=None if base.startswith(("builtin:", "/", ".", "~")) else base,
+    )
     a, s, o, t = cfg.algo, cfg.sampler, cfg.optimizer, cfg.trainer
-    lora = (f"LoRA r={cfg.model.lora.r}, alpha={cfg.model.lora.alpha} (merged into these weights; the adapter alone "
-            "is in `adapter/`)") if cfg.model.lora.r else "full fine-tuning"
+    lora = (
+        (
+            f"LoRA r={cfg.model.lora.r}, alpha={cfg.model.lora.alpha} (merged into these weights; the adapter alone "
+            "is in `adapter/`)"
+        )
+        if cfg.model.lora.r
+        else "full fine-tuning"
+    )
     data_name = cfg.data.hub_name or cfg.data.train_file or cfg.data.name
-    rows = "\n".join(f"| {name} | {summary[key]:.3f} |" for key, name in HEADLINES.items()
-                     if isinstance(summary.get(key), float))
-    correct = f"\n\nAccuracy counts a completion as correct when {summary['correct']}." if summary.get("correct") else ""
+    high = f"/{a.clip_eps_high}" if a.clip_eps_high is not None else ""
+    algorithm = (
+        f"`algo={a.name}`: clip {a.clip_eps}{high}, beta {a.beta} ({a.kl_estimator}), {a.aggregation}, "
+        f"ratio per {a.ratio_level}, advantages scaled by {a.scale}"
+    )
+    optimisation = (
+        f"AdamW lr {o.lr:g} ({o.scheduler}), {t.steps} steps of {t.prompts_per_step} prompts, {t.precision}, {lora}"
+    )
+    sampling = (
+        f"G = {s.group_size} completions per prompt, temperature {s.temperature}, up to {s.max_new_tokens} new tokens"
+    )
+    rows = "\n".join(
+        f"| {name} | {summary[key]:.3f} |" for key, name in HEADLINES.items() if isinstance(summary.get(key), float)
+    )
+    correct = (
+        f"\n\nAccuracy counts a completion as correct when {summary['correct']}." if summary.get("correct") else ""
+    )
     return f"""---
 {data.to_yaml()}
 ---
 
-# {Path(summary.get('run_dir', 'run')).name}: {cfg.model.name} post-trained with GRPO
+# {Path(summary.get("run_dir", "run")).name}: {cfg.model.name} post-trained with GRPO
 
 Trained by grpo-cli {_version()} with Group Relative Policy Optimization from `{base}`.
 
 | | |
 | --- | --- |
-| data | `{data_name}` (`data={cfg.data.name}`{', chat template' if cfg.data.chat_template else ''}) |
-| reward | `{cfg.reward.name}`{f" ({', '.join(cfg.reward.terms)})" if cfg.reward.terms else ''} |
-| algorithm | `algo={a.name}`: clip {a.clip_eps}{f'/{a.clip_eps_high}' if a.clip_eps_high is not None else ''}, beta {a.beta} ({a.kl_estimator}), {a.aggregation}, ratio per {a.ratio_level}, advantages scaled by {a.scale} |
-| sampling | G = {s.group_size} completions per prompt, temperature {s.temperature}, up to {s.max_new_tokens} new tokens |
-| optimisation | AdamW lr {o.lr:g} ({o.scheduler}), {t.steps} steps of {t.prompts_per_step} prompts, {t.precision}, {lora} |
+| data | `{data_name}` (`data={cfg.data.name}`{", chat template" if cfg.data.chat_template else ""}) |
+| reward | `{cfg.reward.name}`{f" ({', '.join(cfg.reward.terms)})" if cfg.reward.terms else ""} |
+| algorithm | {algorithm} |
+| sampling | {sampling} |
+| optimisation | {optimisation} |
 | seed | {t.seed} |
 
 ## Results
@@ -93,8 +116,10 @@ def check_push(cfg) -> None:
 
     why = "HF_HUB_OFFLINE=1 is set" if constants.HF_HUB_OFFLINE else hub_unreachable()
     if why:
-        raise GrpoError(f"hub.push=true but the Hugging Face hub cannot be reached ({why}); train with hub.push=false "
-                        "and upload final/ later with `hf upload REPO_ID RUN_DIR/final`.")
+        raise GrpoError(
+            f"hub.push=true but the Hugging Face hub cannot be reached ({why}); train with hub.push=false "
+            "and upload final/ later with `hf upload REPO_ID RUN_DIR/final`."
+        )
 
 
 def push(final: Path, cfg, console) -> str:
@@ -104,12 +129,15 @@ def push(final: Path, cfg, console) -> str:
     api = HfApi()
     try:
         api.create_repo(cfg.hub.repo_id, private=cfg.hub.private, exist_ok=True)
-        info = api.upload_folder(repo_id=cfg.hub.repo_id, folder_path=str(final),
-                                 commit_message="grpo-cli: trained model")
+        info = api.upload_folder(
+            repo_id=cfg.hub.repo_id, folder_path=str(final), commit_message="grpo-cli: trained model"
+        )
     except (OSError, ValueError) as e:  # no token, no rights, network gone mid-run (HfHubHTTPError is an OSError)
-        raise GrpoError(f"Could not push {final} to the hub repository {cfg.hub.repo_id} ({first_line(e)[:200]}); the "
-                        "trained model is in final/: fix the token or repo id and upload it with "
-                        f"`hf upload {cfg.hub.repo_id} {final}`.") from None
+        raise GrpoError(
+            f"Could not push {final} to the hub repository {cfg.hub.repo_id} ({first_line(e)[:200]}); the "
+            "trained model is in final/: fix the token or repo id and upload it with "
+            f"`hf upload {cfg.hub.repo_id} {final}`."
+        ) from None
     console.print(f"pushed {final} to {cfg.hub.repo_id}")
     return str(getattr(info, "commit_url", cfg.hub.repo_id))
 

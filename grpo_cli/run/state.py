@@ -18,9 +18,10 @@ from grpo_cli.models.policies import Policies
 from grpo_cli.models.precision import Precision
 from grpo_cli.rollout.held_out import HeldOut
 from grpo_cli.rollout.source import RolloutSource
-from grpo_cli.run.checkpoint import OptimizerState, PerRank, Rng, Stateful, list_checkpoints, save_checkpoint
+from grpo_cli.run.checkpoint import list_checkpoints, save_checkpoint
 from grpo_cli.run.console import Console, MetricsLog
 from grpo_cli.run.health import stop_run
+from grpo_cli.run.parts import OptimizerState, PerRank, Rng, Stateful
 from grpo_cli.run.stopping import GracefulStop, Stopped
 from grpo_cli.samples.settings import StepSettings
 
@@ -63,17 +64,31 @@ class Run:
         function of seed and step); the logs' cursor is the step, read where they open. The source's part is
         each rank's rollouts sampled ahead and not yet trained on: a resumed run trains on these, as the
         uninterrupted one would."""
-        return {"policies": self.policies, "optimizer": OptimizerState(self.optimizer, self.policy, self.resumed_from),
-                "scheduler": self.scheduler, "source": PerRank(self.source, self.dist, lambda ranks: {}),
-                "rng": PerRank(Rng(), self.dist, lambda ranks: ranks[0])}
+        return {
+            "policies": self.policies,
+            "optimizer": OptimizerState(self.optimizer, self.policy, self.resumed_from),
+            "scheduler": self.scheduler,
+            "source": PerRank(self.source, self.dist, lambda ranks: {}),
+            "rng": PerRank(Rng(), self.dist, lambda ranks: ranks[0]),
+        }
 
     def save(self, step: int) -> None:
         """A checkpoint of this step: the weights, every part's state, and what a resume reads first."""
-        save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, {
-            **{name: part.state_dict() for name, part in self.parts().items()},
-            "config": asdict(self.cfg), "held_out_before": self.held_out_before,
-            "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
-        }, keep_last=self.cfg.trainer.keep_last, dist=self.dist, optimizer=self.optimizer)
+        save_checkpoint(
+            self.run_dir,
+            step,
+            self.policy,
+            self.tokenizer,
+            {
+                **{name: part.state_dict() for name, part in self.parts().items()},
+                "config": asdict(self.cfg),
+                "held_out_before": self.held_out_before,
+                "max_tokens_per_micro_batch": self.settings.max_tokens,  # a resumed run batches as this one did
+            },
+            keep_last=self.cfg.trainer.keep_last,
+            dist=self.dist,
+            optimizer=self.optimizer,
+        )
         self.saved = step
 
     def restore(self, state: dict) -> None:
@@ -84,12 +99,16 @@ class Run:
             try:
                 part.load_state_dict(state[name])
             except (KeyError, ValueError, TypeError, RuntimeError) as e:  # the file's content, not this code
-                raise GrpoError(f"The checkpoint {self.resumed_from}'s {name} state does not load ({first_line(e)}); "
-                                "resume from another checkpoint with resume=PATH, or start a new run.") from None
+                raise GrpoError(
+                    f"The checkpoint {self.resumed_from}'s {name} state does not load ({first_line(e)}); "
+                    "resume from another checkpoint with resume=PATH, or start a new run."
+                ) from None
         if state.get("world_size", 1) != self.dist.world_size:
-            self.console.print(f"resuming a {state.get('world_size', 1)}-process run on {self.dist.world_size}: the "
-                               "prompts and sampled completions of each step are the same (they depend on the seed "
-                               "and step alone)")
+            self.console.print(
+                f"resuming a {state.get('world_size', 1)}-process run on {self.dist.world_size}: the "
+                "prompts and sampled completions of each step are the same (they depend on the seed "
+                "and step alone)"
+            )
 
     @contextmanager
     def running(self):
@@ -116,8 +135,11 @@ class Run:
             if self.first_step <= done != self.saved and self.dist.world_size == 1:
                 self.save(done)
             kept = list_checkpoints(self.run_dir)
-            where = (f"{kept[-1].name} is the newest checkpoint; continue with: {resume_command(self.command, self.run_dir)}"
-                     if kept else "no checkpoint was written yet; start the run again")
+            where = (
+                f"{kept[-1].name} is the newest checkpoint; continue with: {resume_command(self.command, self.run_dir)}"
+                if kept
+                else "no checkpoint was written yet; start the run again"
+            )
             raise GrpoError(f"Training stopped at step {step}: {e}; {where}.") from None
 
     def checkpoint(self, step: int, stop: GracefulStop) -> None:
@@ -135,6 +157,9 @@ class Run:
 
 def resume_command(command: str | None, run_dir: Path) -> str:
     """The command that continues this run where it stopped: the same overrides, this directory, resume=auto."""
-    kept = [a for a in (command or "grpo train").split()[2:]
-            if not a.startswith(("output_dir=", "resume=", "hydra.run.dir=", "overwrite="))]
+    kept = [
+        a
+        for a in (command or "grpo train").split()[2:]
+        if not a.startswith(("output_dir=", "resume=", "hydra.run.dir=", "overwrite="))
+    ]
     return shlex.join(["grpo", "train", *kept, f"output_dir={run_dir}", "resume=auto"])

@@ -20,20 +20,25 @@ from pathlib import Path
 
 from grpo_cli.errors import GrpoError
 
+
 def numbers(row: dict) -> dict[str, float]:
     """The row's numeric values (bools and the step itself left out)."""
-    return {k: float(v) for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: float(v) for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def check_trackers(names: list[str]) -> None:
-    """Every named tracker (names checked in checks.py) is installed, or one sentence naming the extra."""
+    """Every named tracker (names checked by the config's declarations) is installed, or one sentence naming the
+    extra."""
     for name in dict.fromkeys(names):
         try:
             importlib.import_module(CLASSES[name].module)
         except ImportError:
-            raise GrpoError(f"trainer.trackers includes {name}, which is not installed; install it with "
-                            f"pip install 'grpo-cli[{name}]', or drop it from trainer.trackers.") from None
+            raise GrpoError(
+                f"trainer.trackers includes {name}, which is not installed; install it with "
+                f"pip install 'grpo-cli[{name}]', or drop it from trainer.trackers."
+            ) from None
 
 
 class TensorBoard:
@@ -43,7 +48,7 @@ class TensorBoard:
     module = "torch.utils.tensorboard"  # its client, imported when the run starts
 
     def __init__(self, run_dir: Path, config: dict, project: str, resumed_at: int | None):
-        from torch.utils.tensorboard import SummaryWriter  # noqa: the extra is checked in check_trackers
+        from torch.utils.tensorboard import SummaryWriter  # the extra is checked in check_trackers
 
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=resumed_at + 1 if resumed_at else None)
 
@@ -62,8 +67,14 @@ class WandB:
     def __init__(self, run_dir: Path, config: dict, project: str, resumed_at: int | None):
         import wandb
 
-        self.run = wandb.init(project=project, name=Path(run_dir).name, dir=str(run_dir), config=config,
-                              resume="allow", id=_run_id(run_dir))
+        self.run = wandb.init(
+            project=project,
+            name=Path(run_dir).name,
+            dir=str(run_dir),
+            config=config,
+            resume="allow",
+            id=_run_id(run_dir),
+        )
 
     def write(self, row: dict) -> None:
         self.run.log(numbers(row), step=row["step"])
@@ -79,7 +90,9 @@ class MLflow:
         import mlflow
 
         self.mlflow = mlflow
-        mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}")
+        mlflow.set_tracking_uri(
+            os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+        )
         mlflow.set_experiment(project)
         self.run = mlflow.start_run(run_name=Path(run_dir).name)
         if not resumed_at:  # parameters are written once: MLflow refuses to change a logged one
@@ -109,7 +122,7 @@ class Trackio:
 
 
 CLASSES = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
-TRACKERS = tuple(CLASSES)  # trainer.trackers: checks.py, the docs and completion read this one list
+TRACKERS = tuple(CLASSES)  # trainer.trackers: the config's check, the docs and completion read this one list
 
 
 def open_trackers(names: list[str], run_dir: Path, config: dict, project: str, resumed_at: int | None = None) -> list:

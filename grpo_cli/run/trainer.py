@@ -28,8 +28,9 @@ def train(cfg, run_dir: Path, console: Console, dist: Dist = SINGLE, command: st
         for step in range(run.first_step, cfg.trainer.steps + 1):
             start = time.perf_counter()
             scored = run.sample(step)  # 1.
-            row, roll = grpo_step(run.policies, run.optimizer, scored, run.settings, precision=run.precision,
-                                  dist=dist)  # 2.
+            row, roll = grpo_step(
+                run.policies, run.optimizer, scored, run.settings, precision=run.precision, dist=dist
+            )  # 2.
             row.update(run.source.update(run.policy, step))  # the source samples the coming steps with this update
             row["lr"] = run.scheduler.get_last_lr()[0]  # 3.
             run.scheduler.step()

@@ -22,7 +22,6 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-
 class StepMetrics:
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
@@ -59,8 +58,10 @@ class StepMetrics:
     @classmethod
     def from_state(cls, state: dict, device) -> "StepMetrics":
         out = cls(device)
-        to = lambda d: {k: [x.to(out.device) for x in v] if isinstance(v, list) else v.to(out.device)  # noqa: E731
-                        for k, v in d.items()}
+
+        def to(d: dict) -> dict:
+            return {k: [x.to(out.device) for x in v] if isinstance(v, list) else v.to(out.device) for k, v in d.items()}
+
         out._means, out._sums, out._mins, out._maxs = (to(state[k]) for k in ("means", "sums", "mins", "maxs"))
         return out
 
@@ -69,9 +70,11 @@ class StepMetrics:
         counted; in one collective."""
         means = list(self._means)
         sums = [self._means[k][0] for k in means] + [self._means[k][1] for k in means] + list(self._sums.values())
-        out = dist.reduce_metrics(sums=torch.stack(sums) if sums else self._t(0.0)[None][:0],
-                                  mins=torch.stack(list(self._mins.values())) if self._mins else self._t(0.0)[None][:0],
-                                  maxs=torch.stack(list(self._maxs.values())) if self._maxs else self._t(0.0)[None][:0])
+        out = dist.reduce_metrics(
+            sums=torch.stack(sums) if sums else self._t(0.0)[None][:0],
+            mins=torch.stack(list(self._mins.values())) if self._mins else self._t(0.0)[None][:0],
+            maxs=torch.stack(list(self._maxs.values())) if self._maxs else self._t(0.0)[None][:0],
+        )
         n = len(means)
         totals, counts, plain = out["sums"][:n], out["sums"][n : 2 * n], out["sums"][2 * n :]
         result = {k: (t / c if c else 0.0) for k, t, c in zip(means, totals, counts)}

@@ -39,16 +39,28 @@ class Rollout:
     weight: Optional[Tensor] = None  # [n*G] 1 for a real row, 0 for padding (a rank's share topped up); None = all real
     sampler_logp: Optional[Tensor] = None  # [N] the sampler's own log-probs of its tokens (vLLM), 0 off the loss mask
     behaviour_logp: Optional[Tensor] = None  # [N] log-probs under the weights that sampled, when those were older than
-    # the policy trained on it (rollout_worker.py: computed there, in the training precision)
-    version: Optional[int] = None  # the pushed weights' version (updates applied) that sampled it; None = the policy itself
+    # the policy trained on it (rollout/worker.py: computed there, in the training precision)
+    version: Optional[int] = (
+        None  # the pushed weights' version (updates applied) that sampled it; None = the policy itself
+    )
     answers: Optional[list] = None  # [n] each group's reference answer, once scored
     episodes: Optional[list] = None  # [n*G] multi-turn: each row's episodes.Episode (messages, counts); None = one turn
     extra: dict = field(default_factory=dict)  # per-term rewards ("reward_terms": {name: [n, G]}) for logging
 
     @classmethod
-    def of_rows(cls, prompts: list[str], group_size: int, prompt_ids: list[list[int]], after: list[list[int]], *,
-                truncated: list[bool], sampled: list[list[int]] | None = None, logps: list[list[float]] | None = None,
-                device=None, **rest) -> "Rollout":
+    def of_rows(
+        cls,
+        prompts: list[str],
+        group_size: int,
+        prompt_ids: list[list[int]],
+        after: list[list[int]],
+        *,
+        truncated: list[bool],
+        sampled: list[list[int]] | None = None,
+        logps: list[list[float]] | None = None,
+        device=None,
+        **rest,
+    ) -> "Rollout":
         """From each row's prompt ids and the ids after them (`sampled`: 1 where the model sampled the token,
         default all; `logps`: the sampler's log-prob of each, 0 where it did not sample)."""
         sampled = sampled if sampled is not None else [[1] * len(ids) for ids in after]
@@ -59,11 +71,17 @@ class Rollout:
 
         mask = flat(sampled, 0, torch.long)
         tokens = torch.tensor([t for p, a in zip(prompt_ids, after) for t in [*p, *a]], dtype=torch.long, device=device)
-        return cls(prompts=list(prompts), group_size=group_size, tokens=tokens,
-                   lengths=torch.tensor([len(p) + len(a) for p, a in zip(prompt_ids, after)], dtype=torch.long),
-                   prompt_lengths=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long), loss_mask=mask,
-                   truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
-                   sampler_logp=None if logps is None else flat(logps, 0.0, torch.float32) * mask, **rest)
+        return cls(
+            prompts=list(prompts),
+            group_size=group_size,
+            tokens=tokens,
+            lengths=torch.tensor([len(p) + len(a) for p, a in zip(prompt_ids, after)], dtype=torch.long),
+            prompt_lengths=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+            loss_mask=mask,
+            truncated=torch.tensor(truncated, dtype=torch.bool, device=device),
+            sampler_logp=None if logps is None else flat(logps, 0.0, torch.float32) * mask,
+            **rest,
+        )
 
     @property
     def rows(self) -> int:
@@ -93,12 +111,16 @@ class Rollout:
         """Each completion's token ids, up to and including EOS (what TRL-style rewards get as completion_ids);
         an episode's are all its tokens after the prompt, the environment's included."""
         ids = self.tokens.tolist()
-        return [ids[o + p : o + n] for o, p, n in zip(self.offsets.tolist(), self.prompt_lengths.tolist(),
-                                                      self.lengths.tolist())]
+        return [
+            ids[o + p : o + n]
+            for o, p, n in zip(self.offsets.tolist(), self.prompt_lengths.tolist(), self.lengths.tolist())
+        ]
 
     def row_of_token(self) -> Tensor:
         """[N] each token's row, on the tokens' device."""
-        return torch.repeat_interleave(torch.arange(self.rows, device=self.tokens.device), self.lengths.to(self.tokens.device))
+        return torch.repeat_interleave(
+            torch.arange(self.rows, device=self.tokens.device), self.lengths.to(self.tokens.device)
+        )
 
     def select_groups(self, groups: list[int]) -> "Rollout":
         """The rollout restricted to whole groups (token fields only; scores are added later)."""
@@ -106,15 +128,26 @@ class Rollout:
         rows = [g * G + j for g in groups for j in range(G)]
         index = torch.tensor(rows, dtype=torch.long)
         starts, lengths = self.offsets[index], self.lengths[index]
-        tokens = torch.repeat_interleave(starts - (lengths.cumsum(0) - lengths), lengths) + torch.arange(int(lengths.sum()))
+        tokens = torch.repeat_interleave(starts - (lengths.cumsum(0) - lengths), lengths) + torch.arange(
+            int(lengths.sum())
+        )
         tokens = tokens.to(self.tokens.device)
         per_token = {k: None if getattr(self, k) is None else getattr(self, k)[tokens] for k in TOKEN_FIELDS}
-        per_row = {k: None if getattr(self, k) is None else getattr(self, k)[index.to(getattr(self, k).device)]
-                   for k in ROW_FIELDS}
-        return Rollout(prompts=[self.prompts[g] for g in groups], group_size=G, tokens=self.tokens[tokens],
-                       pad_token_id=self.pad_token_id, version=self.version, completions=[self.completions[i] for i in rows],
-                       episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
-                       **per_token, **per_row)
+        per_row = {
+            k: None if getattr(self, k) is None else getattr(self, k)[index.to(getattr(self, k).device)]
+            for k in ROW_FIELDS
+        }
+        return Rollout(
+            prompts=[self.prompts[g] for g in groups],
+            group_size=G,
+            tokens=self.tokens[tokens],
+            pad_token_id=self.pad_token_id,
+            version=self.version,
+            completions=[self.completions[i] for i in rows],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows],
+            **per_token,
+            **per_row,
+        )
 
 
 def concat_rollouts(rolls: list[Rollout]) -> Rollout:
@@ -124,16 +157,24 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
 
     def joined(name: str):
         parts = [getattr(r, name) for r in rolls]
-        if name == "weight" and any(p is not None for p in parts):  # a weight only some parts have: theirs are real rows
+        if name == "weight" and any(
+            p is not None for p in parts
+        ):  # a weight only some parts have: theirs are real rows
             parts = [torch.ones(r.rows, device=r.tokens.device) if p is None else p for r, p in zip(rolls, parts)]
         return torch.cat(parts) if all(p is not None for p in parts) else None
 
     episodes = [e for r in rolls for e in r.episodes] if all(r.episodes is not None for r in rolls) else None
     versions = {r.version for r in rolls}
-    return Rollout(prompts=[p for r in rolls for p in r.prompts], group_size=rolls[0].group_size, episodes=episodes,
-                   version=versions.pop() if len(versions) == 1 else None, tokens=torch.cat([r.tokens for r in rolls]),
-                   completions=[c for r in rolls for c in r.completions], pad_token_id=rolls[0].pad_token_id,
-                   **{k: joined(k) for k in TOKEN_FIELDS + ROW_FIELDS})
+    return Rollout(
+        prompts=[p for r in rolls for p in r.prompts],
+        group_size=rolls[0].group_size,
+        episodes=episodes,
+        version=versions.pop() if len(versions) == 1 else None,
+        tokens=torch.cat([r.tokens for r in rolls]),
+        completions=[c for r in rolls for c in r.completions],
+        pad_token_id=rolls[0].pad_token_id,
+        **{k: joined(k) for k in TOKEN_FIELDS + ROW_FIELDS},
+    )
 
 
 def group_seed(*parts: int | str) -> int:

@@ -25,6 +25,13 @@ class StepSettings:
     @classmethod
     def of(cls, cfg, judge=None) -> "StepSettings":
         t = cfg.trainer
-        return cls(algo=cfg.algo, sampling=cfg.sampler, micro_batch_size=t.micro_batch_size,
-                   max_grad_norm=cfg.optimizer.max_grad_norm, judge=judge, packing=t.packing,
-                   max_tokens=t.max_tokens_per_micro_batch, shared_prompts=t.shared_prompts)
+        return cls(
+            algo=cfg.algo,
+            sampling=cfg.sampler,
+            micro_batch_size=t.micro_batch_size,
+            max_grad_norm=cfg.optimizer.max_grad_norm,
+            judge=judge,
+            packing=t.packing,
+            max_tokens=t.max_tokens_per_micro_batch,
+            shared_prompts=t.shared_prompts,
+        )

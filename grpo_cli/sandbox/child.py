@@ -1,45 +1,21 @@
-"""The sandbox's first code, run as `python -I -S sandbox_child.py KEY=VALUE ...` in a fresh scratch directory
+"""The sandbox's first code, run as `python -I -S sandbox/child.py KEY=VALUE ...` in a fresh scratch directory
 (rewards/code.py): it confines its own process, then runs the model's program.
 
-In this order, each before any of the program's code runs:
-0. it dies with the trainer (PR_SET_PDEATHSIG, the first thing it does; it exits if the trainer is already
-   gone), and reads the test's first line from stdin;
-1. (isolation "os", the default) user (when not root), mount, PID, network, IPC and UTS namespaces of its
-   own (rewards/sandbox_os.py). The program runs as the PID namespace's first process (this process
-   waits for it and passes on how it ended), so everything it starts, a `setsid` daemon too, ends with
-   it, with the test's deadline or with the trainer. It sees a root filesystem holding only the Python
-   runtime, read-only, its scratch directory, and a /proc showing its own processes; no network but a
-   down loopback. A refusal exits with REFUSED_EXIT and a line on stderr, which the trainer's start-up
-   check turns into one sentence. (Isolation "process", chosen explicitly: a network namespace where
-   allowed, and what follows.)
-2. resource limits: CPU seconds, address space, file size (stdout is a file, so a flood of output
-   is a file growing past it), open files, no core dumps; as root, a user and group id of the test's own
-   (isolation "os": sandbox_os.own_uid, so the process-count limit counts this test's processes alone) or
-   `nobody` (isolation "process"), since the limit does not bind root; then no capabilities left;
-3. a seccomp filter (no_new_privs first) refusing the system calls a test never needs: ptrace, reading
-   other processes' memory, mounts, namespaces, signals through pidfds, limits on other processes, keys,
-   BPF, kernel modules, device nodes (sandbox_os.REFUSED);
-4. a Python audit hook (PEP 578) refusing sockets, new processes (fork, exec, spawn, subprocess,
-   os.system), native code (ctypes), and opening for writing, removing or renaming outside the directory;
-   the kernel's limits above hold against what it does not see.
-Then the program runs as `__main__`, with the test's input on stdin (stdin/stdout tests, which the
-trainer compares), or followed by the pieces of an assert test that need the program, whose values it
-prints last (rewards/code_verdict.py: the trainer judges them; the expected values never come here). An
-assert test of another shape runs whole after the program, and the harness then prints the token it
-was given: a program that dug that token out of the harness's frames could forge that pass.
+How it works in detail: docs/internals.md, grpo_cli/sandbox/child.py.
 """
+
 import marshal
 import os
 import resource
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import namespaces as sandbox_os  # noqa: E402 - namespaces.py, beside this file (-I leaves it off the path)
+import namespaces  # noqa: E402 - namespaces.py, beside this file (-I leaves it off the path)
 
 del sys.path[0]  # the program imports from the standard library only
 
 CLONE_NEWNET = 0x40000000
-NOBODY = sandbox_os.NOBODY
+NOBODY = namespaces.NOBODY
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 MARK = b"\x00grpo-values "  # as rewards/code_verdict.MARK
 REFUSED_EXIT = 71  # the kernel refused a confinement: the trainer names it at start (reward.sandbox=process)
@@ -53,7 +29,7 @@ def limit(settings: dict) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if settings["drop_user"]:
-        sandbox_os.become(settings.get("uid", NOBODY))
+        namespaces.become(settings.get("uid", NOBODY))
     resource.setrlimit(resource.RLIMIT_NPROC, (settings["processes"], settings["processes"]))
 
 
@@ -67,26 +43,33 @@ def confine(settings: dict) -> None:
     network namespace where allowed otherwise), limits and user, no capabilities, the system call filter."""
     if settings["isolation"] == "os":
         if settings["drop_user"]:
-            settings["uid"] = sandbox_os.own_uid()  # before the namespace: this pid is unique on the machine's side
+            settings["uid"] = namespaces.own_uid()  # before the namespace: this pid is unique on the machine's side
         try:
-            sandbox_os.namespaces()
-            sandbox_os.first_process()
+            namespaces.namespaces()
+            namespaces.first_process()
             owner = settings["uid"] if settings["drop_user"] else os.getuid()
-            sandbox_os.view(settings["root"], os.getcwd(), [os.path.realpath(sys.base_prefix)], owner,
-                            max(4 * settings["file_bytes"], 2**20))
+            namespaces.view(
+                settings["root"],
+                os.getcwd(),
+                [os.path.realpath(sys.base_prefix)],
+                owner,
+                max(4 * settings["file_bytes"], 2**20),
+            )
         except OSError as e:
             refused("a namespace or the filesystem view", e)
     elif sys.platform == "linux":
-        sandbox_os._libc.unshare(CLONE_NEWNET)  # -1 without the right: then the audit hook alone refuses sockets
+        namespaces._libc.unshare(CLONE_NEWNET)  # -1 without the right: then the audit hook alone refuses sockets
     limit(settings)
-    sandbox_os.die_with_parent(0 if settings["isolation"] == "os" else settings["parent"])  # a change of user cleared it
+    namespaces.die_with_parent(
+        0 if settings["isolation"] == "os" else settings["parent"]
+    )  # a change of user cleared it
     try:
         if settings["isolation"] == "os":
-            sandbox_os.drop_capabilities()
-            sandbox_os.seccomp()
+            namespaces.drop_capabilities()
+            namespaces.seccomp()
         elif sys.platform == "linux":
             try:
-                sandbox_os.seccomp()
+                namespaces.seccomp()
             except OSError:  # no table for this machine: isolation "process" goes without, as chosen
                 pass
     except OSError as e:
@@ -150,8 +133,24 @@ def values(pieces: list[str], namespace: dict) -> bytes:
 def audit(home: str):
     """The hook: refuse what a test program has no business doing."""
     home = os.path.realpath(home)
-    refused = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec",
-               "os.system", "os.kill", "os.killpg", "ctypes.", "pty.", "os.chmod", "os.chown", "os.link", "os.symlink")
+    refused = (
+        "socket.",
+        "subprocess.",
+        "os.fork",
+        "os.forkpty",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.exec",
+        "os.system",
+        "os.kill",
+        "os.killpg",
+        "ctypes.",
+        "pty.",
+        "os.chmod",
+        "os.chown",
+        "os.link",
+        "os.symlink",
+    )
 
     def inside(path) -> bool:
         if isinstance(path, int):  # an open descriptor: already checked when it was opened
@@ -176,7 +175,7 @@ def audit(home: str):
 
 def main() -> None:
     settings = read_settings(sys.argv[1:])
-    sandbox_os.die_with_parent(settings["parent"])
+    namespaces.die_with_parent(settings["parent"])
     test = read_header()
     with open("program.py") as f:  # read before the program can change it
         source = f.read()

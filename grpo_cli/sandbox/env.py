@@ -1,6 +1,6 @@
-"""`env.sandbox=os`: an environment worker (env_worker.py) confined by the kernel before it imports the
+"""`env.sandbox=os`: an environment worker (episodes/worker.py) confined by the kernel before it imports the
 environment, for tools and environments that act on what the model writes (run its code, its shell
-commands, its queries). The same confinement as the code reward's (rewards/sandbox_os.py; docs/sandbox.md):
+commands, its queries). The same confinement as the code reward's (rewards/namespaces.py; docs/sandbox.md):
 
 - user (when not root), mount, PID, network, IPC and UTS namespaces of its own; the worker runs as its PID
   namespace's first process, so whatever it starts ends with it;
@@ -8,12 +8,12 @@ commands, its queries). The same confinement as the code reward's (rewards/sandb
   path's directories but the one grpo runs in, and the directory of each module env.tools and env.factory
   name, never your whole home), and a private tmpfs of SCRATCH_MIB as its working directory, HOME and
   TMPDIR, the one place it can write; nothing else of the machine is reachable;
-- as root, a user id of its own (sandbox_os.own_uid) with a process-count limit; no capabilities; no_new_privs; the system call
+- as root, a user id of its own (namespaces.own_uid) with a process-count limit; no capabilities; no_new_privs; the
+  system call
   filter (no ptrace, no signals or limits to processes outside, no mounts, no sockets but Unix ones);
 - the trainer reads its messages as plain data only, and its output goes nowhere (procs/subprocesses.py).
 
-The environment's module is the user's code: the trainer imports it too, for the tools' schemas. What is
-confined is what its calls do with the model's text.
+How it works in detail: docs/internals.md, grpo_cli/sandbox/env.py.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import sys
 import tempfile
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.sandbox import namespaces as sandbox_os
-from grpo_cli.registry import is_file_spec
-from grpo_cli.registry import split_spec
+from grpo_cli.registry import is_file_spec, split_spec
+from grpo_cli.sandbox import namespaces
 from grpo_cli.sandbox.program import scratch_prefix  # the code reward's test directories' names: one sweep finds both
 
 SCRATCH_MIB = 256
@@ -39,7 +38,9 @@ def readable(cfg: dict) -> list[str]:
     the path (but the one grpo runs in), grpo_cli's own, and the directory of each module or file env.tools
     and env.factory name (so it can import what lies beside it); each once (one inside another goes with it).
     One sentence where that would be the whole filesystem or your home directory."""
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # grpo_cli: an editable install's is off the path
+    package = os.path.dirname(
+        os.path.dirname(os.path.realpath(__file__))
+    )  # grpo_cli: an editable install's is off the path
     here = os.path.realpath(os.getcwd())
     paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), package}
     paths |= {os.path.realpath(p) for p in sys.path if p and os.path.exists(p) and os.path.realpath(p) != here}
@@ -49,9 +50,11 @@ def readable(cfg: dict) -> list[str]:
         paths |= where(str(spec), cfg.get("fn_dir"))
     for path in paths:
         if path in ("/", os.path.realpath(os.path.expanduser("~"))):
-            raise GrpoError(f"env.sandbox=os would show the environment worker all of {path} (the directory of a "
-                            "module env.tools or env.factory names, or one on the Python path); move the environment's "
-                            "files into a directory of their own.")
+            raise GrpoError(
+                f"env.sandbox=os would show the environment worker all of {path} (the directory of a "
+                "module env.tools or env.factory names, or one on the Python path); move the environment's "
+                "files into a directory of their own."
+            )
     out: list[str] = []
     for path in sorted(paths, key=len):
         if not any(path == kept or path.startswith(kept.rstrip("/") + "/") for kept in out):
@@ -89,27 +92,29 @@ def confine(cfg: dict, keep_fd: int) -> None:
     as the PID namespace's first process, the process the trainer started waiting for it outside. One
     sentence where the kernel refuses."""
     runtime = readable(cfg)
-    sys.path[:] = [os.path.realpath(p or ".") for p in sys.path]  # as the view shows them; '' is the trainer's directory
+    sys.path[:] = [
+        os.path.realpath(p or ".") for p in sys.path
+    ]  # as the view shows them; '' is the trainer's directory
     home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))  # swept at the next start if left behind
     root, work = os.path.join(home, "root"), os.path.join(home, "work")
     os.mkdir(root)
-    uid = sandbox_os.own_uid() if os.getuid() == 0 else None  # as root: a user of its own, with a process limit
+    uid = namespaces.own_uid() if os.getuid() == 0 else None  # as root: a user of its own, with a process limit
     try:
-        sandbox_os.namespaces(sandbox_os.CLONE_NEWPID)  # this process keeps the machine's mounts, to clean up
+        namespaces.namespaces(namespaces.CLONE_NEWPID)  # this process keeps the machine's mounts, to clean up
     except OSError as e:
         os.rmdir(root)
         os.rmdir(home)
         raise refusal(e) from None
-    sandbox_os.first_process(close=(keep_fd,), then=lambda: (os.rmdir(root), os.rmdir(home)))
+    namespaces.first_process(close=(keep_fd,), then=lambda: (os.rmdir(root), os.rmdir(home)))
     try:
-        sandbox_os.namespaces(sandbox_os.NAMESPACES & ~sandbox_os.CLONE_NEWPID, user=False)
-        sandbox_os.view(root, work, runtime, os.getuid() if uid is None else uid, SCRATCH_MIB * 2**20)
+        namespaces.namespaces(namespaces.NAMESPACES & ~namespaces.CLONE_NEWPID, user=False)
+        namespaces.view(root, work, runtime, os.getuid() if uid is None else uid, SCRATCH_MIB * 2**20)
         if uid is not None:
-            sandbox_os.become(uid)
+            namespaces.become(uid)
             resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
-        sandbox_os.die_with_parent(0)  # a change of user cleared it
-        sandbox_os.drop_capabilities()
-        sandbox_os.seccomp()
+        namespaces.die_with_parent(0)  # a change of user cleared it
+        namespaces.drop_capabilities()
+        namespaces.seccomp()
     except OSError as e:
         raise refusal(e) from None
     os.environ.update(HOME=work, TMPDIR=work)
@@ -117,7 +122,8 @@ def confine(cfg: dict, keep_fd: int) -> None:
 
 
 def refusal(e: OSError) -> GrpoError:
-    return GrpoError(f"env.sandbox=os cannot confine the environment workers here ({e}); run where the kernel "
-                     "allows user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container with "
-                     "--privileged or seccomp=unconfined), or set env.sandbox=none to run them unconfined.")
-
+    return GrpoError(
+        f"env.sandbox=os cannot confine the environment workers here ({e}); run where the kernel "
+        "allows user namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container with "
+        "--privileged or seccomp=unconfined), or set env.sandbox=none to run them unconfined."
+    )

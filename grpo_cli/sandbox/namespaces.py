@@ -1,18 +1,18 @@
-"""The sandbox's confinement by the kernel (Linux), used by rewards/sandbox_child.py before a program runs.
+"""The sandbox's confinement by the kernel (Linux), used by sandbox/child.py before a program runs.
 Standard library and ctypes only: it runs in `python -I -S`, imported before the filesystem view hides it.
 
 - `namespaces()`: user (when not root), mount, PID, network and IPC namespaces of the process's own.
 - `view(work, runtime)`: a root filesystem holding only what a program needs, read-only: the machine's
   /usr, /bin, /lib*, the interpreter's installation, a few files of /etc; /dev/null and its kin; a /proc
-  of its own PID namespace; and a small tmpfs at its scratch directory's path, the one place it can write. The machine's root is
+  of its own PID namespace; and a small tmpfs at its scratch directory's path, the one place it can write. The
+  machine's root is
   detached (pivot_root), so no other file is reachable by any path, /proc/<pid>/root included.
 - `drop_capabilities()`: none left, so nothing above can be undone.
 - `seccomp()`: no_new_privs, then a filter refusing (EPERM) the system calls a scored program never needs.
 - `first_process()`, `die_with_parent()`, `own_uid()`, `become()`: the PID namespace's first process, its tie
   to the process that started it, and (as root) the switch to a user id of its own.
 
-Used by the code sandbox (rewards/sandbox_child.py) and the confined environment workers
-(rollout/env_sandbox.py).
+How it works in detail: docs/internals.md, grpo_cli/sandbox/namespaces.py.
 """
 
 import ctypes
@@ -35,25 +35,171 @@ EPERM, ENOSYS = 1, 38
 # System calls a scored program never needs, by number on each architecture: tracing and reading other
 # processes, loading code into the kernel, mounts and namespaces, keys, BPF, perf, io_uring, handles that
 # reach files by inode, device nodes and FIFOs, the clock and host names, extended attributes.
-REFUSED = ("ptrace process_vm_readv process_vm_writev kexec_load kexec_file_load mount umount2 pivot_root "
-           "chroot pidfd_send_signal pidfd_open pidfd_getfd keyctl add_key request_key bpf perf_event_open "
-           "unshare setns init_module finit_module delete_module reboot swapon swapoff acct userfaultfd "
-           "io_uring_setup io_uring_enter io_uring_register open_by_handle_at name_to_handle_at mknod mknodat "
-           "syslog settimeofday clock_settime adjtimex clock_adjtime sethostname setdomainname quotactl vhangup "
-           "fanotify_init iopl ioperm kcmp move_mount open_tree fsopen fsconfig fsmount fspick mount_setattr "
-           "personality setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
-           "removexattrat process_madvise migrate_pages move_pages").split()
+REFUSED = (
+    "ptrace process_vm_readv process_vm_writev kexec_load kexec_file_load mount umount2 pivot_root "
+    "chroot pidfd_send_signal pidfd_open pidfd_getfd keyctl add_key request_key bpf perf_event_open "
+    "unshare setns init_module finit_module delete_module reboot swapon swapoff acct userfaultfd "
+    "io_uring_setup io_uring_enter io_uring_register open_by_handle_at name_to_handle_at mknod mknodat "
+    "syslog settimeofday clock_settime adjtimex clock_adjtime sethostname setdomainname quotactl vhangup "
+    "fanotify_init iopl ioperm kcmp move_mount open_tree fsopen fsconfig fsmount fspick mount_setattr "
+    "personality setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
+    "removexattrat process_madvise migrate_pages move_pages"
+).split()
 NUMBERS = {  # from the kernel's unistd headers: asm/unistd_64.h (x86_64), asm-generic/unistd.h (aarch64)
-    "x86_64": (0xC000003E, dict(zip(REFUSED, (
-        101, 310, 311, 246, 320, 165, 166, 155, 161, 424, 434, 438, 250, 248, 249, 321, 298, 272, 308, 175,
-        313, 176, 169, 167, 168, 163, 323, 425, 426, 427, 304, 303, 133, 259, 103, 164, 227, 159, 305, 170,
-        171, 179, 153, 300, 172, 173, 312, 429, 428, 430, 431, 432, 433, 442, 135, 188, 189, 190, 197, 198,
-        199, 463, 466, 440, 256, 279))), {"prlimit64": 302, "clone": 56, "clone3": 435, "socket": 41}),
-    "aarch64": (0xC00000B7, dict(zip(REFUSED, (
-        117, 270, 271, 104, 294, 40, 39, 41, 51, 424, 434, 438, 219, 217, 218, 280, 241, 97, 268, 105, 273,
-        106, 142, 224, 225, 89, 282, 425, 426, 427, 265, 264, None, 33, 116, 170, 112, 171, 266, 161, 162,
-        60, 58, 262, None, None, 272, 429, 428, 430, 431, 432, 433, 442, 92, 5, 6, 7, 14, 15, 16, 463, 466,
-        440, 238, 239))), {"prlimit64": 261, "clone": 220, "clone3": 435, "socket": 198}),
+    "x86_64": (
+        0xC000003E,
+        dict(
+            zip(
+                REFUSED,
+                (
+                    101,
+                    310,
+                    311,
+                    246,
+                    320,
+                    165,
+                    166,
+                    155,
+                    161,
+                    424,
+                    434,
+                    438,
+                    250,
+                    248,
+                    249,
+                    321,
+                    298,
+                    272,
+                    308,
+                    175,
+                    313,
+                    176,
+                    169,
+                    167,
+                    168,
+                    163,
+                    323,
+                    425,
+                    426,
+                    427,
+                    304,
+                    303,
+                    133,
+                    259,
+                    103,
+                    164,
+                    227,
+                    159,
+                    305,
+                    170,
+                    171,
+                    179,
+                    153,
+                    300,
+                    172,
+                    173,
+                    312,
+                    429,
+                    428,
+                    430,
+                    431,
+                    432,
+                    433,
+                    442,
+                    135,
+                    188,
+                    189,
+                    190,
+                    197,
+                    198,
+                    199,
+                    463,
+                    466,
+                    440,
+                    256,
+                    279,
+                ),
+            )
+        ),
+        {"prlimit64": 302, "clone": 56, "clone3": 435, "socket": 41},
+    ),
+    "aarch64": (
+        0xC00000B7,
+        dict(
+            zip(
+                REFUSED,
+                (
+                    117,
+                    270,
+                    271,
+                    104,
+                    294,
+                    40,
+                    39,
+                    41,
+                    51,
+                    424,
+                    434,
+                    438,
+                    219,
+                    217,
+                    218,
+                    280,
+                    241,
+                    97,
+                    268,
+                    105,
+                    273,
+                    106,
+                    142,
+                    224,
+                    225,
+                    89,
+                    282,
+                    425,
+                    426,
+                    427,
+                    265,
+                    264,
+                    None,
+                    33,
+                    116,
+                    170,
+                    112,
+                    171,
+                    266,
+                    161,
+                    162,
+                    60,
+                    58,
+                    262,
+                    None,
+                    None,
+                    272,
+                    429,
+                    428,
+                    430,
+                    431,
+                    432,
+                    433,
+                    442,
+                    92,
+                    5,
+                    6,
+                    7,
+                    14,
+                    15,
+                    16,
+                    463,
+                    466,
+                    440,
+                    238,
+                    239,
+                ),
+            )
+        ),
+        {"prlimit64": 261, "clone": 220, "clone3": 435, "socket": 198},
+    ),
 }
 AF_UNIX = 1
 
@@ -147,8 +293,14 @@ def _locked_flags(path: str) -> int:
     """The flags of the mount `path` is on, which a read-only remount of its bind must keep (a user
     namespace may not clear them)."""
     have = os.statvfs(path).f_flag
-    pairs = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
-             (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
+    pairs = (
+        (os.ST_NOSUID, MS_NOSUID),
+        (os.ST_NODEV, MS_NODEV),
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+    )
     return sum(ms for st, ms in pairs if have & st)
 
 
@@ -193,8 +345,13 @@ def view(root: str, work: str, runtime: list[str], owner: int, size: int) -> Non
         open(f"{root}/dev/{name}", "a").close()
         _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
     os.makedirs(root + work, mode=0o755)
-    _mount("tmpfs", root + work, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-           f"size={size},nr_inodes=4096,mode=0700,uid={owner},gid={owner}")
+    _mount(
+        "tmpfs",
+        root + work,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV | MS_NOEXEC,
+        f"size={size},nr_inodes=4096,mode=0700,uid={owner},gid={owner}",
+    )
     os.mkdir(f"{root}/proc")
     os.chdir(root)
     _check(_libc.syscall(NUMBERS[os.uname().machine][1]["pivot_root"], b".", b"."), "pivot_root")
@@ -223,18 +380,41 @@ def _filter(arch: int, refused: dict, special: dict) -> bytes:
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
     ALLOW, ERRNO, KILL = 0x7FFF0000, 0x00050000, 0x80000000
     numbers = sorted(n for n in refused.values() if n is not None)
-    prog = [(LD, 0, 0, 4), (JEQ, 1, 0, arch), (RET, 0, 0, KILL), (LD, 0, 0, 0), (JGE, 0, 1, 0x40000000),
-            (RET, 0, 0, KILL)]
+    prog = [
+        (LD, 0, 0, 4),
+        (JEQ, 1, 0, arch),
+        (RET, 0, 0, KILL),
+        (LD, 0, 0, 0),
+        (JGE, 0, 1, 0x40000000),
+        (RET, 0, 0, KILL),
+    ]
     for n in numbers:
         prog += [(JEQ, 0, 1, n), (RET, 0, 0, ERRNO | EPERM)]
     prog += [(JEQ, 0, 1, special["clone3"]), (RET, 0, 0, ERRNO | ENOSYS)]
     # prlimit64(pid, ...): pid 0 (this process) only; args[0] is at offset 16 (low half) and 20 (high half)
-    prog += [(JEQ, 0, 6, special["prlimit64"]), (LD, 0, 0, 16), (JEQ, 0, 2, 0), (LD, 0, 0, 20), (JEQ, 1, 0, 0),
-             (RET, 0, 0, ERRNO | EPERM), (RET, 0, 0, ALLOW)]
-    prog += [(LD, 0, 0, 0), (JEQ, 0, 3, special["clone"]), (LD, 0, 0, 16), (JSET, 0, 1, CLONE_NEW_ANY),
-             (RET, 0, 0, ERRNO | EPERM)]
-    prog += [(LD, 0, 0, 0), (JEQ, 0, 3, special["socket"]), (LD, 0, 0, 16), (JEQ, 1, 0, AF_UNIX),
-             (RET, 0, 0, ERRNO | EPERM)]
+    prog += [
+        (JEQ, 0, 6, special["prlimit64"]),
+        (LD, 0, 0, 16),
+        (JEQ, 0, 2, 0),
+        (LD, 0, 0, 20),
+        (JEQ, 1, 0, 0),
+        (RET, 0, 0, ERRNO | EPERM),
+        (RET, 0, 0, ALLOW),
+    ]
+    prog += [
+        (LD, 0, 0, 0),
+        (JEQ, 0, 3, special["clone"]),
+        (LD, 0, 0, 16),
+        (JSET, 0, 1, CLONE_NEW_ANY),
+        (RET, 0, 0, ERRNO | EPERM),
+    ]
+    prog += [
+        (LD, 0, 0, 0),
+        (JEQ, 0, 3, special["socket"]),
+        (LD, 0, 0, 16),
+        (JEQ, 1, 0, AF_UNIX),
+        (RET, 0, 0, ERRNO | EPERM),
+    ]
     prog += [(RET, 0, 0, ALLOW)]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 

@@ -49,14 +49,19 @@ _WORKS: set[tuple] = set()  # the settings Sandbox.check has seen a test pass wi
 
 
 class Sandbox:
-    """Runs one program against one test under the limits (rewards/sandbox_child.py), with isolation "os"
-    (namespaces, a read-only view, seccomp: rewards/sandbox_os.py) or "process" (without them)."""
+    """Runs one program against one test under the limits (sandbox/child.py), with isolation "os"
+    (namespaces, a read-only view, seccomp: sandbox/namespaces.py) or "process" (without them)."""
 
     def __init__(self, cpu_s: float, memory_mib: int, output_kib: int, processes: int, isolation: str = "os"):
         root = os.getuid() == 0
-        self.settings = {"cpu_s": max(1, int(cpu_s + 0.999)), "memory_bytes": int(memory_mib) * 2**20,
-                         "file_bytes": int(output_kib) * 2**10, "processes": int(processes), "isolation": isolation,
-                         "drop_user": root and (isolation == "os" or nobody_can_run_python())}
+        self.settings = {
+            "cpu_s": max(1, int(cpu_s + 0.999)),
+            "memory_bytes": int(memory_mib) * 2**20,
+            "file_bytes": int(output_kib) * 2**10,
+            "processes": int(processes),
+            "isolation": isolation,
+            "drop_user": root and (isolation == "os" or nobody_can_run_python()),
+        }
         self.wall_s = 2 * cpu_s + 1
         sweep_stale()
 
@@ -72,12 +77,16 @@ class Sandbox:
             return
         why = err.strip().splitlines()[-1] if err.strip() else "a test printing 4 did not pass"
         if "grpo-sandbox:" in err:
-            raise GrpoError(f"The code sandbox cannot run here ({why}); run where the kernel allows user namespaces "
-                            "(sysctl kernel.unprivileged_userns_clone=1, or a container with --privileged or "
-                            "seccomp=unconfined), or accept weaker isolation with reward.sandbox=process.")
-        raise GrpoError(f"The code sandbox cannot run a test program here ({why}); make the Python installation "
-                        f"readable by others (chmod -R o+rX {os.path.realpath(sys.base_prefix)}), since tests run as "
-                        "a user of no privilege, or set reward.sandbox=process.")
+            raise GrpoError(
+                f"The code sandbox cannot run here ({why}); run where the kernel allows user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1, or a container with --privileged or "
+                "seccomp=unconfined), or accept weaker isolation with reward.sandbox=process."
+            )
+        raise GrpoError(
+            f"The code sandbox cannot run a test program here ({why}); make the Python installation "
+            f"readable by others (chmod -R o+rX {os.path.realpath(sys.base_prefix)}), since tests run as "
+            "a user of no privilege, or set reward.sandbox=process."
+        )
 
     def passes(self, program: str, kind: str, given: str, want) -> bool:
         return self.run(program, (kind, given, want))[0]
@@ -113,14 +122,23 @@ class Sandbox:
     def _launch(self, home: str, work: str, settings: dict, stdin: str) -> tuple[str | None, str]:
         """The child's stdout (None when it failed or ran out of time) and stderr. Both are read back through
         the descriptors opened here, in a directory the program does not see (isolation "os")."""
-        with open(os.path.join(home, "stdin"), "w+b") as given, open(os.path.join(home, "stdout"), "w+b") as out, \
-                open(os.path.join(home, "stderr"), "w+b") as err:
+        with (
+            open(os.path.join(home, "stdin"), "w+b") as given,
+            open(os.path.join(home, "stdout"), "w+b") as out,
+            open(os.path.join(home, "stderr"), "w+b") as err,
+        ):
             given.write(stdin.encode())
             given.seek(0)
             arguments = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in settings.items()]
-            proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD), *arguments], cwd=work,
-                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": work},
-                                    stdin=given, stdout=out, stderr=err, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(CHILD), *arguments],
+                cwd=work,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": work},
+                stdin=given,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
             try:
                 late = not _ended_within(proc, self.wall_s)  # a test that outlives the wall clock fails
             finally:
@@ -234,5 +252,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.01)
-
-

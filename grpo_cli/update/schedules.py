@@ -2,7 +2,7 @@
 LambdaLR, with transformers' formulas (its `get_scheduler` defaults: cosine is half a cycle, cosine with
 restarts one cycle, polynomial decays linearly to 1e-7, inverse_sqrt's timescale is the warm-up or 10,000
 steps). Written here because importing transformers' optimization module costs seconds at start (it
-imports its Trainer's utilities, and they peft); tests/test_schedules.py checks every schedule against
+imports its Trainer's utilities, and they peft); tests/update/test_schedules.py checks every schedule against
 transformers' own, step by step. Each is a functools.partial, as there, so checkpoints load either way."""
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def inverse_sqrt(step: int, *, warmup: int, total: int, lr: float) -> float:
     return 1.0 / math.sqrt((step + timescale - warmup) / timescale)
 
 
-SCHEDULES = {f.__name__: f for f in (constant, constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial,
-                                     inverse_sqrt)}
+SCHEDULES = {
+    f.__name__: f
+    for f in (constant, constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, inverse_sqrt)
+}
 
 
 def schedule(name: str, optimizer, warmup: int, total: int):

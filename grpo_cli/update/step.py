@@ -44,8 +44,18 @@ def real_rows(roll: Rollout) -> Tensor:
     return roll.weight if roll.weight is not None else torch.ones(roll.rows, device=roll.tokens.device)
 
 
-def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision: Precision, *, record: StepMetrics | None = None,
-             with_entropy: bool = False, dist: Dist = SINGLE, batch: StepBatch | None = None) -> tuple[bool, float]:
+def optimise(
+    policy,
+    optimizer,
+    roll: Rollout,
+    settings: StepSettings,
+    precision: Precision,
+    *,
+    record: StepMetrics | None = None,
+    with_entropy: bool = False,
+    dist: Dist = SINGLE,
+    batch: StepBatch | None = None,
+) -> tuple[bool, float]:
     """One optimiser step on the policy loss (algo.loss: the clipped surrogate by default; losses.py), with its KL
     term and entropy bonus, over the whole (global) rollout batch, accumulated over micro-batches with the batch's
     normalisers (docs/math.md, "Aggregation"); each micro-batch's tokens are flat, each with its row. This pass's
@@ -60,7 +70,9 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     full_mask = loss_mask(roll, algo.mask_truncated, batch.row_of_token)  # [N]
     request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
-    total_tokens, total_seqs = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
+    total_tokens, total_seqs = dist.all_sum(
+        torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])
+    ).tolist()
     optimizer.zero_grad(set_to_none=True)
     # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
     # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
@@ -73,18 +85,37 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
                     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
                     old = roll.old_logp[index] if roll.old_logp is not None else logp.detach()
                     sampler = roll.sampler_logp[index] if roll.sampler_logp is not None else None
-                    weight = (sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
-                              if sampler is not None and algo.sampler_correction == "tis" else None)
-                    loss, m = policy_loss(LossInputs(
-                        logp, old, roll.advantages[rows], mask, rows, num_segments=roll.rows,
-                        clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high, beta=algo.beta,
-                        ref_logp=roll.ref_logp[index] if roll.ref_logp is not None else None,
-                        kl_estimator=algo.kl_estimator, aggregation=algo.aggregation, ratio_level=algo.ratio_level,
-                        max_completion_length=settings.sampling.max_new_tokens,
-                        num_sequences=max(total_seqs, 1.0), num_tokens=total_tokens, sampler_weight=weight,
-                        loss=algo.loss, loss_args=algo.loss_args, clip_ratio_c=algo.clip_ratio_c,
-                        entropy=entropy, entropy_coef=algo.entropy_coef,
-                    ))
+                    weight = (
+                        sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
+                        if sampler is not None and algo.sampler_correction == "tis"
+                        else None
+                    )
+                    loss, m = policy_loss(
+                        LossInputs(
+                            logp,
+                            old,
+                            roll.advantages[rows],
+                            mask,
+                            rows,
+                            num_segments=roll.rows,
+                            clip_eps=algo.clip_eps,
+                            clip_eps_high=algo.clip_eps_high,
+                            beta=algo.beta,
+                            ref_logp=roll.ref_logp[index] if roll.ref_logp is not None else None,
+                            kl_estimator=algo.kl_estimator,
+                            aggregation=algo.aggregation,
+                            ratio_level=algo.ratio_level,
+                            max_completion_length=settings.sampling.max_new_tokens,
+                            num_sequences=max(total_seqs, 1.0),
+                            num_tokens=total_tokens,
+                            sampler_weight=weight,
+                            loss=algo.loss,
+                            loss_args=algo.loss_args,
+                            clip_ratio_c=algo.clip_ratio_c,
+                            entropy=entropy,
+                            entropy_coef=algo.entropy_coef,
+                        )
+                    )
                     # DDP averages gradients over ranks: times the world size, that average is the global sum.
                     (loss * dist.world_size).backward()
             if record is not None:
@@ -99,8 +130,18 @@ def optimise(policy, optimizer, roll: Rollout, settings: StepSettings, precision
     return not finite, grad_norm
 
 
-def record_pass(record: StepMetrics, m: dict, loss: Tensor, logp: Tensor, entropy: Tensor | None, old: Tensor,
-                sampler: Tensor | None, mask: Tensor, weight: Tensor | None, algo) -> None:
+def record_pass(
+    record: StepMetrics,
+    m: dict,
+    loss: Tensor,
+    logp: Tensor,
+    entropy: Tensor | None,
+    old: Tensor,
+    sampler: Tensor | None,
+    mask: Tensor,
+    weight: Tensor | None,
+    algo,
+) -> None:
     """A micro-batch's metrics: the loss, the entropy, the KL to the behaviour, the loss's own, the sampler's gap."""
     tokens = mask.sum()
     if entropy is not None:
@@ -137,8 +178,15 @@ def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
     return out.flatten().to(roll.tokens.device)
 
 
-def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, precision: Precision | None = None,
-              dist: Dist = SINGLE):
+def grpo_step(
+    policies: Policies,
+    optimizer,
+    scored,
+    settings: StepSettings,
+    *,
+    precision: Precision | None = None,
+    dist: Dist = SINGLE,
+):
     """Whiten the scored rollout's rewards within groups and run mu updates (docs/math.md, "The
     algorithm"): (metrics row, rollout). `scored` is a source.ScoredRollout: what the sampling policy
     drew, with its rewards and answers.
@@ -169,8 +217,17 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     with record_function(PHASES[2]):
         for i in range(algo.num_iterations):  # entropy from the first pass (the sampled policy), the rest from the last
             last = i == algo.num_iterations - 1
-            failed, grad_norm = optimise(policy, optimizer, roll, settings, precision, record=metrics if last else None,
-                                         with_entropy=i == 0, dist=dist, batch=batch)
+            failed, grad_norm = optimise(
+                policy,
+                optimizer,
+                roll,
+                settings,
+                precision,
+                record=metrics if last else None,
+                with_entropy=i == 0,
+                dist=dist,
+                batch=batch,
+            )
             skipped += failed
     t_end = clock(device)
 
@@ -190,8 +247,12 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     metrics.max("row_tokens_max", max(roll.lengths.tolist(), default=0))  # what the memory plan counts (memory.py)
     metrics.max("micro_batch_positions", max((mb.positions for mb in batch.parts), default=0))
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
-    for name, seconds in (("gen_s", scored.gen_s), ("score_s", scored.score_s + t_score - t0),
-                          ("update_s", t_end - t_score), ("seconds", scored.gen_s + scored.score_s + t_end - t0)):
+    for name, seconds in (
+        ("gen_s", scored.gen_s),
+        ("score_s", scored.score_s + t_score - t0),
+        ("update_s", t_end - t_score),
+        ("seconds", scored.gen_s + scored.score_s + t_end - t0),
+    ):
         metrics.max(name, seconds)  # the slowest rank's: the step waits for it
     metrics.max("peak_memory_gib", peak_bytes(device) / GIB)  # the largest rank's (memory.py)
     metrics.max("memory_gib", current_bytes(device) / GIB)  # in use at the step's end (health.py: memory_growth)
@@ -200,6 +261,7 @@ def grpo_step(policies: Policies, optimizer, scored, settings: StepSettings, *, 
     row["completion_tokens"], row["prompt_tokens"] = int(row["completion_tokens"]), int(row["prompt_tokens"])
     if "forward_tokens" in row:
         row["forward_tokens"] = int(row["forward_tokens"])
-    row.update(grad_norm=grad_norm, skipped=float(skipped),
-               tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9))
+    row.update(
+        grad_norm=grad_norm, skipped=float(skipped), tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9)
+    )
     return row, roll

@@ -1,5 +1,6 @@
-"""An environment that is slow and draws random numbers the ways TRL environments do (tests/test_concurrent_episodes.py,
-scripts/bench_episodes.py): Python's and NumPy's global generators, and its own `self.rng`. `reset` and the tool
+"""An environment that is slow and draws random numbers the ways TRL environments do
+(tests/episodes/test_concurrent_episodes.py, scripts/bench_episodes.py): Python's and NumPy's global generators, and
+its own `self.rng`. `reset` and the tool
 sleep DELAY seconds, plus up to JITTER seconds drawn from a generator of its own that nothing seeds, so the calls
 finish in a different order every run."""
 
@@ -33,4 +34,5 @@ class Sleepy:
             k: The slot.
         """
         _wait()
-        return f"{k}:{random.randint(0, 999)}:{np.random.randint(1000)}:{self.rng.randint(0, 999)}:{self.np_rng.integers(1000)}"
+        draws = (random.randint(0, 999), np.random.randint(1000), self.rng.randint(0, 999), self.np_rng.integers(1000))
+        return ":".join(map(str, (k, *draws)))

@@ -1,5 +1,5 @@
 """Tools and an environment written for TRL 1.16's GRPOTrainer (`tools=[...]`, `environment_factory=...`),
-used unchanged by tests/test_episodes.py: typed functions with Google-style docstrings, and a class with
+used unchanged by tests/episodes/test_episodes.py: typed functions with Google-style docstrings, and a class with
 `reset(**row)`, public methods as tools and `get_reward()`."""
 
 import asyncio
@@ -143,8 +143,7 @@ class Doubling:
 
 
 def crash() -> str:
-    """A tool whose process dies under it (a segfault in native code, the OOM killer).
-    """
+    """A tool whose process dies under it (a segfault in native code, the OOM killer)."""
     import os
     import signal
 
