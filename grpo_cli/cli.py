@@ -110,30 +110,7 @@ def _job(command: str, cfg) -> object:
             if cfg.get("output_dir") and not in_sweep
             else Path(HydraConfig.get().runtime.output_dir)
         )
-        plain = OmegaConf.to_object(cfg)
-        if command == "train":
-            from grpo_cli.models.distributed import SINGLE
-            from grpo_cli.run.trainer import train
-
-            overrides = list(HydraConfig.get().overrides.task)
-            summary = train(
-                plain, out_dir, console, _dist or SINGLE, command=f"grpo train {' '.join(overrides)}".strip()
-            )
-            console.summary(summary)
-            if in_sweep and rank == 0:
-                write_job_summary(out_dir, {"status": "done", **summary})
-            return float(summary[plain.objective]) if plain.objective else summary
-        if command == "tools":
-            from grpo_cli.commands.tools import run_tools
-
-            return run_tools(plain, console)
-        if command == "evaluate":
-            from grpo_cli.commands.evaluation import run_evaluate
-
-            return run_evaluate(plain, out_dir, console, overrides=list(HydraConfig.get().overrides.task))
-        from grpo_cli.commands.sampling import run_sample
-
-        return run_sample(plain, console, overrides=list(HydraConfig.get().overrides.task))
+        return _command(command, OmegaConf.to_object(cfg), out_dir, console, rank, in_sweep)
     except GrpoError as e:
         where = f"rank {rank}: " if _dist is not None and _dist.world_size > 1 else ""
         console.error(f"{where}{e}")
@@ -160,6 +137,31 @@ def _job(command: str, cfg) -> object:
             "rank stops too; see that rank's output, then continue with resume=auto."
         )
         sys.exit(1)
+
+
+def _command(command: str, plain, out_dir: Path, console: Console, rank: int, in_sweep: bool) -> object:
+    """The command's work on its checked config; what it returns is the job's result."""
+    overrides = list(HydraConfig.get().overrides.task)
+    if command == "train":
+        from grpo_cli.models.distributed import SINGLE
+        from grpo_cli.run.trainer import train
+
+        summary = train(plain, out_dir, console, _dist or SINGLE, command=f"grpo train {' '.join(overrides)}".strip())
+        console.summary(summary)
+        if in_sweep and rank == 0:
+            write_job_summary(out_dir, {"status": "done", **summary})
+        return float(summary[plain.objective]) if plain.objective else summary
+    if command == "tools":
+        from grpo_cli.commands.tools import run_tools
+
+        return run_tools(plain, console)
+    if command == "evaluate":
+        from grpo_cli.commands.evaluation import run_evaluate
+
+        return run_evaluate(plain, out_dir, console, overrides=overrides)
+    from grpo_cli.commands.sampling import run_sample
+
+    return run_sample(plain, console, overrides=overrides)
 
 
 def write_job_summary(out_dir: Path, row: dict) -> None:

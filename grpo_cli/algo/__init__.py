@@ -1,2 +1,1 @@
-"""The math of the objective: the clipped surrogate, the registered per-token losses and aggregations, the advantage
-estimators."""
+"""The math of the objective: the clipped surrogate, the registered losses and aggregations, the advantages."""

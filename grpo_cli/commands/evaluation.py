@@ -72,12 +72,63 @@ def short_names(paths: list[str]) -> list[str]:
     ]
 
 
+def model_scores(cfg, generator, model, split, reward_fn, judge, ks: list[int], name: str, console) -> dict:
+    """One model's row: its greedy scores on `split`, and with `samples` its sampled ones (pass@k, maj@k)."""
+    from grpo_cli.data.tasks import answer_column
+
+    prompts, answers = split[cfg.data.prompt_field], split[answer_column(split.column_names, cfg.data)]
+    columns = split.to_dict()
+    with console.task(f"{name} greedy", len(prompts)) as advance:
+        scores = greedy_scores(
+            generator,
+            model,
+            prompts,
+            answers,
+            reward_fn,
+            judge,
+            advance=advance,
+            max_new_tokens=cfg.sampler.max_new_tokens,
+            batch_size=cfg.batch_size,
+            columns=columns,
+        )
+    if cfg.samples:  # every model sees the same sampling noise
+        draws = Draws(cfg.samples, cfg.sampler, tuple(ks), cfg.seed, 0, cfg.batch_size)
+        with console.task(f"{name} sampled x{cfg.samples}", len(prompts)) as advance:
+            scores.update(
+                sampled_scores(
+                    generator,
+                    model,
+                    prompts,
+                    answers,
+                    reward_fn,
+                    judge,
+                    draws,
+                    extract=cfg.reward.extract,
+                    pattern=cfg.reward.pattern,
+                    columns=columns,
+                    advance=advance,
+                )
+            )
+    return scores
+
+
+def write_json(path: Path, result: dict) -> None:
+    """`result` as JSON at `path`; a directory that cannot be written is one sentence."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    except OSError as e:
+        raise GrpoError(
+            f"Cannot write {path.name} to {path.parent} ({e.strerror}); choose another with output_dir=DIR."
+        ) from None
+
+
 def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
-    from grpo_cli.data.tasks import answer_column, check_answers
-    from grpo_cli.episodes import environment, with_env
-    from grpo_cli.generate.base import check_available, make_generator
+    from grpo_cli.data.tasks import check_answers
+    from grpo_cli.episodes import environment, generator_for
+    from grpo_cli.generate.base import check_available
     from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
     from grpo_cli.models.precision import DTYPES, Precision
     from grpo_cli.models.runtime import prepare_process
@@ -86,8 +137,9 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
     cfg = with_training_settings(cfg, [path for path, _ in reversed(targets)], list(overrides), console)
     check(cfg)  # again: the saved settings may have replaced groups
-    prepare_process(cfg.threads, resolve_device(cfg.model.device))
-    precision = Precision(cfg.precision, resolve_device(cfg.model.device).type)
+    device = resolve_device(cfg.model.device)
+    prepare_process(cfg.threads, device)
+    precision = Precision(cfg.precision, device.type)
     # Every input is checked before the first model is evaluated: the models, the output directory.
     key = "checkpoint" if cfg.checkpoint is not None else "model.path"
     for path, _ in targets:
@@ -104,55 +156,12 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         console.print(f"model {len(rows) + 1}/{len(targets)}: {path}", highlight=False)
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-        generator = with_env(
-            make_generator(
-                cfg.generator,
-                tokenizer,
-                chat_template=cfg.data.chat_template,
-                precision=precision,
-                device=resolve_device(cfg.model.device),
-                seed=cfg.seed,
-            ),
-            env,
-            tokenizer,
-            chat_template=cfg.data.chat_template,
-            system_prompt=cfg.data.system_prompt,
-        )
+        generator = generator_for(cfg, tokenizer, env, precision=precision, device=device, seed=cfg.seed)
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console, env.schemas_for if env else None)
         check_answers(split.column_names, cfg.data, reward_fn, cfg.reward.correct)
-        prompts, answers = split[cfg.data.prompt_field], split[answer_column(split.column_names, cfg.data)]
-        columns, name = split.to_dict(), f"model {len(rows) + 1}/{len(targets)}"
-        with console.task(f"{name} greedy", len(prompts)) as advance:
-            scores = greedy_scores(
-                generator,
-                model,
-                prompts,
-                answers,
-                reward_fn,
-                judge,
-                advance=advance,
-                max_new_tokens=cfg.sampler.max_new_tokens,
-                batch_size=cfg.batch_size,
-                columns=columns,
-            )
-        if cfg.samples:  # every model sees the same sampling noise
-            with console.task(f"{name} sampled x{cfg.samples}", len(prompts)) as advance:
-                scores.update(
-                    sampled_scores(
-                        generator,
-                        model,
-                        prompts,
-                        answers,
-                        reward_fn,
-                        judge,
-                        Draws(cfg.samples, cfg.sampler, tuple(ks), cfg.seed, 0, cfg.batch_size),
-                        extract=cfg.reward.extract,
-                        pattern=cfg.reward.pattern,
-                        columns=columns,
-                        advance=advance,
-                    )
-                )
+        name = f"model {len(rows) + 1}/{len(targets)}"
+        scores = model_scores(cfg, generator, model, split, reward_fn, judge, ks, name, console)
         rows.append({"checkpoint": path, "step": step, **scores})
         console.print(
             f"evaluated {path}: greedy accuracy {scores['accuracy']:.3f} (correct: {judge.label})", highlight=False
@@ -169,13 +178,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
         "correct": judge.label,
         "rows": rows,
     }
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    except OSError as e:
-        raise GrpoError(
-            f"Cannot write eval.json to {out_dir} ({e.strerror}); choose another with output_dir=DIR."
-        ) from None
+    write_json(out_dir / "eval.json", result)
     show_table(rows, result, out_dir, console)
     return result
 

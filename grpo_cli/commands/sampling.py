@@ -12,9 +12,9 @@ from rich.table import Table
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.config import check
 from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
-from grpo_cli.episodes import environment, with_env
+from grpo_cli.episodes import environment, generator_for
 from grpo_cli.errors import GrpoError
-from grpo_cli.generate.base import check_available, generate, make_generator
+from grpo_cli.generate.base import check_available, generate
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_device
 from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.models.precision import DTYPES, Precision
@@ -79,20 +79,9 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
     for row, text in zip(inputs, render_user_prompts(inputs, cfg.data, tokenizer, env.schemas_for if env else None)):
         row["rendered"] = text
-    generator = with_env(
-        make_generator(
-            cfg.generator,
-            tokenizer,
-            chat_template=cfg.data.chat_template,
-            precision=Precision(cfg.precision, resolve_device(cfg.model.device).type),
-            device=resolve_device(cfg.model.device),
-            seed=cfg.seed,
-        ),
-        env,
-        tokenizer,
-        chat_template=cfg.data.chat_template,
-        system_prompt=cfg.data.system_prompt,
-    )
+    device = resolve_device(cfg.model.device)
+    precision = Precision(cfg.precision, device.type)
+    generator = generator_for(cfg, tokenizer, env, precision=precision, device=device, seed=cfg.seed)
     sampling = replace(s, temperature=0) if cfg.greedy else s
 
     rows, G = [], 1 if sampling.greedy else s.group_size
@@ -108,24 +97,8 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
         roll = generate(generator, model, [r["rendered"] for r in batch], G, sampling, seeds, columns=columns)
         tokens, ids = roll.sampled_tokens().tolist(), roll.completion_ids()
         for i, source in enumerate(batch):
-            group = [
-                {
-                    "prompt": user_text(source["prompt"]),
-                    "completion": roll.completions[i * G + j],
-                    "tokens": int(tokens[i * G + j]),
-                    "truncated": bool(roll.truncated[i * G + j]),
-                }
-                for j in range(G)
-            ]
+            group = sampled_rows(roll, i, G, user_text(source["prompt"]), tokens)
             episodes = roll.episodes[i * G : (i + 1) * G] if roll.episodes is not None else None
-            for r, ep in zip(group, episodes or []):  # the whole transcript
-                r.update(
-                    completion=ep.transcript(),
-                    messages=ep.messages,
-                    turns=ep.turns,
-                    tool_calls=ep.tool_calls,
-                    final=ep.final_text,
-                )
             if reward is not None and source.get("answer") is not None:
                 score(reward, group, source, ids[i * G : (i + 1) * G], episodes)
             rows += group
@@ -134,6 +107,28 @@ def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
     show(rows, G, path, console)
     if cfg.output:
         write_rows(rows, cfg.output, console)
+    return rows
+
+
+def sampled_rows(roll, i: int, G: int, prompt: str, tokens: list) -> list[dict]:
+    """Prompt i's G rows: its completions, or with episodes each whole transcript and its messages."""
+    rows = [
+        {
+            "prompt": prompt,
+            "completion": roll.completions[i * G + j],
+            "tokens": int(tokens[i * G + j]),
+            "truncated": bool(roll.truncated[i * G + j]),
+        }
+        for j in range(G)
+    ]
+    for r, ep in zip(rows, roll.episodes[i * G : (i + 1) * G] if roll.episodes is not None else []):
+        r.update(
+            completion=ep.transcript(),
+            messages=ep.messages,
+            turns=ep.turns,
+            tool_calls=ep.tool_calls,
+            final=ep.final_text,
+        )
     return rows
 
 

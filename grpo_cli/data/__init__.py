@@ -1,2 +1,1 @@
-"""Prompt data: the built-in tasks, files and hub datasets read through `datasets`, prompts rendered, the prompt
-order."""
+"""Prompt data: the built-in tasks, files and hub datasets, prompts rendered, the prompt order."""

@@ -270,16 +270,7 @@ def prepare(
     columns = split.to_dict()
     rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
     check_required(columns, rows, list(required.values()), where)
-    answers = [""] * len(rows) if answerless else [str(row[cfg.answer_field]) for row in rows]
-    if cfg.answer_extract is not None and not answerless:
-        extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
-        for i, a in enumerate(extracted):
-            if a is None:
-                raise GrpoError(
-                    f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} "
-                    f"({answers[i][:60]!r})."
-                )
-        answers = [a.strip() for a in extracted]
+    answers = [""] * len(rows) if answerless else text_answers(rows, cfg, where)
     conversational = cfg.template is None and any(is_conversation(row[cfg.prompt_field]) for row in rows)
     if conversational:
         check_conversations(rows, cfg, where)
@@ -295,24 +286,39 @@ def prepare(
     columns[cfg.prompt_field], columns[NO_ANSWERS if answerless else cfg.answer_field] = rendered, answers
 
     if cfg.max_prompt_length is not None:
-        if tokenizer is None:
-            raise GrpoError("data.max_prompt_length needs the model's tokenizer to count tokens.")
-        from grpo_cli.data.prompts import encode_prompts  # the same ids generation will see
-
-        lengths = [len(ids) for ids in encode_prompts(tokenizer, columns[cfg.prompt_field], cfg.chat_template)]
-        keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
-        if len(keep) < len(rows):
-            log(
-                f"dropped {len(rows) - len(keep)} of {len(rows)} prompts of {where}: longer than "
-                f"data.max_prompt_length={cfg.max_prompt_length} tokens."
-            )
-            if not keep:
-                raise GrpoError(
-                    f"Every prompt of {where} is longer than data.max_prompt_length={cfg.max_prompt_length} tokens; "
-                    "raise it."
-                )
-            columns = {k: [v[i] for i in keep] for k, v in columns.items()}
+        columns = short_enough(columns, cfg, tokenizer, where, log)
     return Rows(columns)
+
+
+def text_answers(rows: list[dict], cfg, where: str) -> list[str]:
+    """Each row's answer as text, read out by data.answer_extract when it is set."""
+    answers = [str(row[cfg.answer_field]) for row in rows]
+    if cfg.answer_extract is None:
+        return answers
+    extracted = [extract_answer(a, cfg.answer_extract) for a in answers]
+    for i, a in enumerate(extracted):
+        if a is None:
+            raise GrpoError(
+                f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
+            )
+    return [a.strip() for a in extracted]
+
+
+def short_enough(columns: dict[str, list], cfg, tokenizer, where: str, log) -> dict[str, list]:
+    """The rows whose rendered prompt has at most data.max_prompt_length tokens (the ids generation sees)."""
+    if tokenizer is None:
+        raise GrpoError("data.max_prompt_length needs the model's tokenizer to count tokens.")
+    from grpo_cli.data.prompts import encode_prompts
+
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, columns[cfg.prompt_field], cfg.chat_template)]
+    keep = [i for i, n in enumerate(lengths) if n <= cfg.max_prompt_length]
+    if len(keep) == len(lengths):
+        return columns
+    limit = f"data.max_prompt_length={cfg.max_prompt_length} tokens"
+    log(f"dropped {len(lengths) - len(keep)} of {len(lengths)} prompts of {where}: longer than {limit}.")
+    if not keep:
+        raise GrpoError(f"Every prompt of {where} is longer than {limit}; raise it.")
+    return {k: [v[i] for i in keep] for k, v in columns.items()}
 
 
 def check_required(columns: dict[str, list], rows: list[dict], required: list[str], where: str) -> None:

@@ -1,6 +1,6 @@
 """Multi-turn episodes: the driver, tools and environments, tool-call formats, environment workers.
 
-A single-turn run imports none of it: these three load the rest only when the env group is on.
+A single-turn run imports none of it: the functions here load the rest only when the env group is on.
 """
 
 
@@ -20,6 +20,17 @@ def with_env(generator, env, tokenizer, **kwargs):
     from grpo_cli.episodes.driver import with_env as drive
 
     return drive(generator, env, tokenizer, **kwargs)
+
+
+def generator_for(cfg, tokenizer, env, **kwargs):
+    """The command's generator (the generator group; `kwargs`: make_generator's precision, device, world_size,
+    seed) for `tokenizer`, driven through `env` when there is one."""
+    from grpo_cli.generate.base import make_generator
+
+    generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, **kwargs)
+    return with_env(
+        generator, env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt
+    )
 
 
 def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:

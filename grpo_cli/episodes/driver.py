@@ -302,23 +302,13 @@ class EpisodeGenerator:
         env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
         if self.spec.workers is not None:  # the last call's episodes are scored: their environments can go
             self.spec.workers.release()
-        # unseeded (greedy), each prompt's episodes still differ from the others' (data=none: only the seed does)
         t_env = time.perf_counter()
-        episodes = self._each(
-            self._start,
-            [
-                (
-                    p,
-                    prompt_ids[i],
-                    rows[i],
-                    group_seed(seeds[i], "episode", j)
-                    if seeds is not None
-                    else group_seed("unseeded", i, "episode", j),
-                )
-                for i, p in enumerate(prompts)
-                for j in range(G)
-            ],
-        )
+        starts = [
+            (p, prompt_ids[i], rows[i], group_seed(seeds[i], "episode", j) if seeds is not None else unseeded(i, j))
+            for i, p in enumerate(prompts)
+            for j in range(G)
+        ]
+        episodes = self._each(self._start, starts)
         live, env_wall = list(episodes), time.perf_counter() - t_env
         session = getattr(self.base, "session", None)  # hf: each turn starts from the last one's keys and values
         with session() if session is not None else nullcontext():
@@ -329,15 +319,7 @@ class EpisodeGenerator:
                 contexts = [ep.prompt_ids + ep.ids for ep in live]
                 outs = self.base.complete(model, contexts, turn_sampling, turn_seeds, with_logprobs=with_logprobs)
                 count_prefill(live, contexts, getattr(self.base, "turns", None), turn)
-                acted = []
-                for ep, room, (ids, logps, finished) in zip(live, budget, outs):
-                    if len(ids) > room:  # past the episode's token budget
-                        ids, logps, finished = ids[:room], (logps[:room] if logps is not None else None), False
-                    ep.ids += ids
-                    ep.action += [1] * len(ids)
-                    ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
-                    ep.turns += 1
-                    acted.append((ep, ids, finished, turn, env_tokens))
+                acted = [(ep, *took_turn(ep, room, out), turn, env_tokens) for ep, room, out in zip(live, budget, outs)]
                 t_env = time.perf_counter()
                 self._each(self._after_turn, acted)
                 env_wall += time.perf_counter() - t_env
@@ -392,6 +374,25 @@ class EpisodeGenerator:
             pad_token_id=self.tokenizer.pad_token_id,
             episodes=episodes,
         )
+
+
+def unseeded(i: int, j: int) -> int:
+    """Episode j of prompt i's seed when sampling is greedy: each prompt's episodes still differ from another's
+    (with data=none only the seed does)."""
+    return group_seed("unseeded", i, "episode", j)
+
+
+def took_turn(ep: Episode, room: int, out: tuple) -> tuple[list[int], bool]:
+    """The model's turn (ids, log-probs, whether it ended) appended to `ep` within its `room` of tokens:
+    (the turn's ids, whether it ended)."""
+    ids, logps, finished = out
+    if len(ids) > room:  # past the episode's token budget
+        ids, logps, finished = ids[:room], (logps[:room] if logps is not None else None), False
+    ep.ids += ids
+    ep.action += [1] * len(ids)
+    ep.logps += list(logps) if logps is not None else [0.0] * len(ids)
+    ep.turns += 1
+    return ids, finished
 
 
 def episode_metrics(episodes: list[Episode], record) -> None:

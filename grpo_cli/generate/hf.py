@@ -127,6 +127,31 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int, tu
     return prefill_rows(model, prompt_ids, group_size, pad_id)
 
 
+def choose(logits: Tensor, sampling: SamplerConfig, noise, host_rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Each live row's next token (greedy, or Gumbel-max over the tempered, filtered logits: the noise is the
+    row's own) and the scores it was drawn from."""
+    scores = logits.float()
+    if sampling.greedy:
+        return scores.argmax(-1), scores
+    if sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    return (_filter(scores, sampling.top_k, sampling.top_p) - noise(host_rows)).argmax(-1), scores
+
+
+def keep_rows(
+    turns: TurnCache, stepper, local: list[int], host_rows, prompt_ids, tokens: Tensor, fed: int, eos
+) -> None:
+    """A session keeps these decode rows (`local`, positions in the live batch), `fed` tokens decoded: each row's
+    context and sampled tokens, and their keys and values (turn_cache.py). A group of one: row r is prompt r."""
+    from grpo_cli.generate.turn_cache import kept_length, row_kv
+
+    layers, held = stepper.held()
+    for i in local:
+        r = int(host_rows[i])
+        context, kept = prompt_ids[r], kept_length(tokens[r], fed, eos)
+        turns.store(context, tokens[r, :kept].tolist(), row_kv(layers, held[i], i, len(context) + kept))
+
+
 @torch.no_grad()
 def decode(
     model,
@@ -162,24 +187,9 @@ def decode(
     host_rows = rows.cpu()  # the same, on the host: what the noise reads
     done = torch.zeros(B, dtype=torch.bool, device=device)  # each live row's: it has sampled an EOS
 
-    def keep_rows(local: list[int], fed: int) -> None:  # the session keeps these rows, `fed` tokens decoded
-        from grpo_cli.generate.turn_cache import kept_length, row_kv
-
-        layers, held = stepper.held()
-        for i in local:
-            r = int(host_rows[i])
-            context, kept = prompt_ids[r // G], kept_length(tokens[r], fed, eos)
-            turns.store(context, tokens[r, :kept].tolist(), row_kv(layers, held[i], i, len(context) + kept))
-
     keeping = turns is not None and G == 1 and stepper is not None
     for t in range(T):
-        scores = logits.float()
-        if sampling.greedy:
-            chosen = scores.argmax(-1)
-        else:
-            if sampling.temperature != 1.0:
-                scores = scores / sampling.temperature
-            chosen = (_filter(scores, sampling.top_k, sampling.top_p) - noise(host_rows)).argmax(-1)
+        chosen, scores = choose(logits, sampling, noise, host_rows)
         tokens[rows, t] = chosen
         if with_logprobs:
             logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
@@ -193,7 +203,9 @@ def decode(
                 break
             if n_live <= stepper.drop_at * live.numel():  # finished rows leave the batch
                 if keeping:
-                    keep_rows((~live).nonzero().squeeze(-1).tolist(), t)
+                    keep_rows(
+                        turns, stepper, (~live).nonzero().squeeze(-1).tolist(), host_rows, prompt_ids, tokens, t, eos
+                    )
                 host_keep = live.nonzero().squeeze(-1)
                 keep = host_keep.to(device)
                 stepper.keep(keep)
@@ -202,7 +214,7 @@ def decode(
     else:
         return tokens[:, :0], None  # max_new_tokens = 0
     if keeping:
-        keep_rows(list(range(len(host_rows))), t)
+        keep_rows(turns, stepper, list(range(len(host_rows))), host_rows, prompt_ids, tokens, t, eos)
     return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
 
 

@@ -1,1 +1,1 @@
-"""Models and their forward: loading, the hub, LoRA, precision, data parallelism, threads, the packer, token log-probs, the policies by role."""
+"""Models and their forward: loading, LoRA, precision, ranks, threads, the packer, token log-probs, the policies."""

@@ -205,6 +205,26 @@ def score_round(roll: Rollout, batch: PromptBatch, reward_fn, judge, metrics: St
     return rewards, terms, flat
 
 
+def sample_round(
+    generator, sampler_model, batch: PromptBatch, reward_fn, settings: StepSettings, metrics, with_logprobs
+):
+    """One round: G completions of each of the batch's prompts, scored: (rollout, rewards, terms, flat groups)."""
+    if with_logprobs is None:
+        with_logprobs = wants_sampler_logprobs(generator, settings.algo)
+    sampling = settings.sampling
+    roll = generate(
+        generator,
+        sampler_model,
+        batch.prompts,
+        sampling.group_size,
+        sampling,
+        batch.seeds,
+        columns=batch.columns,
+        with_logprobs=with_logprobs,
+    )
+    return (roll, *score_round(roll, batch, reward_fn, settings.judge, metrics))
+
+
 def collect(
     generator,
     sampler_model,
@@ -230,7 +250,7 @@ def collect(
     the quota is global: rounds go on until every rank's share is full (a full rank idles), and each
     rank's kept groups are topped up with zero-weight padding groups, so all run the same micro-batches.
     """
-    G, n, sampling, algo = settings.sampling.group_size, len(batch.prompts), settings.sampling, settings.algo
+    G, n, algo = settings.sampling.group_size, len(batch.prompts), settings.algo
     kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
     metrics = metrics if metrics is not None else StepMetrics()
 
@@ -239,17 +259,9 @@ def collect(
 
     while True:
         if have() < n:  # a rank whose share is full sits out the remaining rounds
-            roll = generate(
-                generator,
-                sampler_model,
-                batch.prompts,
-                G,
-                sampling,
-                batch.seeds,
-                columns=batch.columns,
-                with_logprobs=wants_sampler_logprobs(generator, algo) if with_logprobs is None else with_logprobs,
+            roll, rewards, terms, flat = sample_round(
+                generator, sampler_model, batch, reward_fn, settings, metrics, with_logprobs
             )
-            rewards, terms, flat = score_round(roll, batch, reward_fn, settings.judge, metrics)
             if not algo.dynamic_sampling:
                 roll.rewards, roll.extra["reward_terms"] = rewards, terms  # float64: logs show the rewards given
                 metrics.mean("dropped_frac", 0.0, rewards.shape[0])

@@ -1,2 +1,1 @@
-"""The run: the loop, building and finishing a run, the config's checks, the memory plan, checkpoints, the console,
-health rules, signals, trackers, publishing."""
+"""The run: the loop, building and finishing it, the memory plan, checkpoints, the console, health, trackers."""

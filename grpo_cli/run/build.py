@@ -20,9 +20,9 @@ from rich.markup import escape
 from grpo_cli.config import check, reference_in_worker
 from grpo_cli.data.prompts import USER_PROMPT, encode_prompts
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
-from grpo_cli.episodes import env_notes, environment, with_env
+from grpo_cli.episodes import env_notes, environment, generator_for
 from grpo_cli.errors import GrpoError
-from grpo_cli.generate.base import check_available, make_generator
+from grpo_cli.generate.base import check_available
 from grpo_cli.models.distributed import SINGLE, Dist, unwrap
 from grpo_cli.models.loading import load_tokenizer, resolve_device
 from grpo_cli.models.policies import Policies, load_policy
@@ -183,14 +183,8 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
 
     console.phase(f"loaded torch {torch.__version__} and transformers {transformers.__version__}")
     env, strategy = check_run(cfg, console, dist)
-    t, world = cfg.trainer, dist.world_size
-    device = resolve_device(cfg.model.device)
-    worker_device = generation_device(cfg, device, dist.local_rank)
-    shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
-    threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1), t.deterministic)
-    trackers = list(dict.fromkeys(t.trackers))
-    check_trackers(trackers)  # a missing extra is reported before anything is loaded
-    check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
+    t = cfg.trainer
+    device, worker_device, threads, trackers = prepare_machine(cfg, dist)
     open_run_dir(run_dir, dist)
     set_seed(t.seed)
     resume_from, state, run_dir = resume_point(cfg, run_dir, console)
@@ -198,38 +192,19 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     if why:
         console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
     cached_peaks(device, precision.frozen_dtype)  # a first run here probes the machine now, before any model loads
-    tokenizer, data, plan = load_inputs(cfg, resume_from, state, precision, env, world, device, console)
+    tokenizer, data, plan = load_inputs(cfg, resume_from, state, precision, env, dist.world_size, device, console)
     train_rows = data["train"]
     claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
-    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    ref = ", with a frozen reference" if cfg.algo.beta else ""
-    ref = ", the KL reference scored in the generation worker" if reference_in_worker(cfg) else ref
-    console.phase(
-        f"loaded the model {resume_from or cfg.model.path}: {trained / 1e6:.2f}M trained parameters, "
-        f"{precision.name}{ref}"
-    )
+    console.phase(loaded_line(cfg, policy, precision, resume_from))
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
-    prompts = PromptOrder(
-        len(train_rows),
-        t.prompts_per_step,
-        t.seed,
-        dist.rank,
-        world,
-        train_rows,  # refuses
-        (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data)),
-    )  # too few rows
+    answers = (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data))
+    prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, dist.world_size, train_rows, answers)
     reward_fn = reward_with(cfg.reward, env)  # an environment that scores episodes is one more reward term
     check_answers(train_rows.column_names, cfg.data, reward_fn, cfg.reward.correct)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
-    resumed_at = state.get("step", 0)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)
     settings = replace(StepSettings.of(cfg, Judge(cfg.reward, reward_fn)), max_tokens=plan.budget)
-    user_text = (
-        dict(zip(train_rows[cfg.data.prompt_field], train_rows[USER_PROMPT]))
-        if USER_PROMPT in train_rows.column_names
-        else {}
-    )
     run = Run(
         cfg=cfg,
         run_dir=run_dir,
@@ -244,28 +219,61 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
         settings=settings,
         optimizer=optimizer,
         scheduler=scheduler,
-        user_text=user_text,
+        user_text=user_texts(train_rows, cfg.data.prompt_field),
         prompts=prompts,
         metrics=metrics,
         samples_log=samples_log,
-        first_step=resumed_at + 1,
-        saved=resumed_at,
+        first_step=state.get("step", 0) + 1,
+        saved=state.get("step", 0),
         resumed_from=resume_from,
         plan=plan,
     )
     run.source = open_source(run, env, worker_device, cfg.generator.threads or threads)
-    run.after = AfterStep(run, StepFloors.of(cfg, policy, precision, world))  # the peaks: probed once, cached
+    run.after = AfterStep(run, StepFloors.of(cfg, policy, precision, dist.world_size))  # the peaks: probed, cached
+    return restored(run, state, data["test"])
+
+
+def prepare_machine(cfg, dist: Dist):
+    """(the device, the generation worker's or None, this process's threads, the trackers), each checked before
+    anything loads: a tracker's missing extra, a generator back-end that is not installed."""
+    t, device = cfg.trainer, resolve_device(cfg.model.device)
+    worker_device = generation_device(cfg, device, dist.local_rank)
+    shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
+    threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1), t.deterministic)
+    trackers = list(dict.fromkeys(t.trackers))
+    check_trackers(trackers)  # a missing extra is reported before anything is loaded
+    check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
+    return device, worker_device, threads, trackers
+
+
+def loaded_line(cfg, policy, precision: Precision, resume_from) -> str:
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    ref = ", with a frozen reference" if cfg.algo.beta else ""
+    ref = ", the KL reference scored in the generation worker" if reference_in_worker(cfg) else ref
+    where = resume_from or cfg.model.path
+    return f"loaded the model {where}: {trained / 1e6:.2f}M trained parameters, {precision.name}{ref}"
+
+
+def user_texts(rows, prompt_field: str) -> dict:
+    """Each rendered prompt's user text, for the completions log (conversational data keeps it apart)."""
+    return dict(zip(rows[prompt_field], rows[USER_PROMPT])) if USER_PROMPT in rows.column_names else {}
+
+
+def restored(run: Run, state: dict, test_rows) -> Run:
+    """`run` with a checkpoint's `state` restored (the RNG last: nothing below draws from it), the logs cut to
+    the step it resumes from, and the held-out scores before training taken (or read back)."""
+    cfg, t, console, resumed_at = run.cfg, run.cfg.trainer, run.console, state.get("step", 0)
     try:
-        run.restore(state)  # the RNG last: nothing below draws from it
+        run.restore(state)
         run.source.update(run.policy, run.first_step - 1)  # the weights the run starts from
     except BaseException:
         run.source.close()
         raise
-    for log in (metrics, samples_log):  # only now: a checkpoint that fails to load leaves the logs whole
+    for log in (run.metrics, run.samples_log):  # only now: a checkpoint that fails to load leaves the logs whole
         log.truncate(resumed_at)
-    run.held_out = HeldOut(cfg, data["test"], run.source, settings.judge, dist, console, metrics)
+    run.held_out = HeldOut(cfg, test_rows, run.source, run.settings.judge, run.dist, console, run.metrics)
     if t.eval_before_after and not state.get("held_out_before") and not run.held_out.deferred:
-        console.phase(f"scoring {min(t.eval_prompts, len(data['test']))} held-out prompts before training")
+        console.phase(f"scoring {min(t.eval_prompts, len(test_rows))} held-out prompts before training")
     run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
     console.phase(
         f"step {resumed_at + 1}: sampling {t.prompts_per_step} prompts x {cfg.sampler.group_size} completions"
@@ -312,20 +320,9 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
     local = None
     if worker_device is None or cfg.algo.behaviour != "current":
-        generator = with_env(
-            make_generator(
-                cfg.generator,
-                run.tokenizer,
-                chat_template=cfg.data.chat_template,
-                precision=run.precision,
-                device=resolve_device(cfg.model.device),
-                world_size=dist.world_size,
-                seed=t.seed,
-            ),
-            env,
-            run.tokenizer,
-            chat_template=cfg.data.chat_template,
-            system_prompt=cfg.data.system_prompt,
+        device = resolve_device(cfg.model.device)
+        generator = generator_for(
+            cfg, run.tokenizer, env, precision=run.precision, device=device, world_size=dist.world_size, seed=t.seed
         )
         local = LocalSource(
             generator,

@@ -177,19 +177,11 @@ def save_checkpoint(
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "dcp"))
         full = full_state_dict(model, dist)
         if dist.is_main:
+            state = {**trainer_state, "step": step, "world_size": dist.world_size, "sharded": sharded}
             _save_model(model, tokenizer, tmp, full, trainer_state.get("config"))
             with _as_os_error(tmp):
-                torch.save(
-                    {**trainer_state, "step": step, "world_size": dist.world_size, "sharded": sharded}, tmp / STATE_FILE
-                )
-            _fsync_tree(tmp)
-            if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            marker = root / ".latest.tmp"
-            marker.write_text(final.name + "\n")
-            os.replace(marker, root / "latest")
-            _fsync_dir(root)
+                torch.save(state, tmp / STATE_FILE)
+            publish(tmp, final)
     except OSError as e:
         if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -205,6 +197,18 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """The staged checkpoint flushed and renamed into place, then `latest` pointed at it (rank 0)."""
+    _fsync_tree(tmp)
+    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    marker = final.parent / ".latest.tmp"
+    marker.write_text(final.name + "\n")
+    os.replace(marker, final.parent / "latest")
+    _fsync_dir(final.parent)
 
 
 def save_final(run_dir: Path, model, tokenizer, dist: Dist = SINGLE, merge=None, config: dict | None = None) -> Path:

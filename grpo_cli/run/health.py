@@ -71,8 +71,12 @@ def _mismatch(rows: list[dict], corrected: bool) -> str:
 
 
 def rules(cfg) -> list[Rule]:
-    s, t = cfg.sampler, cfg.trainer
-    zero_steps = t.zero_variance_warn_steps
+    """Every rule, in the order they are checked: the samples and their rewards, then the policy and the run."""
+    return sample_rules(cfg) + policy_rules(cfg)
+
+
+def sample_rules(cfg) -> list[Rule]:
+    s, zero_steps = cfg.sampler, cfg.trainer.zero_variance_warn_steps
     return [
         Rule(
             "truncation",
@@ -115,6 +119,11 @@ def rules(cfg) -> list[Rule]:
             lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
             lambda rows: _mismatch(rows, corrected=cfg.algo.sampler_correction == "tis"),
         ),
+    ]
+
+
+def policy_rules(cfg) -> list[Rule]:
+    return [
         Rule(
             "kl_explode",
             lambda rows: rows[-1].get("kl", 0.0) > KL_NATS,

@@ -92,54 +92,19 @@ def plan(
     """The estimate for this config (see the module docstring). `longest_prompt` in tokens; `budget`, when
     given, stands for trainer.max_tokens_per_micro_batch. `row_len` and `tokens`, when given, are a step's
     longest row and largest micro-batch as sampled (Plan.from_samples), in place of the worst case."""
-    t, s, algo = cfg.trainer, cfg.sampler, cfg.algo
-    lora = cfg.model.lora.r > 0
-    P = shape.parameters
+    t, s, lora = cfg.trainer, cfg.sampler, cfg.model.lora.r > 0
     row_len = row_len or row_length(cfg, longest_prompt)
-    persistent = {
-        "runtime": resident_bytes() if runtime is None else runtime,
-        "weights": P * (frozen_bytes if lora else param_bytes),
-    }
-    if lora:
-        persistent["weights"] += shape.trainable * 4  # the adapter is float32
-    if algo.beta != 0 and not lora and not reference_in_worker(cfg):  # else the generation worker holds it
-        persistent["reference"] = P * frozen_bytes
-    if algo.behaviour in ("frozen", "lagged") and not lora:
-        persistent["behaviour"] = P * frozen_bytes
-    trainable_bytes = 4 if lora else param_bytes
-    persistent["optimizer"] = 2 * shape.trainable * trainable_bytes  # AdamW's two moments
+    trainable_bytes = 4 if lora else param_bytes  # a LoRA adapter is float32
     rows = t.prompts_per_step // max(world_size, 1) * s.group_size
-    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * act_bytes
-    ahead = noise_steps_ahead(rows, shape.vocab, s.max_new_tokens, device_type)
-    generation = {
-        "KV cache": rows * row_len * kv_per_token,  # sampling: logits, scores, log-softmax, and the noise
-        "sampling": rows * shape.vocab * 4 * (3 + ahead),
-    }  # drawn `ahead` tokens at a time: [rows, vocab] fp32
-    env = getattr(cfg, "env", None)
-    if env is not None and (
-        env.tools or env.factory
-    ):  # episodes: each decoded row kept for its next turn (turn_cache.py)
-        generation["kept turns"] = generation["KV cache"]
-    gen = getattr(cfg, "generator", None)
-    term = GENERATORS[gen.name].memory if gen is not None else None
-    if term is not None:  # what the back-end holds beside the cache (generate/base.py, Backend.memory)
-        generation.update(
-            load(term)(
-                gen,
-                shape,
-                device_type=device_type,
-                weight_bytes=frozen_bytes if lora else param_bytes,
-                act_bytes=act_bytes,
-            )
-        )
+    persistent = persistent_terms(cfg, shape, param_bytes, frozen_bytes, runtime)
+    generation = generation_terms(
+        cfg, shape, rows, row_len, frozen_bytes if lora else param_bytes, act_bytes, device_type
+    )
     pointwise = recompute_wanted(cfg.model.recompute_pointwise, shape.hidden)
     per_token = activation_bytes_per_token(shape, row_len, act_bytes, cfg.model.gradient_checkpointing, pointwise)
     # The largest micro-batch the step's packer can form, pads and filler included (packer.py).
-    tokens = tokens or largest_micro_batch(
-        row_len,
-        token_budget=budget if budget is not None else t.max_tokens_per_micro_batch,
-        batch_rows=min(t.micro_batch_size, rows),
-    )
+    budget = budget if budget is not None else t.max_tokens_per_micro_batch
+    tokens = tokens or largest_micro_batch(row_len, token_budget=budget, batch_rows=min(t.micro_batch_size, rows))
     completion = tokens * s.max_new_tokens // max(row_len, 1)  # the micro-batch's completion tokens
     head_positions = min(completion, max(1, CHUNK_LOGITS // shape.vocab))
     slack = CUDA_SLACK if device_type == "cuda" else ALLOCATOR_SLACK
@@ -150,10 +115,47 @@ def plan(
         "backward": slack * tokens * (2 * shape.hidden + 2 * shape.intermediate) * 4,
     }
     if act_bytes < param_bytes and not lora:  # bf16-mixed: autocast keeps a bf16 copy of the weights it cast
-        update["cast weights"] = P * act_bytes
+        update["cast weights"] = shape.parameters * act_bytes
     return Plan(
         persistent=persistent, generation=generation, update=update, tokens=int(tokens), per_token=slack * per_token
     )
+
+
+def persistent_terms(cfg, shape: Shape, param_bytes: int, frozen_bytes: int, runtime: float | None) -> dict:
+    """What stays for the whole run: the runtime, the weights, a reference and a behaviour, AdamW's moments."""
+    algo, lora, P = cfg.algo, cfg.model.lora.r > 0, shape.parameters
+    persistent = {
+        "runtime": resident_bytes() if runtime is None else runtime,
+        "weights": P * (frozen_bytes if lora else param_bytes) + (shape.trainable * 4 if lora else 0),
+    }
+    if algo.beta != 0 and not lora and not reference_in_worker(cfg):  # else the generation worker holds it
+        persistent["reference"] = P * frozen_bytes
+    if algo.behaviour in ("frozen", "lagged") and not lora:
+        persistent["behaviour"] = P * frozen_bytes
+    persistent["optimizer"] = 2 * shape.trainable * (4 if lora else param_bytes)  # AdamW's two moments
+    return persistent
+
+
+def generation_terms(cfg, shape: Shape, rows: int, row_len: int, weight_bytes: int, act_bytes: int, device_type: str):
+    """What sampling holds: the KV cache, the sampler's [rows, vocab] tensors and noise drawn ahead, an episode's
+    kept turns, and what the generator back-end holds beside them (generate/base.py, Backend.memory)."""
+    s = cfg.sampler
+    kv_per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * act_bytes
+    ahead = noise_steps_ahead(rows, shape.vocab, s.max_new_tokens, device_type)
+    generation = {
+        "KV cache": rows * row_len * kv_per_token,  # sampling: logits, scores, log-softmax, and the noise
+        "sampling": rows * shape.vocab * 4 * (3 + ahead),  # drawn `ahead` tokens at a time: [rows, vocab] fp32
+    }
+    env = getattr(cfg, "env", None)
+    if env is not None and (env.tools or env.factory):  # episodes: each decoded row kept for its next turn
+        generation["kept turns"] = generation["KV cache"]
+    gen = getattr(cfg, "generator", None)
+    term = GENERATORS[gen.name].memory if gen is not None else None
+    if term is not None:
+        generation.update(
+            load(term)(gen, shape, device_type=device_type, weight_bytes=weight_bytes, act_bytes=act_bytes)
+        )
+    return generation
 
 
 def head_tensors(cfg) -> int:

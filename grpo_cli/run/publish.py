@@ -18,6 +18,24 @@ HEADLINES = {  # summary key -> how the card names it
 }
 
 
+def recipe(cfg) -> tuple[str, str, str]:
+    """The card's algorithm, sampling and optimisation lines."""
+    a, s, o, t, lora = cfg.algo, cfg.sampler, cfg.optimizer, cfg.trainer, cfg.model.lora
+    high = f"/{a.clip_eps_high}" if a.clip_eps_high is not None else ""
+    algorithm = (
+        f"`algo={a.name}`: clip {a.clip_eps}{high}, beta {a.beta} ({a.kl_estimator}), {a.aggregation}, "
+        f"ratio per {a.ratio_level}, advantages scaled by {a.scale}"
+    )
+    sampling = (
+        f"G = {s.group_size} completions per prompt, temperature {s.temperature}, up to {s.max_new_tokens} new tokens"
+    )
+    tuned = "full fine-tuning"
+    if lora.r:
+        tuned = f"LoRA r={lora.r}, alpha={lora.alpha} (merged into these weights; the adapter alone is in `adapter/`)"
+    optimisation = f"AdamW lr {o.lr:g} ({o.scheduler}), {t.steps} steps of {t.prompts_per_step} prompts, {t.precision}"
+    return algorithm, sampling, f"{optimisation}, {tuned}"
+
+
 def card_text(cfg, summary: dict, command: str) -> str:
     """The card: YAML metadata the hub reads (base model, library, tags), then what made the model."""
     from huggingface_hub import ModelCardData
@@ -28,27 +46,9 @@ def card_text(cfg, summary: dict, command: str) -> str:
         tags=["grpo", "grpo-cli", "reinforcement-learning"],
         base_model=None if base.startswith(("builtin:", "/", ".", "~")) else base,
     )
-    a, s, o, t = cfg.algo, cfg.sampler, cfg.optimizer, cfg.trainer
-    lora = (
-        (
-            f"LoRA r={cfg.model.lora.r}, alpha={cfg.model.lora.alpha} (merged into these weights; the adapter alone "
-            "is in `adapter/`)"
-        )
-        if cfg.model.lora.r
-        else "full fine-tuning"
-    )
+    t = cfg.trainer
+    algorithm, sampling, optimisation = recipe(cfg)
     data_name = cfg.data.hub_name or cfg.data.train_file or cfg.data.name
-    high = f"/{a.clip_eps_high}" if a.clip_eps_high is not None else ""
-    algorithm = (
-        f"`algo={a.name}`: clip {a.clip_eps}{high}, beta {a.beta} ({a.kl_estimator}), {a.aggregation}, "
-        f"ratio per {a.ratio_level}, advantages scaled by {a.scale}"
-    )
-    optimisation = (
-        f"AdamW lr {o.lr:g} ({o.scheduler}), {t.steps} steps of {t.prompts_per_step} prompts, {t.precision}, {lora}"
-    )
-    sampling = (
-        f"G = {s.group_size} completions per prompt, temperature {s.temperature}, up to {s.max_new_tokens} new tokens"
-    )
     rows = "\n".join(
         f"| {name} | {summary[key]:.3f} |" for key, name in HEADLINES.items() if isinstance(summary.get(key), float)
     )

@@ -1,2 +1,1 @@
-"""The operating system's guard: namespaces, a read-only view and seccomp for the code reward's tests and environment
-workers."""
+"""The operating system's guard: namespaces, a read-only view and seccomp for model-written code."""

@@ -70,9 +70,7 @@ def optimise(
     full_mask = loss_mask(roll, algo.mask_truncated, batch.row_of_token)  # [N]
     request = LogProbRequest(batch.T, temperature, with_entropy or algo.entropy_coef != 0, algo.entropy_coef != 0)
     # The step's normalisers, summed over ranks, read in one sync before any work is queued.
-    total_tokens, total_seqs = dist.all_sum(
-        torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])
-    ).tolist()
+    totals = dist.all_sum(torch.stack([full_mask.sum().float(), real_rows(roll).sum().float()])).tolist()
     optimizer.zero_grad(set_to_none=True)
     # One autocast region for the whole pass, so bf16-mixed casts each weight once rather than once per
     # micro-batch (and again in the checkpointed head's recompute); each backward steps outside it.
@@ -81,47 +79,56 @@ def optimise(
             with dist.no_sync(policy, last=i == len(batch.parts) - 1):  # gradients all-reduced once, after the last
                 logp, entropy, index = batch.logprobs(policy, i, request)  # [K] each
                 with precision.outside_autocast():
-                    rows, mask = batch.row_of_token[index], full_mask[index]
-                    # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
-                    old = roll.old_logp[index] if roll.old_logp is not None else logp.detach()
-                    sampler = roll.sampler_logp[index] if roll.sampler_logp is not None else None
-                    weight = (
-                        sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
-                        if sampler is not None and algo.sampler_correction == "tis"
-                        else None
-                    )
-                    loss, m = policy_loss(
-                        LossInputs(
-                            logp,
-                            old,
-                            roll.advantages[rows],
-                            mask,
-                            rows,
-                            num_segments=roll.rows,
-                            clip_eps=algo.clip_eps,
-                            clip_eps_high=algo.clip_eps_high,
-                            beta=algo.beta,
-                            ref_logp=roll.ref_logp[index] if roll.ref_logp is not None else None,
-                            kl_estimator=algo.kl_estimator,
-                            aggregation=algo.aggregation,
-                            ratio_level=algo.ratio_level,
-                            max_completion_length=settings.sampling.max_new_tokens,
-                            num_sequences=max(total_seqs, 1.0),
-                            num_tokens=total_tokens,
-                            sampler_weight=weight,
-                            loss=algo.loss,
-                            loss_args=algo.loss_args,
-                            clip_ratio_c=algo.clip_ratio_c,
-                            entropy=entropy,
-                            entropy_coef=algo.entropy_coef,
-                        )
-                    )
+                    inputs, sampler = loss_inputs(logp, entropy, index, batch, full_mask, roll, settings, totals)
+                    loss, m = policy_loss(inputs)
                     # DDP averages gradients over ranks: times the world size, that average is the global sum.
                     (loss * dist.world_size).backward()
             if record is not None:
-                record_pass(record, m, loss, logp, entropy if with_entropy else None, old, sampler, mask, weight, algo)
+                record_pass(record, m, loss, inputs, sampler, entropy if with_entropy else None, algo)
+    return clipped_step(policy, optimizer, settings.max_grad_norm)
+
+
+def loss_inputs(logp, entropy, index, batch: StepBatch, full_mask, roll: Rollout, settings: StepSettings, totals):
+    """A micro-batch's LossInputs: its flat tokens (`index` into the step's) with their rows' advantages, the
+    old, reference and sampler log-probs, and the step's normalisers (`totals`: tokens, sequences)."""
+    algo = settings.algo
+    rows, mask = batch.row_of_token[index], full_mask[index]
+    # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
+    old = roll.old_logp[index] if roll.old_logp is not None else logp.detach()
+    sampler = roll.sampler_logp[index] if roll.sampler_logp is not None else None
+    weight = None
+    if sampler is not None and algo.sampler_correction == "tis":
+        weight = sampler_correction_weight(old, sampler, algo.sampler_correction_cap)
+    return LossInputs(
+        logp,
+        old,
+        roll.advantages[rows],
+        mask,
+        rows,
+        num_segments=roll.rows,
+        clip_eps=algo.clip_eps,
+        clip_eps_high=algo.clip_eps_high,
+        beta=algo.beta,
+        kl_estimator=algo.kl_estimator,
+        ref_logp=roll.ref_logp[index] if roll.ref_logp is not None else None,
+        aggregation=algo.aggregation,
+        ratio_level=algo.ratio_level,
+        max_completion_length=settings.sampling.max_new_tokens,
+        num_sequences=max(totals[1], 1.0),
+        num_tokens=totals[0],
+        sampler_weight=weight,
+        loss=algo.loss,
+        loss_args=algo.loss_args,
+        clip_ratio_c=algo.clip_ratio_c,
+        entropy=entropy,
+        entropy_coef=algo.entropy_coef,
+    ), sampler
+
+
+def clipped_step(policy, optimizer, max_grad_norm: float) -> tuple[bool, float]:
+    """Clip the gradients' global norm and step, unless it is not finite: (skipped, the norm)."""
     params = [p for p in policy.parameters() if p.grad is not None]
-    max_norm = settings.max_grad_norm if settings.max_grad_norm > 0 else math.inf
+    max_norm = max_grad_norm if max_grad_norm > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0  # a host sync
     finite = math.isfinite(grad_norm)  # a non-finite loss gives non-finite gradients, hence this norm
     if finite:
@@ -130,19 +137,9 @@ def optimise(
     return not finite, grad_norm
 
 
-def record_pass(
-    record: StepMetrics,
-    m: dict,
-    loss: Tensor,
-    logp: Tensor,
-    entropy: Tensor | None,
-    old: Tensor,
-    sampler: Tensor | None,
-    mask: Tensor,
-    weight: Tensor | None,
-    algo,
-) -> None:
+def record_pass(record: StepMetrics, m: dict, loss: Tensor, inputs: LossInputs, sampler, entropy, algo) -> None:
     """A micro-batch's metrics: the loss, the entropy, the KL to the behaviour, the loss's own, the sampler's gap."""
+    logp, old, mask, weight = inputs.logp, inputs.old_logp, inputs.mask, inputs.sampler_weight
     tokens = mask.sum()
     if entropy is not None:
         record.mean("entropy", (entropy.detach() * mask).sum(), tokens)
@@ -231,6 +228,20 @@ def grpo_step(
             skipped += failed
     t_end = clock(device)
 
+    record_rollout(metrics, roll, batch)
+    record_costs(metrics, scored, (t_score - t0, t_end - t_score), device)
+    row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
+    row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
+    row["completion_tokens"], row["prompt_tokens"] = int(row["completion_tokens"]), int(row["prompt_tokens"])
+    if "forward_tokens" in row:
+        row["forward_tokens"] = int(row["forward_tokens"])
+    tokens_per_s = row["completion_tokens"] / max(row["seconds"], 1e-9)
+    row.update(grad_norm=grad_norm, skipped=float(skipped), tokens_per_s=tokens_per_s)
+    return row, roll
+
+
+def record_rollout(metrics: StepMetrics, roll: Rollout, batch: StepBatch) -> None:
+    """What the step's rollout was: completion lengths, padding a padded batch would have had, tokens."""
     weights = real_rows(roll)
     lengths = roll.sampled_tokens().to(weights.device).double() * weights.double()
     metrics.mean("completion_len", lengths.sum(), weights.sum())
@@ -247,21 +258,14 @@ def grpo_step(
     metrics.max("row_tokens_max", max(roll.lengths.tolist(), default=0))  # what the memory plan counts (memory.py)
     metrics.max("micro_batch_positions", max((mb.positions for mb in batch.parts), default=0))
     metrics.mean("truncated_frac", (roll.truncated.double() * weights.double()).sum(), weights.sum())
-    for name, seconds in (
-        ("gen_s", scored.gen_s),
-        ("score_s", scored.score_s + t_score - t0),
-        ("update_s", t_end - t_score),
-        ("seconds", scored.gen_s + scored.score_s + t_end - t0),
-    ):
-        metrics.max(name, seconds)  # the slowest rank's: the step waits for it
+
+
+def record_costs(metrics: StepMetrics, scored, seconds: tuple[float, float], device) -> None:
+    """The step's phases in seconds (the slowest rank's: the step waits for it) and its memory."""
+    score_s, update_s = seconds
+    metrics.max("gen_s", scored.gen_s)
+    metrics.max("score_s", scored.score_s + score_s)
+    metrics.max("update_s", update_s)
+    metrics.max("seconds", scored.gen_s + scored.score_s + score_s + update_s)
     metrics.max("peak_memory_gib", peak_bytes(device) / GIB)  # the largest rank's (memory.py)
     metrics.max("memory_gib", current_bytes(device) / GIB)  # in use at the step's end (health.py: memory_growth)
-    row = metrics.reduce(dist)  # the one collective (and host read) of the step's metrics
-    row["reward_std"] = math.sqrt(max(row.pop("reward_sq") - row["reward_mean"] ** 2, 0.0))
-    row["completion_tokens"], row["prompt_tokens"] = int(row["completion_tokens"]), int(row["prompt_tokens"])
-    if "forward_tokens" in row:
-        row["forward_tokens"] = int(row["forward_tokens"])
-    row.update(
-        grad_norm=grad_norm, skipped=float(skipped), tokens_per_s=row["completion_tokens"] / max(row["seconds"], 1e-9)
-    )
-    return row, roll

@@ -279,8 +279,8 @@ def test_rollouts_in_flight_that_a_resume_does_not_take_are_named_in_a_warning()
     from types import SimpleNamespace
 
     from grpo_cli.models.policies import Policies
-    from grpo_cli.rollout.source import LocalSource
     from grpo_cli.rollout.ahead import WorkerSource
+    from grpo_cli.rollout.source import LocalSource
 
     class Worker:
         received: dict = {}
