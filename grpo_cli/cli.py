@@ -188,6 +188,19 @@ def _entry(command: str):
     return entry
 
 
+def import_plugins(overrides: list[str]) -> None:
+    """Imports the files and modules `plugins=[...]` names on the command line, before it is checked."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from grpo_cli.registry import import_plugin
+
+    named = [a for a in overrides if a.lstrip("+~").startswith("plugins=")]
+    for override in OverridesParser.create().parse_overrides(named):
+        value = override.value()
+        for spec in value if isinstance(value, list) else [value]:
+            import_plugin(str(spec))
+
+
 def main(argv: list[str] | None = None) -> object:
     """`grpo ARGV`, and exits (SystemExit) with 2 on a user mistake, as the command does. Called with `argv`
     (from Python), it returns what the job returned (train: the run summary; evaluate: the scores; sample:
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> object:
         sys.exit(print_help(config, rest))
     try:  # composition errors and bad values: one sentence, before torch is imported
         rest = config_file_overrides(rest)  # --config FILE: its settings first, the command line's win
+        import_plugins(rest)  # what they register (generator=NAME among it) is known before the check
         check_command_line(config, rest, COMMAND_SCHEMAS[config])
         rest = _run_directory(command, rest) if command == config else [*rest, "hydra.run.dir=."]
     except GrpoError as e:

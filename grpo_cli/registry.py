@@ -66,6 +66,23 @@ def load_function(spec: str, base: str | None = None, key: str = "reward.fn"):
     return fn
 
 
+def import_plugin(spec: str, base: str | None = None):
+    """The module `plugins=[spec]` names (a file, `my_format.py`, or a module, `mypkg.formats`), imported once:
+    what it registers (a tool-call format, an environment kind, a generator, a reward, an advantage, a loss) is
+    there before the config is checked."""
+    base = os.path.abspath(base or os.getcwd())
+    if spec.endswith(".py") or "/" in spec:
+        return _import_file(spec, os.path.join(base, os.path.expanduser(spec)), "plugins")
+    if base not in sys.path:
+        sys.path.append(base)
+    try:
+        return importlib.import_module(spec)
+    except Exception as e:  # a missing module or one that fails on import: the user's to fix
+        raise GrpoError(
+            f"plugins: {spec!r} cannot be imported ({type(e).__name__}: {e}); put it on PYTHONPATH or name its file."
+        ) from None
+
+
 def _import_file(spec: str, path: str, key: str = "reward.fn"):
     """The module in the file `path`, imported once under its own name (its directory on sys.path, so it can
     import the files beside it)."""

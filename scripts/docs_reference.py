@@ -76,18 +76,20 @@ def _group_table() -> list[str]:
 def _registries() -> list[str]:
     from grpo_cli.algo.advantages import ADVANTAGES
     from grpo_cli.algo.losses import AGGREGATIONS, POLICY_LOSSES
+    from grpo_cli.episodes.kinds import ENV_KINDS
     from grpo_cli.episodes.tool_formats import TOOL_FORMATS
     from grpo_cli.generate.base import GENERATORS
-    from grpo_cli.rewards import REWARDS
+    from grpo_cli.rewards import BUILDERS
     from grpo_cli.run.trackers import TRACKERS
 
     table = [
-        ("rewards (`reward.name`, `reward.terms`)", REWARDS, "grpo_cli/rewards/__init__.py"),
+        ("rewards (`reward.name`, `reward.terms`)", BUILDERS, "`register_reward` in grpo_cli/rewards/__init__.py"),
         ("policy losses (`algo.loss`)", POLICY_LOSSES, "`@register_loss` in grpo_cli/algo/losses.py"),
         ("aggregations (`algo.aggregation`)", AGGREGATIONS, "grpo_cli/algo/losses.py"),
         ("advantage estimators (`algo.advantage`)", ADVANTAGES, "`@register_advantage` in grpo_cli/algo/advantages.py"),
         ("generators (`generator=NAME`)", GENERATORS, "`register_generator` in grpo_cli/generate/base.py"),
         ("tool-call formats (`env.tool_format`)", TOOL_FORMATS, "grpo_cli/episodes/tool_formats.py"),
+        ("environment kinds (`env.factory`'s class)", ENV_KINDS, "`register_env_kind` in grpo_cli/episodes/kinds.py"),
         ("trackers (`trainer.trackers`)", TRACKERS, "grpo_cli/run/trackers.py"),
     ]
     lines = ["| registry | names | where one is added |", "| --- | --- | --- |"]

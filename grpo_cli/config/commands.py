@@ -29,6 +29,9 @@ class Shared:
     data: DataConfig = setting(factory=DataConfig, help="prompts and answers, train and test splits")
     generator: GeneratorConfig = setting(factory=HFGeneratorConfig, help="what samples them")
     env: EnvConfig = setting(factory=EnvConfig, help="multi-turn episodes: tools and environments")
+    plugins: List[str] = setting(
+        factory=list, help="files or modules imported first, registering formats, kinds, generators, rewards, losses"
+    )
 
 
 @dataclass

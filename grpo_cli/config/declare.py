@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.registry import load
+from grpo_cli.registry import import_plugin, load
 
 MAX_TIMEOUT_S = 86400.0  # a deadline past a day is a typo (and past threading.TIMEOUT_MAX, a crash mid-run)
 
@@ -159,6 +159,8 @@ def value_problem(key: str, value, d: Declared, kind, default=MISSING) -> str | 
 
 def check(config) -> None:
     """Every declared setting of `config` and every rule between its keys; one GrpoError for all that is wrong."""
+    for spec in getattr(config, "plugins", None) or ():  # what they register is allowed below
+        import_plugin(spec)
     problems = Problems()
     for key, f, value, kind in walk(config):
         d = declared(f)

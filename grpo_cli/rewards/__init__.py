@@ -30,13 +30,20 @@ BUILDERS: dict[str, Callable | str] = {
     "python": "grpo_cli.rewards.python_fn:build",
     "code": "grpo_cli.rewards.code:build",
 }
-REWARDS = tuple(BUILDERS)  # reward.name and reward.terms; reward=combo adds several up
 # reward.name's other values: auto (the environment's own reward when it scores, else exact_match) and none
 # (the environment's alone); `resolved` turns them into the terms they stand for.
 PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
 MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0, "code": 1.0}
+
+
+def register_reward(name: str, build: Callable, max_value: float | None = None) -> None:
+    """`reward.name=name` (and a term of reward=combo) scores with `build(reward_cfg) -> term`; `max_value`, the
+    largest value the term gives (a completion reaching it counts as correct), or None for no bound."""
+    BUILDERS[name] = build
+    if max_value is not None:
+        MAX_VALUE[name] = max_value
 
 
 @dataclass

@@ -50,6 +50,7 @@ class WorkerSpec:
     device: str
     threads: int
     reference: bool = False  # score the KL reference here (config.reference_in_worker)
+    plugins: tuple = ()  # cfg.plugins: imported before the generator's factory is unpickled
 
     @classmethod
     def of(cls, cfg, settings, device, threads: int) -> "WorkerSpec":
@@ -70,6 +71,7 @@ class WorkerSpec:
             device=str(device),
             threads=threads,
             reference=reference_in_worker(cfg),
+            plugins=tuple(cfg.plugins),
         )
 
 
@@ -282,6 +284,10 @@ def _serve(channel: Channel, opening) -> None:
 
     spec, tokenizer, prompts, factory, address = opening
     from grpo_cli.generate.base import register_generator
+    from grpo_cli.registry import import_plugin
+
+    for plugin in spec.plugins:
+        import_plugin(plugin)
 
     register_generator(
         spec.generator.name, pickle.loads(factory), settings=type(spec.generator)

@@ -156,7 +156,8 @@ def builtin_settings_note(cfg) -> str | None:
 def check_run(cfg, console: Console, dist: Dist):
     """What can be refused before anything loads: the config, the user's reward and environment files, a
     hub push, the strategy for this launch; returns (the environment, the strategy)."""
-    check(cfg)
+    cfg.plugins = [os.path.abspath(os.path.expanduser(p)) if p.endswith(".py") or "/" in p else p for p in cfg.plugins]
+    check(cfg)  # imports the plugins (by absolute path: the worker and evaluate find them from anywhere)
     if cfg.reward.fn and cfg.reward.fn_dir is None:  # saved with the run: evaluate and sample find the reward anywhere
         cfg.reward.fn_dir = os.getcwd()
     if cfg.env.active and cfg.env.fn_dir is None:  # as reward.fn_dir: tools are found from anywhere later

@@ -7,7 +7,7 @@ either a complete `step-N` or none; a write error (a full disk) removes the half
 is one sentence, with the previous checkpoint untouched. `final/` is staged and renamed the same way.
 Weights that are not finite are never written.
 
-The trainer state is the collection of the run's stateful parts (build.Run.parts: the policies, the
+The trainer state is the collection of the run's stateful parts (state.Run.parts: the policies, the
 optimizer, the scheduler, the rollout source, the RNG), each saved and loaded through its own
 `state_dict()` / `load_state_dict()`, beside the few facts read before anything is built (the step, the
 config, the world size, the memory plan).
