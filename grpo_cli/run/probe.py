@@ -58,7 +58,8 @@ def machine_peaks(device: torch.device, dtype: torch.dtype) -> tuple[float, floa
     one fit a 32 MiB cache: on a 2-core AMD EPYC it measured 33.5 GB/s where reading 512 MiB runs at 20-28.)
     On a GPU, a copy, counting bytes read and written."""
     m = 4096 if device.type == "cuda" else 512
-    x = torch.randn(m, m, device=device).to(dtype)
+    own = torch.Generator(device=device).manual_seed(0)  # not the run's: a run is the same, probed or cached
+    x = torch.randn(m, m, generator=own, device=device).to(dtype)
     return bandwidth(device), 2 * m**3 / _best(lambda: x @ x, device)
 
 

@@ -63,8 +63,8 @@ def test_a_worker_at_staleness_0_is_bitwise_the_in_process_run(name, tmp_path, m
     worker samples a behaviour policy and the policy's held-out scores are taken here."""
     from grpo_cli.run import build as run_module
 
-    built, real = [], run_module.make_generator
-    monkeypatch.setattr(run_module, "make_generator", lambda *a, **k: built.append(1) or real(*a, **k))
+    built, real = [], run_module.generator_for
+    monkeypatch.setattr(run_module, "generator_for", lambda *a, **k: built.append(1) or real(*a, **k))
     (tmp_path / "my_reward.py").write_text(REWARD)
     extra = [a.format(tmp=tmp_path) for a in WORKLOADS[name]]
     assert train(f"output_dir={tmp_path / 'here'}", "trainer.steps=3", *extra) == 0

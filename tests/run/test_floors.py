@@ -387,3 +387,15 @@ def test_the_generation_floor_is_the_slowest_rank_s_as_its_seconds_are():
     assert step.efficiency(row, None, lambda v: (seen.append(v), 700.0)[1])["gen_floor_s"] == 700.0
     assert seen[-1] == -1.0  # this rank had no rollout: it still called the collective
     assert "gen_floor_s" not in step.efficiency(row, None, lambda v: v)
+
+
+def test_the_machine_probe_draws_nothing_from_the_run_s_generator():
+    """A run probes the machine once and caches the peaks: were the probe to draw from torch's global generator,
+    a run's LoRA initialisation (and so every number after it) would depend on whether the cache was there."""
+    from grpo_cli.run.probe import machine_peaks
+
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    machine_peaks(torch.device("cpu"), torch.float32)
+    assert torch.equal(torch.rand(3), expected)
