@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from grpo_cli.errors import GrpoError
 
@@ -104,7 +104,7 @@ def _data_overrides(overrides: Sequence[str], train_dataset, eval_dataset) -> li
     return out
 
 
-def _call(command: str, overrides: Sequence[str], extra: list[str]) -> object:
+def _call(command: str, overrides: Sequence[str], extra: list[str]) -> Any:
     import grpo_cli.cli as cli
 
     try:

@@ -368,7 +368,7 @@ def _run_directory(command: str, overrides: list[str]) -> list[str]:
         try:  # access() says yes to root everywhere; /sys and read-only mounts only refuse the attempt
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            why = f"{e.strerror.lower()} there"
+            why = f"{(e.strerror or str(e)).lower()} there"
     if why:
         raise GrpoError(f"Cannot write to the run directory {path} ({why}); choose another with output_dir=DIR.")
     return overrides

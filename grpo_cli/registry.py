@@ -100,6 +100,7 @@ def _import_file(spec: str, path: str, key: str = "reward.fn"):
     if os.path.dirname(path) not in sys.path:
         sys.path.append(os.path.dirname(path))
     module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None  # a .py file that exists
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:

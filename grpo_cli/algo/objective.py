@@ -285,6 +285,7 @@ def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     )
     total = AGGREGATIONS[x.aggregation](seq_sums, seq_tokens, weight, normalisers)
     if x.entropy_coef:
+        assert x.entropy is not None, "an entropy bonus needs the entropy"
         token_count = weight.sum().clamp(min=1) if x.num_tokens is None else max(x.num_tokens, 1.0)
         total = total - x.entropy_coef * (x.entropy.to(dtype) * weight).sum() / token_count
     return total, _loss_metrics(ratio, keep, adv, kl, clip_low, clip_high, loss_metrics)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, Sequence
 
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
 from grpo_cli.config import check
@@ -33,7 +34,7 @@ def checkpoints_to_evaluate(checkpoint, base: str) -> list[tuple[str, int | None
             match = STEP_DIR.match(path.name)
             found.append((entry, int(match.group(1)) if match else None))
             continue
-        in_run = [(str(p), int(STEP_DIR.match(p.name).group(1))) for p in list_checkpoints(path)]
+        in_run = [(str(p), int(m.group(1))) for p in list_checkpoints(path) if (m := STEP_DIR.match(p.name))]
         if (path / "final" / "config.json").exists():
             # final/ holds the weights of the run's last step: its checkpoint of that step is not scored twice
             last = (read_config(str(path / "final")) or {}).get("trainer", {}).get("steps")
@@ -123,7 +124,7 @@ def write_json(path: Path, result: dict) -> None:
         ) from None
 
 
-def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict:
+def run_evaluate(cfg, out_dir: Path, console, overrides: Sequence[str] = ()) -> dict:
     """`grpo evaluate`: one row of scores per model on a data split, as a table and eval.json. The data,
     sampler and reward settings saved with a trained checkpoint apply unless `overrides` set them."""
     from grpo_cli.data.tasks import check_answers
@@ -151,7 +152,8 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: list[str] = ()) -> dict
     judge, ks = Judge(cfg.reward, reward_fn), sorted(set(cfg.k)) if cfg.samples else []
     # Prompts depend on the tokenizer only through the chat template and the length filter.
     per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None
-    split, rows = None, []
+    split: Any = None  # the held-out rows (a datasets.Dataset), built once unless each model renders its own
+    rows: list[dict] = []
     for path, step in targets:
         console.print(f"model {len(rows) + 1}/{len(targets)}: {path}", highlight=False)
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)

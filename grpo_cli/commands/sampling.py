@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Sequence
 
 from rich.markup import escape
 from rich.table import Table
@@ -59,7 +60,7 @@ def model_dir(checkpoint: str | None, base: str) -> str:
     return checkpoint
 
 
-def run_sample(cfg, console, overrides: list[str] = ()) -> list[dict]:
+def run_sample(cfg, console, overrides: Sequence[str] = ()) -> list[dict]:
     """`grpo sample`: prompts rendered as training renders them (the data settings saved with a trained
     checkpoint, unless `overrides` set data.*), G completions each, scored when an answer is given."""
     inputs = sample_inputs(cfg)

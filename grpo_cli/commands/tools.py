@@ -51,7 +51,7 @@ def run_tools(cfg, console) -> dict:
             f"No tool-call format reads the calls the chat template of {path} writes; train tools with a "
             "model whose template writes tool calls."
         )
-    if why_not or results.get(chosen) is not None:
+    if why_not or (chosen is not None and results.get(chosen) is not None):
         raise GrpoError(
             why_not
             or f"env.tool_format={setting} cannot read this model's tool calls; use "

@@ -113,7 +113,7 @@ def nested(f) -> type | None:
     return type(default) if is_dataclass(default) else None
 
 
-def walk(config, prefix: str = "") -> Iterator[tuple[str, object, object, type]]:
+def walk(config, prefix: str = "") -> Iterator[tuple[str, typing.Any, typing.Any, typing.Any]]:
     """(dotted key, field, value, its type) of every leaf setting of a config object."""
     hints = typing.get_type_hints(type(config))
     for f in fields(config):

@@ -62,7 +62,7 @@ def code_problems(num_test: int = 20, seed: int = 0) -> dict[str, Rows]:
         program = f"def {signature}:\n    return {expr}\n"
         reference: dict = {}
         exec(program, reference)  # trusted: the generator's own reference, to compute the expected values
-        calls = []
+        calls: list = []
         while len(calls) < 3:
             args = make_args(rng)
             if args not in calls:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -31,7 +31,7 @@ from grpo_cli.samples.rollout import group_seed
 OPERANDS = "abcdef"  # the operand columns of the addition tasks (data.signs: 1 to 5 signs)
 
 
-def addition_split(draws: list[tuple[int, ...]], signs: str = "+") -> Rows:
+def addition_split(draws: Sequence[tuple[int, ...]], signs: str = "+") -> Rows:
     """Prompts `a+b=` (or `a+b-c=`, ...: `signs` between the operands) with their values; the operands are
     columns too (a, b, c, ...), for templates such as `data.template="What is {a} + {b}?"` (instruct models)."""
 
@@ -120,7 +120,8 @@ def long_addition_problems(
         raise ValueError(
             f"digits={digits}, num_train={num_train}, num_test={num_test}, signs={signs!r} are out of range."
         )
-    rng, seen, drawn = random.Random(seed), set(), []
+    rng, seen = random.Random(seed), set()
+    drawn: list[tuple[int, ...]] = []
     while len(drawn) < num_train + num_test:
         draw = tuple(rng.randrange(limit) for _ in range(terms))
         if draw not in seen:
@@ -301,7 +302,7 @@ def text_answers(rows: list[dict], cfg, where: str) -> list[str]:
             raise GrpoError(
                 f"data.answer_extract={cfg.answer_extract} finds no answer in row {i} of {where} ({answers[i][:60]!r})."
             )
-    return [a.strip() for a in extracted]
+    return [a.strip() for a in extracted if a is not None]  # none is, as checked above
 
 
 def short_enough(columns: dict[str, list], cfg, tokenizer, where: str, log) -> dict[str, list]:
@@ -328,7 +329,7 @@ def check_required(columns: dict[str, list], rows: list[dict], required: list[st
             if row[column] is None:
                 raise GrpoError(f"Row {i} of {where} has no value in column {column!r}; fill it or drop the row.")
     for column in required:  # a JSON column of mixed types loads as it is; "5" and 5 are not one answer
-        first_of = {}
+        first_of: dict[str, int] = {}
         for i, v in enumerate(columns[column]):
             first_of.setdefault(type(v).__name__, i)
         if len(first_of) > 1:

@@ -173,7 +173,7 @@ def build(
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), seed=seed)
     train = arithmetic_problems(max_operand, num_test, data_seed)["train"]
-    pairs = [tuple(int(x) for x in p.rstrip("=").split("+")) for p in train["prompt"]]
+    pairs = [(int(a), int(b)) for a, b in (p.rstrip("=").split("+") for p in train["prompt"])]
     log(f"tiny model: {sum(p.numel() for p in model.parameters()):,} parameters, {len(pairs)} training problems")
     warm_up(model, tokenizer, pairs, steps, p_correct=p_correct, seed=seed, log=log)
     return save(model, tokenizer, out_dir)

@@ -102,7 +102,7 @@ class EnvTokens:
         if not self.chat:  # plain prompts: an observation is appended as its own text
             return self.tokenizer("".join(m["content"] for m in new), add_special_tokens=False)["input_ids"]
         if tool_name not in self._prefixes:
-            assistant = {"role": "assistant", "content": "x"}
+            assistant: dict[str, Any] = {"role": "assistant", "content": "x"}
             if tool_name is not None:
                 assistant = {
                     "role": "assistant",

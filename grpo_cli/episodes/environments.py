@@ -74,7 +74,7 @@ def environment(cfg, schemas: bool = True) -> "EnvSpec | EnvChoice | None":
 class EnvSpec:
     """What `env.*` names, loaded: standalone tools, the environment class, and their schemas."""
 
-    workers = None  # EnvWorkers (below) with env.workers > 0
+    workers: EnvWorkers | None = None  # with env.workers > 0
 
     def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         from grpo_cli.registry import load_function
@@ -105,7 +105,7 @@ class EnvSpec:
         self.schemas = (
             (
                 [tool_schema(f, "env.tools function") for f in self.tools]
-                + [tool_schema(f, f"env.factory {cls.__name__} method") for f in methods.values()]
+                + [tool_schema(f, f"env.factory {getattr(cls, '__name__', '')} method") for f in methods.values()]
             )
             if schemas
             else []
@@ -157,7 +157,7 @@ class EnvChoice:
     `environment` column names its environment, whose instance the episode gets and whose tools alone its
     prompt shows; each environment class that scores is its own reward term, scoring its episodes only."""
 
-    workers = None  # EnvWorkers (below) with env.workers > 0
+    workers: EnvWorkers | None = None  # with env.workers > 0
 
     def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         def one(spec):
@@ -255,7 +255,7 @@ class EnvWorkers:
     def __init__(self, cfg, count: int, memory_gib: float):
         from omegaconf import OmegaConf
 
-        settings = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(vars(cfg))
+        settings: Any = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(vars(cfg))
         self.settings = ({**settings, "workers": 0}, memory_gib)
         self.confined = settings.get("sandbox") == "os"  # env_sandbox.py: read as plain data, output unshown
         if self.confined:
@@ -285,7 +285,7 @@ class EnvWorkers:
             self.helpers[slot] = helper
         return helper
 
-    def new(self, row: dict, rng_seed: int, cls) -> "RemoteEnvironment":
+    def new(self, row: dict, rng_seed: int | None, cls) -> "RemoteEnvironment":
         handle = next(self.handles)
         slot = handle % len(self.helpers)
         with self.locks[slot]:
@@ -308,7 +308,7 @@ class EnvWorkers:
                 and (helper is None or self.lives[env.slot] != env.life or not helper.alive())
             ):
                 gone = "ended"
-            if gone is not None:
+            if gone is not None or helper is None:
                 raise RuntimeError(f"this episode's environment is gone: its process {gone}")
             start = time.perf_counter()
             try:

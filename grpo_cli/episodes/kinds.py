@@ -16,7 +16,7 @@ it `call(ep, fn, ...)` (the environment's code under the episode's seed and dead
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from grpo_cli.errors import GrpoError
 
@@ -77,9 +77,11 @@ def start_tools(episodes) -> None:
 def tools_turn(episodes, ep, ids: list[int], text: str, env_tokens, turn: int):
     with episodes.tokenizing:
         content, calls = parse_turn(episodes, ids, text, env_tokens.eos)
-    message = {"role": "assistant", "content": content}
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     call_ids = [f"call{ep.tool_calls + i:05d}" for i in range(len(calls))]  # 9 characters, as Mistral's
-    good = [{"type": "function", "id": i, "function": c} for i, c in zip(call_ids, calls) if "error" not in c]
+    good: list[dict[str, Any]] = [
+        {"type": "function", "id": i, "function": c} for i, c in zip(call_ids, calls) if "error" not in c
+    ]
     if good:
         message["tool_calls"] = good
     ep.messages.append(message)
@@ -107,6 +109,7 @@ def step_turn(episodes, ep, ids: list[int], text: str, env_tokens, turn: int):
 def tool_messages(episodes, ep, calls: list[dict], ids: list[str]) -> list[dict]:
     """Each call run with the episode's tools, answered as a tool message (an error is what the model reads)."""
     tools, out = episodes.spec.tools_of(ep.environment), []
+    result: Any  # what the tool returned: text, content parts or anything printable
     for call, call_id in zip(calls, ids):
         ep.tool_calls += 1
         name = call.get("name", "unknown")

@@ -77,6 +77,7 @@ def bound_globally(objects) -> list[str]:
     generators (bound before thread_generators was installed): draws through it are shared between threads."""
     shared, found = (_GLOBAL, np.random.mtrand._rand), []
     for module in {inspect.getmodule(o) for o in objects if o is not None} - {None}:
+        assert module is not None
         where = os.path.basename(getattr(module, "__file__", None) or module.__name__)
         found += [f"{k} ({where})" for k, v in vars(module).items() if getattr(v, "__self__", None) in shared]
     return sorted(found)
@@ -84,8 +85,8 @@ def bound_globally(objects) -> list[str]:
 
 def global_draws() -> tuple:
     """A fingerprint of the shared generators' states: it changes when anything draws from them."""
-    _, keys, pos, *_ = np.random.mtrand._rand.get_state()
-    return _GLOBAL.getstate(), int(pos), keys.tobytes()
+    _, keys, pos, *_ = np.random.mtrand._rand.get_state(legacy=True)
+    return _GLOBAL.getstate(), int(pos), np.asarray(keys).tobytes()
 
 
 @contextmanager

@@ -172,6 +172,7 @@ def parse_pythonic(text: str) -> tuple[str, list[dict]]:
             raise ValueError("not a list of calls")
         calls = []
         for c in tree.elts:
+            assert isinstance(c, ast.Call)  # checked above
             if c.args:
                 raise ValueError("positional arguments")
             name = ast.unparse(c.func)
@@ -224,13 +225,14 @@ def resolve_format(setting: str, tokenizer) -> tuple[str, ToolFormat]:
     """(the format's name, the format) that `env.tool_format=setting` means for this tokenizer: `auto` is
     the tokenizer's response schema when it has one, else the format its chat template writes."""
     if setting == "auto":
-        setting = "schema" if getattr(tokenizer, "response_schema", None) else detect_format(tokenizer.chat_template)
-        if setting is None:
+        found = "schema" if getattr(tokenizer, "response_schema", None) else detect_format(tokenizer.chat_template)
+        if found is None:
             raise GrpoError(
                 "env.tool_format=auto: the model's chat template writes tool calls in no format grpo-cli "
                 f"knows ({', '.join(TOOL_FORMATS)}), or none at all; name the format the model was "
                 "trained on with env.tool_format=NAME, or use a model whose template supports tools."
             )
+        setting = found
     if setting == "schema":
         if not getattr(tokenizer, "response_schema", None):
             raise GrpoError(

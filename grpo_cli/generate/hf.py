@@ -71,9 +71,12 @@ class _Noise:
         self.G, self.vocab, self.device = group_size, vocab, device
         self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
         self.ahead = noise_steps_ahead(len(seeds) * group_size, vocab, steps, torch.device(device).type)
-        self.drawn, self.slot, self.used = None, {}, self.ahead  # [groups, ahead, G, vocab] log E; group -> row
-        self._rows, self._groups = None, []  # the live rows last asked for, and their groups
-        self._index = None  # (the live rows, the noise rows that are theirs) while some rows have left
+        self.drawn: Tensor = torch.empty(0)  # [groups, ahead, G, vocab] log E, drawn on the first call
+        self.slot: dict[int, int] = {}  # group -> its row of `drawn`
+        self.used = self.ahead
+        self._rows: Tensor | None = None  # the live rows last asked for
+        self._groups: list[int] = []  # and their groups
+        self._index: tuple[tuple, Tensor] | None = None  # (the live rows, their noise rows) once some rows have left
 
     def _draw(self, groups: list[int]) -> None:
         drawn = torch.empty(len(groups), self.ahead, self.G, self.vocab, device=self.device)
@@ -166,7 +169,7 @@ def decode(
     steps: str = "eager",
     read_eos_every: int | None = None,
     turns: TurnCache | None = None,
-):
+) -> tuple[Tensor, Tensor | None]:
     """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
     continuations cut there); [n*G, T'] sampling log-probs
     of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops once every
@@ -180,9 +183,10 @@ def decode(
     stepper = decode_steps(model, cache, mask, position, T, steps, source) if T > 1 else None
     del cache, mask, position, source  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
-    noise = None if sampling.greedy else _Noise(seeds, G, logits.shape[-1], device, T)
+    assert sampling.greedy or seeds is not None, "sampling draws from each group's seed"
+    noise = None if sampling.greedy else _Noise(seeds or [], G, logits.shape[-1], device, T)
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
-    logps = torch.zeros((B, T), device=device) if with_logprobs else None
+    logps = torch.zeros((B, T) if with_logprobs else (0,), device=device)  # filled only with_logprobs
     rows = torch.arange(B, device=device)  # original index of each live row
     host_rows = rows.cpu()  # the same, on the host: what the noise reads
     done = torch.zeros(B, dtype=torch.bool, device=device)  # each live row's: it has sampled an EOS
@@ -196,13 +200,14 @@ def decode(
         done |= torch.isin(chosen, eos)  # a row that ended stays ended, whatever it draws after its EOS
         if t + 1 == T:
             break
+        assert stepper is not None  # T > 1
         if (t + 1) % every == 0:
             live = ~done.cpu()  # the host's one read of the GPU, as any sampler that stops early
             n_live = int(live.sum())
             if n_live == 0:
                 break
             if n_live <= stepper.drop_at * live.numel():  # finished rows leave the batch
-                if keeping:
+                if turns is not None and keeping:
                     keep_rows(
                         turns, stepper, (~live).nonzero().squeeze(-1).tolist(), host_rows, prompt_ids, tokens, t, eos
                     )
@@ -213,7 +218,7 @@ def decode(
         logits = stepper.step(chosen)
     else:
         return tokens[:, :0], None  # max_new_tokens = 0
-    if keeping:
+    if turns is not None and keeping:
         keep_rows(turns, stepper, list(range(len(host_rows))), host_rows, prompt_ids, tokens, t, eos)
     return tokens[:, : t + 1], (logps[:, : t + 1] if with_logprobs else None)
 
@@ -234,13 +239,13 @@ def assemble(
     if completion_ids.shape[1] == 0:  # nothing generated: an immediate stop, one end-of-sequence token each
         rows = [([eos_ids[0]], [0.0] if logprobs is not None else None, True) for _ in rows]
     after = [ids for ids, _, _ in rows]
-    truncated = [not ended for _, _, ended in rows] if truncated is None else truncated.tolist()
+    cut = [not ended for _, _, ended in rows] if truncated is None else truncated.tolist()
     return Rollout.of_rows(
         prompts,
         group_size,
         [p for p in prompt_ids for _ in range(group_size)],
         after,
-        truncated=truncated,
+        truncated=cut,
         logps=None if logprobs is None else [lp for _, lp, _ in rows],
         device=completion_ids.device,
         completions=tokenizer.batch_decode(after, skip_special_tokens=True),
@@ -363,7 +368,8 @@ class HFGenerator(PromptIds):
         """One continuation of each context (token ids, e.g. an episode so far; episodes/driver.py), seeded per row:
         (its ids up to and including EOS, their sampling log-probs or None, whether it ended with EOS)."""
         eos = eos_token_ids(model, self.tokenizer)
-        return continuations(*self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos, self.turns), eos)
+        tokens, logps = self._decode(model, contexts, 1, sampling, seeds, with_logprobs, eos, self.turns)
+        return continuations(tokens, logps, eos)
 
     @contextmanager
     def session(self):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -69,6 +70,7 @@ def packed_linears(model: torch.nn.Module, rows: int = 32, dtype: torch.dtype = 
     replaced, rows = [], max(1, min(rows, 64))  # past 64 rows the layout chosen matters little
     try:
         if available(dtype):
+            module: Any
             for module in model.modules():
                 if _packable(module):
                     module.forward = _packed_forward(module.weight, module.bias, rows, dtype)
@@ -134,7 +136,7 @@ def float32_attention(model: torch.nn.Module):
     AVX-512 BF16), where the linear layers gain 1.8x; a bf16 decode of SmolLM2-135M spent 43% of its time
     there. The queries and keys come out of the rotary embedding in float32 already. Yields whether it
     applies (sdpa models only)."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "sdpa":
         yield False
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -88,7 +89,7 @@ def unsupported(model) -> str | None:
         return f"attention {attn!r} (these steps take sdpa or eager)"
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return "sliding-window attention"
-    inner = getattr(hf, "model", None)
+    inner: Any = getattr(hf, "model", None)
     if not all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm")):
         return "a model without Llama's embed_tokens, rotary_emb, layers and norm"
     if type(inner.embed_tokens.weight.data) is not torch.Tensor:  # an FSDP2 shard not gathered (a DTensor)
@@ -126,7 +127,7 @@ class Steps:
         self.layers = [_Layer(layer.keys, layer.values) for layer in prefill_cache.layers]
         self.allowed = mask.bool()
         self.position = position.view(-1, 1).clone()
-        self.graph = None
+        self.graph: Any = None  # torch.cuda.CUDAGraph once captured
         self._grow(source)
         self._buffers()
 
@@ -157,7 +158,8 @@ class Steps:
             if self.additive
             else self.allowed.view(rows, 1, 1, -1)
         )  # a view: writing `allowed` updates it
-        self.graph = self.logits = None
+        self.graph = None
+        self.logits: Tensor | None = None  # the captured graph's output
         if self.graphs:
             start = self.position.clone()
             try:
@@ -243,6 +245,7 @@ class Steps:
         if self.graph is not None:
             self.graph.replay()
             logits = self.logits
+            assert logits is not None  # the graph's output, captured with it
         else:
             if self.filled == self.allowed.shape[1]:
                 self._grow()

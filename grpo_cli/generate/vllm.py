@@ -16,6 +16,7 @@ import os
 import random
 import tempfile
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,7 +121,7 @@ def sampling_params(
         SamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, seed=int(seed), **common
         )
-        for seed in seeds
+        for seed in seeds or []
     ]
 
 
@@ -147,7 +148,9 @@ class VLLMGenerator(PromptIds):
         self.precision = precision or Precision("fp32")
         self.device = torch.device(device or "cpu")
         self.world_size, self.seed = world_size, seed
-        self.llm, self._pushed, self._asleep = None, None, False
+        self.llm: Any = None  # vllm.LLM, built at the first generate
+        self._pushed: tuple | None = None  # the fingerprint of the weights last pushed
+        self._asleep = False
         self.push_seconds = 0.0  # total time spent pushing weights (for benchmarks)
 
     # -- the engine -------------------------------------------------------------------------------
@@ -278,7 +281,7 @@ class VLLMGenerator(PromptIds):
         ]
         width = max([len(c.token_ids) for c in rows] + [0])
         ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        logps = torch.zeros((len(rows), width)) if with_logprobs else None
+        logps = torch.zeros((len(rows), width) if with_logprobs else (0,))  # filled only with_logprobs
         for i, c in enumerate(rows):
             ids[i, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
             if with_logprobs:
@@ -294,7 +297,7 @@ class VLLMGenerator(PromptIds):
             ids.to(device),
             eos,
             self.tokenizer,
-            None if logps is None else logps.to(device),
+            logps.to(device) if with_logprobs else None,
             truncated=truncated.to(device),
         )
 

@@ -14,7 +14,6 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 
-
 class Dist:
     """A single process: rank 0 of a world of one."""
 

@@ -5,13 +5,22 @@ score it."""
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from grpo_cli.models.distributed import SINGLE, Dist
-from grpo_cli.models.logprobs import (LogProbRequest, attends_by_block, can_pack, can_share_prompts, lm_config, one_bin,
-                                     packed_logprobs, padded_logprobs)
+from grpo_cli.models.logprobs import (
+    LogProbRequest,
+    attends_by_block,
+    can_pack,
+    can_share_prompts,
+    lm_config,
+    one_bin,
+    packed_logprobs,
+    padded_logprobs,
+)
 from grpo_cli.models.packer import pack, packed_inputs, shared_inputs
 from grpo_cli.models.precision import Precision
 from grpo_cli.samples.rollout import Rollout
@@ -39,17 +48,37 @@ class StepBatch:
     micro-batches and each one's forward inputs (packed bins, or rows of the padded view). Every forward's
     results are flat: one per scored token, with where that token lies among the rollout's tokens."""
 
-    def __init__(self, roll: Rollout, settings: StepSettings, dist: Dist = SINGLE, layout: str = "padded",
-                 pair_cost: float = 0.0, by_block: bool = False):
+    def __init__(
+        self,
+        roll: Rollout,
+        settings: StepSettings,
+        dist: Dist = SINGLE,
+        layout: str = "padded",
+        pair_cost: float = 0.0,
+        by_block: bool = False,
+    ):
         self.roll, self.T = roll, roll.completion_len
         lengths = roll.lengths.tolist()
-        self.parts = pack(lengths, layout=layout, token_budget=settings.max_tokens,
-                          batch_rows=settings.micro_batch_size, dist=dist, pair_cost=pair_cost, by_block=by_block,
-                          padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1)
+        self.parts = pack(
+            lengths,
+            layout=layout,
+            token_budget=settings.max_tokens,
+            batch_rows=settings.micro_batch_size,
+            dist=dist,
+            pair_cost=pair_cost,
+            by_block=by_block,
+            padded_length=int(roll.prompt_lengths.max()) + self.T if roll.rows else 1,
+        )
         self.row_of_token = roll.row_of_token()  # [N] each token's row
-        self._padded = None  # the padded view, built for a forward that cannot take packed rows
+        self._padded: tuple[Tensor, Tensor, Tensor, Tensor] | None = (
+            None  # the padded view, built for a forward that cannot take packed rows
+        )
         offsets, prompts = roll.offsets.tolist(), roll.prompt_lengths.tolist()
-        lay = {"padded": lambda *a: None, "shared": partial(shared_inputs, pair_cost=pair_cost)}.get(layout, packed_inputs)
+        layouts: dict[str, Callable] = {
+            "padded": lambda *a: None,
+            "shared": partial(shared_inputs, pair_cost=pair_cost),
+        }
+        lay = layouts.get(layout, packed_inputs)
         self.packed = [lay(roll.tokens, offsets, lengths, prompts, mb) for mb in self.parts]
 
     @classmethod
@@ -102,8 +131,9 @@ def score_tokens(model, batch: StepBatch, temperature: float, precision: Precisi
     return out
 
 
-def score(model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision,
-          dist: Dist = SINGLE) -> Tensor:
+def score(
+    model, roll: Rollout, temperature: float, settings: StepSettings, precision: Precision, dist: Dist = SINGLE
+) -> Tensor:
     """Each token's log-probability under `model`, without gradients: [N] (0 on prompt tokens), in
     micro-batches as the step would form them."""
     return score_tokens(model, StepBatch.for_model(roll, settings, model, dist), temperature, precision)

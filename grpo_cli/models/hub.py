@@ -19,7 +19,9 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
 
         url = urlparse(constants.ENDPOINT)
         try:
-            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+            socket.create_connection(
+                (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout
+            ).close()
             _HUB_STATE = ""
         except OSError as e:
             _HUB_STATE = f"{url.hostname}: {e.strerror or type(e).__name__}"
@@ -50,8 +52,10 @@ def check_hub(repo_id: str, key: str) -> None:
     cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     if constants.HF_HUB_OFFLINE:
         if not cached:
-            raise GrpoError(f"{key}={repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
-                            "downloading it; download it once with the network on, or point to a local directory.")
+            raise GrpoError(
+                f"{key}={repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1 forbids "
+                "downloading it; download it once with the network on, or point to a local directory."
+            )
         return
     why = hub_unreachable()
     if why is None:
@@ -59,6 +63,8 @@ def check_hub(repo_id: str, key: str) -> None:
     if cached:
         go_offline()
         return
-    raise GrpoError(f"{key}={repo_id} is a hub id but the Hugging Face hub cannot be reached ({why}); connect to the "
-                    "network, or point to a local directory (set HF_HUB_OFFLINE=1 to work offline from the cache "
-                    "on purpose).")
+    raise GrpoError(
+        f"{key}={repo_id} is a hub id but the Hugging Face hub cannot be reached ({why}); connect to the "
+        "network, or point to a local directory (set HF_HUB_OFFLINE=1 to work offline from the cache "
+        "on purpose)."
+    )

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.errors import GrpoError, first_line
-from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models import recompute
+from grpo_cli.models.logprobs import enable_logprob_forward
 from grpo_cli.models.paths import BUILTIN, is_adapter_dir, local_problem
+
 
 def resolve_path(path: str, key: str = "model.path") -> str:
     """A loadable location: the built-in model's directory, an existing local directory, or a hub id.
@@ -49,10 +51,14 @@ def load_failure(what: str, path: str, location: str, key: str, e: BaseException
     """One sentence for a model or tokenizer that would not load: a damaged local directory and an
     unreachable hub id have different fixes."""
     if Path(location).exists():
-        return GrpoError(f"Could not load a {what} from {key}={path} ({first_line(e)[:200]}); its files are damaged or "
-                         "incomplete: point to another model or checkpoint (resume=auto skips a damaged one).")
-    return GrpoError(f"Could not load a {what} from {key}={path} ({first_line(e)[:200]}); check the hub id and your "
-                     "network (HF_HUB_OFFLINE=1 uses the local cache only), or pass a local directory.")
+        return GrpoError(
+            f"Could not load a {what} from {key}={path} ({first_line(e)[:200]}); its files are damaged or "
+            "incomplete: point to another model or checkpoint (resume=auto skips a damaged one)."
+        )
+    return GrpoError(
+        f"Could not load a {what} from {key}={path} ({first_line(e)[:200]}); check the hub id and your "
+        "network (HF_HUB_OFFLINE=1 uses the local cache only), or pass a local directory."
+    )
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model.path"):
@@ -67,9 +73,17 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     return tok
 
 
-def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "auto", trust_remote_code: bool = False,
-               *, gradient_checkpointing: bool = False, quantize: str | None = None, key: str = "model.path",
-               recompute_pointwise="false"):
+def load_model(
+    path: str,
+    dtype: torch.dtype = torch.float32,
+    device: str = "auto",
+    trust_remote_code: bool = False,
+    *,
+    gradient_checkpointing: bool = False,
+    quantize: str | None = None,
+    key: str = "model.path",
+    recompute_pointwise="false",
+):
     """A causal LM in eval mode on `device` in `dtype`, ready for training code: dropout off, and a
     forward that can return lean token log-probabilities (logprobs.py). A LoRA adapter directory loads
     as its base with the adapter merged in (for evaluation and sampling); `quantize="4bit"` loads the
@@ -87,19 +101,23 @@ def load_model(path: str, dtype: torch.dtype = torch.float32, device: str = "aut
         extra["quantization_config"] = four_bit_config(dtype, resolve_device(device))
         extra["device_map"] = {"": resolve_device(device)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype, trust_remote_code=trust_remote_code,
-                                                     **extra)
+        model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=dtype, trust_remote_code=trust_remote_code, **extra
+        )
     except LOAD_ERRORS as e:
         raise load_failure("model", path, location, key, e) from None
     disable_dropout(model)
     enable_logprob_forward(model)
     if gradient_checkpointing:
         if not model.supports_gradient_checkpointing:
-            raise GrpoError(f"model.gradient_checkpointing=true, but {type(model).__name__} does not support it; set it to false.")
+            raise GrpoError(
+                f"model.gradient_checkpointing=true, but {type(model).__name__} does not support it; set it to false."
+            )
         enable_checkpointing(model)
     else:
         recompute.recompute_pointwise(model, recompute_pointwise)
-    return (model if quantize else model.to(resolve_device(device))).eval()
+    loaded: Any = model  # (transformers' annotations make .to take a model)
+    return (loaded if quantize else loaded.to(resolve_device(device))).eval()
 
 
 def enable_checkpointing(model):
@@ -115,16 +133,22 @@ def enable_checkpointing(model):
 def four_bit_config(compute_dtype: torch.dtype, device: torch.device):
     """bitsandbytes' 4-bit NF4 quantization with double quantization (the QLoRA paper's settings)."""
     if device.type != "cuda":
-        raise GrpoError("model.lora.quantize=4bit (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit kernels do not run "
-                        f"on {device.type}; set model.lora.quantize=null to train LoRA on an unquantized base.")
+        raise GrpoError(
+            "model.lora.quantize=4bit (QLoRA) needs a CUDA GPU: bitsandbytes' 4-bit kernels do not run "
+            f"on {device.type}; set model.lora.quantize=null to train LoRA on an unquantized base."
+        )
     try:
         import bitsandbytes  # noqa: F401
     except ImportError:
         raise GrpoError("model.lora.quantize=4bit needs bitsandbytes: pip install 'grpo-cli[qlora]'.") from None
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=compute_dtype)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
 
 
 def disable_dropout(model) -> None:

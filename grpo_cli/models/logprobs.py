@@ -9,6 +9,7 @@ the model's own, so generation and `save_pretrained` are unaffected.
 
 How it works in detail: docs/internals.md, grpo_cli/models/logprobs.py.
 """
+
 from __future__ import annotations
 
 import types
@@ -51,23 +52,36 @@ def _forward(self, *args, logprobs: LogProbRequest | None = None, **kwargs):
     return _logprob_forward(self, logprobs, **kwargs)
 
 
-def _logprob_forward(self, req: LogProbRequest, *, input_ids: Tensor, attention_mask: Tensor | None,
-                     position_ids: Tensor, **_ignored) -> tuple[Tensor, Tensor | None]:
+def _logprob_forward(
+    self, req: LogProbRequest, *, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, **_ignored
+) -> tuple[Tensor, Tensor | None]:
     T = req.completion_len
     if req.packed is not None:  # attention_mask None: transformers finds the rows from the position ids
         with _packed_attention(self, req.packed) as (mask, keywords):
-            hidden = self.base_model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                                     use_cache=False, **keywords).last_hidden_state  # [bins, capacity, H]
+            hidden = self.base_model(
+                input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **keywords
+            ).last_hidden_state  # [bins, capacity, H]
         states = hidden.reshape(-1, hidden.shape[-1])[req.packed.states]  # [K, H]
         return _from_head(self.get_output_embeddings(), states, req.packed.targets, req)
     targets = input_ids[:, -T:]  # [B, T]
     if any(getattr(self.config, key, None) is not None for key in LOGIT_TRANSFORMS):
-        logits = type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    use_cache=False, logits_to_keep=T + 1).logits[:, :-1]  # [B, T, V]
+        logits = (
+            type(self)
+            .forward(
+                self,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                logits_to_keep=T + 1,
+            )
+            .logits[:, :-1]
+        )  # [B, T, V]
         logp, entropy = _from_head(lambda x: x, logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), req)
     else:
-        hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 use_cache=False).last_hidden_state  # [B, L, H]
+        hidden = self.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # [B, L, H]
         states = hidden[:, -T - 1 : -1].reshape(-1, hidden.shape[-1])  # [B*T, H]: the states predicting each token
         logp, entropy = _from_head(self.get_output_embeddings(), states, targets.reshape(-1), req)
     return logp.view(-1, T), entropy.view(-1, T) if entropy is not None else None
@@ -101,7 +115,14 @@ def _from_head(head, states: Tensor, targets: Tensor, req: LogProbRequest):
     lean = torch.is_grad_enabled() and states.requires_grad
     logps, entropies = [], []
     for s in range(0, states.shape[0], chunk):
-        args = (head, states[s : s + chunk], targets[s : s + chunk], req.temperature, req.with_entropy, req.entropy_grad)
+        args = (
+            head,
+            states[s : s + chunk],
+            targets[s : s + chunk],
+            req.temperature,
+            req.with_entropy,
+            req.entropy_grad,
+        )
         logp, entropy = checkpoint(_chunk, *args, use_reentrant=False) if lean else _chunk(*args)
         logps.append(logp)
         entropies.append(entropy)
@@ -179,8 +200,11 @@ def can_pack(model) -> bool:
     """Whether `model`'s forward can take packed rows: an attention that reads position-id restarts, and
     a head whose logits are not transformed after it (those models go through their own full forward)."""
     config = lm_config(model)
-    return (config is not None and getattr(config, "_attn_implementation", None) in PACKABLE_ATTENTION
-            and not any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS))
+    return (
+        config is not None
+        and getattr(config, "_attn_implementation", None) in PACKABLE_ATTENTION
+        and not any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS)
+    )
 
 
 def can_share_prompts(model) -> bool:
@@ -223,5 +247,9 @@ def padded_logprobs(model, input_ids: Tensor, attention_mask: Tensor, request: L
 
 def packed_logprobs(model, packed: Packed, request: LogProbRequest):
     """A packed micro-batch's scored tokens (`packed.index` of the rollout's): ([K], [K] or None)."""
-    return model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
-                 logprobs=replace(request, packed=packed))
+    return model(
+        input_ids=packed.input_ids,
+        attention_mask=None,
+        position_ids=packed.position_ids,
+        logprobs=replace(request, packed=packed),
+    )

@@ -21,13 +21,14 @@ from grpo_cli.errors import GrpoError, first_line
 from grpo_cli.models.paths import ADAPTER_CONFIG
 
 
-
 def peft_module():
     try:
         import peft
     except ImportError:
-        raise GrpoError("model.lora.r > 0 needs peft, which is not installed: pip install 'grpo-cli[peft]', "
-                        "or set model.lora.r=0 for full fine-tuning.") from None
+        raise GrpoError(
+            "model.lora.r > 0 needs peft, which is not installed: pip install 'grpo-cli[peft]', "
+            "or set model.lora.r=0 for full fine-tuning."
+        ) from None
     return peft
 
 
@@ -49,13 +50,20 @@ def target_modules(value):
 def add_adapter(model, lora):
     """`model` wrapped with a fresh, trainable LoRA adapter (the base frozen)."""
     peft = peft_module()
-    config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules=target_modules(lora.target_modules), task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=target_modules(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # e.g. none of the target modules exists in this architecture
-        raise GrpoError(f"model.lora could not be applied ({first_line(e)}); set model.lora.target_modules to "
-                        "module names of this model, or to all-linear.") from None
+        raise GrpoError(
+            f"model.lora could not be applied ({first_line(e)}); set model.lora.target_modules to "
+            "module names of this model, or to all-linear."
+        ) from None
 
 
 def load_adapter(model, adapter_dir, trainable: bool):
@@ -64,8 +72,10 @@ def load_adapter(model, adapter_dir, trainable: bool):
     try:
         return peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
     except (OSError, ValueError, KeyError, __import__("safetensors").SafetensorError) as e:
-        raise GrpoError(f"Could not load the LoRA adapter in {adapter_dir} ({first_line(e)}); point to a directory "
-                        "written by a LoRA run (a checkpoint or final/adapter).") from None
+        raise GrpoError(
+            f"Could not load the LoRA adapter in {adapter_dir} ({first_line(e)}); point to a directory "
+            "written by a LoRA run (a checkpoint or final/adapter)."
+        ) from None
 
 
 def peft_model(model):
@@ -127,5 +137,9 @@ def _lora_of(model):
     from types import SimpleNamespace
 
     c = peft_model(model).peft_config["default"]
-    return SimpleNamespace(r=c.r, alpha=c.lora_alpha, dropout=c.lora_dropout, target_modules=
-                           c.target_modules if isinstance(c.target_modules, str) else sorted(c.target_modules))
+    return SimpleNamespace(
+        r=c.r,
+        alpha=c.lora_alpha,
+        dropout=c.lora_dropout,
+        target_modules=c.target_modules if isinstance(c.target_modules, str) else sorted(c.target_modules),
+    )

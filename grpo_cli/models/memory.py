@@ -35,7 +35,9 @@ def kv_sizes(text) -> tuple[int, int]:
     """(key/value heads, head size) of a decoder's (text) config: the heads where it does not group them, the
     hidden size over the heads where it does not give a head size."""
     heads = text.num_attention_heads
-    return getattr(text, "num_key_value_heads", None) or heads, getattr(text, "head_dim", None) or text.hidden_size // heads
+    return getattr(text, "num_key_value_heads", None) or heads, getattr(
+        text, "head_dim", None
+    ) or text.hidden_size // heads
 
 
 def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
@@ -59,9 +61,17 @@ def model_shape(path: str, trust_remote_code: bool = False, lora=None) -> Shape:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     hidden = text.hidden_size
     kv_heads, head_dim = kv_sizes(text)
-    return Shape(layers=text.num_hidden_layers, hidden=hidden,
-                 intermediate=getattr(text, "intermediate_size", None) or 4 * hidden, heads=text.num_attention_heads,
-                 kv_heads=kv_heads, head_dim=head_dim, vocab=text.vocab_size, parameters=parameters, trainable=trainable)
+    return Shape(
+        layers=text.num_hidden_layers,
+        hidden=hidden,
+        intermediate=getattr(text, "intermediate_size", None) or 4 * hidden,
+        heads=text.num_attention_heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=text.vocab_size,
+        parameters=parameters,
+        trainable=trainable,
+    )
 
 
 def _status_bytes(field: str) -> float:
@@ -99,8 +109,9 @@ def peak_bytes(device: torch.device) -> float:
     return peak_resident_bytes()
 
 
-def activation_bytes_per_token(s: Shape, row_len: int, act_bytes: int, checkpointing: bool,
-                               pointwise: bool = False) -> float:
+def activation_bytes_per_token(
+    s: Shape, row_len: int, act_bytes: int, checkpointing: bool, pointwise: bool = False
+) -> float:
     """Activation bytes autograd keeps per token of a micro-batch (see the module docstring). `pointwise`:
     under model.recompute_pointwise (recompute.py) two [intermediate] tensors fewer: the MLP keeps its gate's and
     up projection's outputs but not their SiLU and product (the norms' savings are about what the checkpointed
@@ -128,5 +139,3 @@ def noise_steps_ahead(rows: int, vocab: int, max_new_tokens: int, device_type: s
 
 def dtype_bytes(dtype: torch.dtype) -> int:
     return DTYPE_BYTES.get(dtype, 4)
-
-

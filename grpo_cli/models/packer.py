@@ -11,6 +11,7 @@ loss is the whole batch's either way: every normaliser is global (docs/math.md, 
 
 How it works in detail: docs/internals.md, grpo_cli/models/packer.py.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -41,9 +42,17 @@ class MicroBatch:
         return (len(self.bins) if self.bins is not None else len(self.rows)) * self.capacity
 
 
-def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, batch_rows: int = 1,
-         padded_length: int | None = None, dist: Dist = SINGLE, pair_cost: float = 0.0,
-         by_block: bool = False) -> list[MicroBatch]:
+def pack(
+    lengths: list[int],
+    *,
+    layout: str = "padded",
+    token_budget: int = 0,
+    batch_rows: int = 1,
+    padded_length: int | None = None,
+    dist: Dist = SINGLE,
+    pair_cost: float = 0.0,
+    by_block: bool = False,
+) -> list[MicroBatch]:
     """The step's micro-batches of rows with these token `lengths` (see the module docstring);
     `padded_length` is a padded row's (the longest prompt plus the longest completion; default the longest row);
     `pair_cost` lets bins grow past the longest row where that costs less (fill_bins); `by_block` (the model can
@@ -63,9 +72,13 @@ def pack(lengths: list[int], *, layout: str = "padded", token_budget: int = 0, b
         return MicroBatch(torch.tensor(rows, dtype=torch.long), bins, capacity)
 
     if not token_budget:
-        return [micro_batch(list(range(s, min(s + batch_rows, len(lengths))))) for s in range(0, len(lengths), batch_rows)]
-    return [micro_batch(rows) for rows in split_by_tokens(lengths, token_budget, lambda rows: micro_batch(rows).positions,
-                                                          dist)]
+        return [
+            micro_batch(list(range(s, min(s + batch_rows, len(lengths))))) for s in range(0, len(lengths), batch_rows)
+        ]
+    return [
+        micro_batch(rows)
+        for rows in split_by_tokens(lengths, token_budget, lambda rows: micro_batch(rows).positions, dist)
+    ]
 
 
 def largest_micro_batch(row_len: int, *, token_budget: int = 0, batch_rows: int = 1) -> int:
@@ -82,7 +95,8 @@ def split_by_tokens(lengths: list[int], budget: int, cost, dist: Dist = SINGLE) 
     B = len(lengths)
 
     def spread(k: int) -> list[list[int]]:
-        parts, loads = [[] for _ in range(k)], [(0, j) for j in range(k)]  # loads: a heap of (tokens, part)
+        parts: list[list[int]] = [[] for _ in range(k)]
+        loads = [(0, j) for j in range(k)]  # loads: a heap of (tokens, part)
         for i in sorted(range(B), key=lambda i: (-lengths[i], i)):
             load, j = heapq.heappop(loads)
             parts[j].append(i)
@@ -99,7 +113,9 @@ def split_by_tokens(lengths: list[int], budget: int, cost, dist: Dist = SINGLE) 
     return [sorted(p) for p in spread(k) if p]
 
 
-def fill_bins(lengths: list[int], one_bin: bool = False, pair_cost: float = 0.0) -> tuple[tuple[tuple[int, ...], ...], int]:
+def fill_bins(
+    lengths: list[int], one_bin: bool = False, pair_cost: float = 0.0
+) -> tuple[tuple[tuple[int, ...], ...], int]:
     """First-fit decreasing of rows into bins as long as the longest row (or one bin of them all): (each bin's
     rows in the order they lie, the capacity). With `pair_cost` (a position pair's attention against a
     token's weights, as share_units), longer bins are tried too, up to one bin of them all, and the one
@@ -125,7 +141,8 @@ def fill_bins(lengths: list[int], one_bin: bool = False, pair_cost: float = 0.0)
 
 
 def _first_fit(lengths: list[int], capacity: int) -> tuple[tuple[tuple[int, ...], ...], int]:
-    bins, fill = [], []
+    bins: list[list[int]] = []
+    fill: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         b = next((b for b, f in enumerate(fill) if f + lengths[i] <= capacity), len(fill))
         if b == len(fill):
@@ -152,7 +169,7 @@ class Packed:
 
     @property
     def mask(self) -> Tensor | None:
-        """"shared": [bins, 1, capacity, capacity], True where a position may attend; built when asked (an
+        """ "shared": [bins, 1, capacity, capacity], True where a position may attend; built when asked (an
         attention that goes block by block never needs it)."""
         return None if self.tree is None else tree_mask(*self.tree)
 
@@ -162,14 +179,16 @@ def ranks(sizes: Tensor) -> Tensor:
     return torch.arange(int(sizes.sum())) - torch.repeat_interleave(sizes.cumsum(0) - sizes, sizes)
 
 
-def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int], mb: MicroBatch,
-                  fill_id: int = 0) -> Packed:
+def packed_inputs(
+    tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int], mb: MicroBatch, fill_id: int = 0
+) -> Packed:
     """The micro-batch's rows (`tokens` [N] flat, each row at its offset) laid in its bins, position ids
     restarting at 0 for every row, and where the state predicting each completion token lands (a row's
     first token has none: it is not scored)."""
     device, capacity = tokens.device, mb.capacity
     rows = mb.rows.tolist()
     start, fill, blocks = [0] * len(rows), [], []
+    assert mb.bins is not None  # packed micro-batches have bins
     for b, members in enumerate(mb.bins):
         used, in_bin = 0, []
         for i in members:
@@ -191,19 +210,27 @@ def packed_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     # Scored: every token after its row's prompt, row by row (a row's first token has no state before it).
     scored = (rank >= torch.tensor([prompt_lengths[r] for r in rows])[local]) & (rank >= 1)
     index = source[scored].to(device)
-    return Packed(input_ids=ids.view(n_bins, capacity), position_ids=positions.view(n_bins, capacity).to(device),
-                  states=(dest[scored] - 1).to(device), targets=tokens[index], index=index,
-                  real_tokens=int(row_len.sum()), blocks=tuple(blocks) if mb.by_block else None)
+    return Packed(
+        input_ids=ids.view(n_bins, capacity),
+        position_ids=positions.view(n_bins, capacity).to(device),
+        states=(dest[scored] - 1).to(device),
+        targets=tokens[index],
+        index=index,
+        real_tokens=int(row_len.sum()),
+        blocks=tuple(blocks) if mb.by_block else None,
+    )
 
 
-def share_units(rows: list[int], lengths: list[int], prompt_lengths: list[int], prompts: list[tuple],
-                pair_cost: float = 0.0) -> list[list[int]]:
+def share_units(
+    rows: list[int], lengths: list[int], prompt_lengths: list[int], prompts: list[tuple], pair_cost: float = 0.0
+) -> list[list[int]]:
     """Rows (positions in `rows`) grouped into units that lay their prompt once. A row joins the last unit of its
     prompt while that costs less than laying it alone: a unit's masked attention grows with its length squared
     (`pair_cost`: a position pair's attention against a token's weights, about 1 / (6 x hidden size)), so a
     long unit stops paying for the prompt it saves. pair_cost 0 puts all rows of a prompt in one unit."""
     open_unit: dict[tuple, int] = {}
-    units, size = [], []
+    units: list[list[int]] = []
+    size: list[int] = []
     for i, r in enumerate(rows):
         n, m = prompt_lengths[r], lengths[r] - prompt_lengths[r]
         u = open_unit.get(prompts[i]) if n else None  # a row without a prompt token has nothing to share
@@ -217,8 +244,15 @@ def share_units(rows: list[int], lengths: list[int], prompt_lengths: list[int], 
     return units
 
 
-def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt_lengths: list[int], mb: MicroBatch,
-                  fill_id: int = 0, pair_cost: float = 0.0) -> Packed:
+def shared_inputs(
+    tokens: Tensor,
+    offsets: list[int],
+    lengths: list[int],
+    prompt_lengths: list[int],
+    mb: MicroBatch,
+    fill_id: int = 0,
+    pair_cost: float = 0.0,
+) -> Packed:
     """The micro-batch's rows laid with each distinct prompt once: a unit is a prompt followed by the completion
     of its rows (share_units), units fill bins first-fit decreasing, each completion's position ids continue
     from its prompt's, and the mask lets a token see the earlier tokens of its own unit that are its prompt or
@@ -271,15 +305,23 @@ def shared_inputs(tokens: Tensor, offsets: list[int], lengths: list[int], prompt
     states = torch.where(rank == 0, last_prompt, dest - 1)[scored]
     device = tokens.device
     index = source[scored].to(device)
-    return Packed(input_ids=ids.view(n_bins, capacity), position_ids=pos.view(n_bins, capacity).to(device),
-                  states=states.to(device), targets=tokens[index], index=index, real_tokens=int(dest.numel()), blocks=_blocks(segments, n_bins, capacity) if mb.by_block else None,
-                  tree=(tree_unit.view(n_bins, capacity).to(device), tree_branch.view(n_bins, capacity).to(device)))
+    return Packed(
+        input_ids=ids.view(n_bins, capacity),
+        position_ids=pos.view(n_bins, capacity).to(device),
+        states=states.to(device),
+        targets=tokens[index],
+        index=index,
+        real_tokens=int(dest.numel()),
+        blocks=_blocks(segments, n_bins, capacity) if mb.by_block else None,
+        tree=(tree_unit.view(n_bins, capacity).to(device), tree_branch.view(n_bins, capacity).to(device)),
+    )
 
 
 def _blocks(segments: list[tuple], n_bins: int, capacity: int) -> tuple:
     """shared_inputs' segments as each bin's attention blocks (segments.py): a prompt causal over itself, a
     completion seeing its unit's prompt (the segment that ends at its prompt's last state) and itself."""
-    blocks, prompt = [[] for _ in range(n_bins)], (0, 0)
+    blocks: list[list[tuple]] = [[] for _ in range(n_bins)]
+    prompt = (0, 0)
     for at, _source, length, _first, branch, _unit, _last in segments:
         b, local = divmod(at, capacity)
         if branch == 0:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BUILTIN = {"builtin:tiny": Path(__file__).parents[1] / "assets" / "tiny",
-           "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools",  # tiny_tools.py
-           "builtin:tiny-chain": Path(__file__).parents[1] / "assets" / "tiny_chain"}  # tiny_chain.py
+BUILTIN = {
+    "builtin:tiny": Path(__file__).parents[1] / "assets" / "tiny",
+    "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools",  # tiny_tools.py
+    "builtin:tiny-chain": Path(__file__).parents[1] / "assets" / "tiny_chain",
+}  # tiny_chain.py
 ADAPTER_CONFIG = "adapter_config.json"  # what peft writes beside a LoRA adapter
 
 
@@ -26,11 +28,13 @@ def local_problem(path: str, key: str) -> str | None:
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").exists() and not is_adapter_dir(local):
-            return (f"{key}={path} has no config.json, so it is not a Hugging Face model directory; "
-                    "point it at a directory written by save_pretrained (or a LoRA adapter directory)")
+            return (
+                f"{key}={path} has no config.json, so it is not a Hugging Face model directory; "
+                "point it at a directory written by save_pretrained (or a LoRA adapter directory)"
+            )
         return None
     # hub ids are "org/name"; "models/X" where ./models exists is a local path that is missing, not a hub id
     if path.startswith((".", "/", "~")) or path.count("/") > 1 or (path.count("/") == 1 and local.parent.is_dir()):
-        hint = (" (`make smollm2` builds it)" if "SmolLM2-135M-Instruct" in path else "")
+        hint = " (`make smollm2` builds it)" if "SmolLM2-135M-Instruct" in path else ""
         return f"{key}={path} does not exist{hint}; pass a directory with a saved model, or a hub id"
     return None

@@ -27,11 +27,23 @@ def load_policy(m, precision, resume_from=None):
     being resumed."""
     if m.lora.r == 0:
         weights = str(resume_from) if resume_from else m.path
-        return load_model(weights, precision.param_dtype, m.device, m.trust_remote_code,
-                          gradient_checkpointing=m.gradient_checkpointing, recompute_pointwise=m.recompute_pointwise)
-    base = load_model(m.path, precision.frozen_dtype, m.device, m.trust_remote_code,
-                      gradient_checkpointing=m.gradient_checkpointing, quantize=m.lora.quantize,
-                      recompute_pointwise=m.recompute_pointwise)
+        return load_model(
+            weights,
+            precision.param_dtype,
+            m.device,
+            m.trust_remote_code,
+            gradient_checkpointing=m.gradient_checkpointing,
+            recompute_pointwise=m.recompute_pointwise,
+        )
+    base = load_model(
+        m.path,
+        precision.frozen_dtype,
+        m.device,
+        m.trust_remote_code,
+        gradient_checkpointing=m.gradient_checkpointing,
+        quantize=m.lora.quantize,
+        recompute_pointwise=m.recompute_pointwise,
+    )
     from grpo_cli.models.lora import add_adapter, load_adapter, peft_module
 
     if m.lora.quantize:
@@ -44,17 +56,20 @@ def load_policy(m, precision, resume_from=None):
 def frozen_model(m, precision, path: str | None = None, key: str = "model.path"):
     """A frozen model in the compute dtype, as a reference or behaviour is held (`m`: the model config group;
     `path` default m.path; `key` names the setting in the sentence if it cannot be loaded)."""
-    return load_model(path or m.path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(False)
+    return load_model(path or m.path, precision.frozen_dtype, m.device, m.trust_remote_code, key=key).requires_grad_(
+        False
+    )
 
 
 BASE = "base"  # a role the policy itself runs with its LoRA adapter off: exactly the initial model, no second copy
 
 
 class Policies:
-    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None when beta = 0)
-    and the behaviour policy that samples (None on-policy). A role holds a frozen model, BASE, or (a lagged behaviour
-    under LoRA) an AdapterCopy (lora.py) swapped into the policy; `reference` and `behaviour` are context factories yielding
-    the model to run. A refreshed reference and a lagged behaviour are the state a checkpoint keeps."""
+    """The policies by role (docs/math.md, "Policies"): the one being trained, the KL reference (None when
+    beta = 0) and the behaviour policy that samples (None on-policy). A role holds a frozen model, BASE, or (a
+    lagged behaviour under LoRA) an AdapterCopy (lora.py) swapped into the policy; `reference` and `behaviour`
+    are context factories yielding the model to run. A refreshed reference and a lagged behaviour are the state a
+    checkpoint keeps."""
 
     def __init__(self, policy, reference=None, behaviour=None, algo=None):
         self.policy, self.held_reference, self.held_behaviour, self.algo = policy, reference, behaviour, algo
@@ -67,8 +82,13 @@ class Policies:
         reference = (BASE if lora else frozen_model(m, precision)) if scored_here else None
         behaviour = None
         if algo.behaviour == "frozen":
-            behaviour = BASE if lora and not algo.behaviour_path else frozen_model(
-                m, precision, algo.behaviour_path, "algo.behaviour_path" if algo.behaviour_path else "model.path")
+            behaviour = (
+                BASE
+                if lora and not algo.behaviour_path
+                else frozen_model(
+                    m, precision, algo.behaviour_path, "algo.behaviour_path" if algo.behaviour_path else "model.path"
+                )
+            )
         elif algo.behaviour == "lagged" and lora:
             from grpo_cli.models.lora import AdapterCopy
 

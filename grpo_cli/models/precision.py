@@ -10,6 +10,7 @@
 
 How it works in detail: docs/internals.md, grpo_cli/models/precision.py.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,11 @@ def training_precision(name: str, device: torch.device) -> tuple[Precision, str 
     if name == "auto":
         chosen = "bf16-mixed" if fast else "fp32"
         return Precision(chosen, device.type), f"precision: {chosen} (trainer.precision=auto: {why})"
-    note = None if fast else (f"trainer.precision={name} where bf16 is slow ({why}); trainer.precision=auto "
-                              "or fp32 trains faster here")
+    note = (
+        None
+        if fast
+        else (f"trainer.precision={name} where bf16 is slow ({why}); trainer.precision=auto or fp32 trains faster here")
+    )
     return Precision(name, device.type), note
 
 
@@ -78,13 +82,17 @@ def cpu_bf16_native() -> tuple[bool, str]:
     """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX tiles), from torch's own report, and
     its instruction set as torch names it."""
     capability = torch.backends.cpu.get_cpu_capability()
-    native = [n for n, probe in (("AVX-512 BF16", "_is_avx512_bf16_supported"), ("AMX", "_is_amx_tile_supported"))
-              if getattr(torch.cpu, probe, lambda: False)()]
+    native = [
+        n
+        for n, probe in (("AVX-512 BF16", "_is_avx512_bf16_supported"), ("AMX", "_is_amx_tile_supported"))
+        if getattr(torch.cpu, probe, lambda: False)()
+    ]
     return bool(native), " and ".join(native) if native else f"{capability}, no AVX-512 BF16 or AMX"
 
 
 def matmul_ratio(device: torch.device, size: int = 128, repeats: int = 3) -> float:
     """Time of a bf16 matmul over a float32 one on `device` (about 20 ms on a CPU without native bf16)."""
+
     def timed(dtype) -> float:
         a = torch.randn(size, size, device=device).to(dtype)
         a @ a  # warm-up: kernel selection, first-touch allocation
@@ -101,6 +109,7 @@ def matmul_ratio(device: torch.device, size: int = 128, repeats: int = 3) -> flo
 def decode_ratio(device: torch.device, rows: int = 8, repeats: int = 5) -> float:
     """Time of a decode-shaped product in bf16 over float32 on `device`: a few rows against a 1024 x 8192
     weight (32 MB in float32, so reading it dominates, as in decoding), best of `repeats` each."""
+
     def best(dtype) -> float:
         x, w = torch.randn(rows, 1024, device=device).to(dtype), torch.randn(8192, 1024, device=device).to(dtype)
         times = []

@@ -11,6 +11,7 @@ values as without it, so gradients are bitwise the same (tests/models/test_recom
 
 How it works in detail: docs/internals.md, grpo_cli/models/recompute.py.
 """
+
 from __future__ import annotations
 
 import functools

@@ -3,6 +3,7 @@ freed memory for reuse.
 
 How it works in detail: docs/internals.md, grpo_cli/models/runtime.py.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -112,9 +113,9 @@ def defer_scipy() -> bool:
         hf_utils.is_scipy_available = check
     for name, module in list(sys.modules.items()):
         if name.startswith("transformers.loss.") and getattr(module, "is_scipy_available", None) is answer_no:
-            module.is_scipy_available = check
+            module.__dict__["is_scipy_available"] = check
             if not hasattr(module, "linear_sum_assignment"):
-                module.linear_sum_assignment = _linear_sum_assignment
+                module.__dict__["linear_sum_assignment"] = _linear_sum_assignment
     return "scipy" not in sys.modules
 
 

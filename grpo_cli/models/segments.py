@@ -2,14 +2,15 @@
 
 A packed bin (packer.py) holds several rows end to end. transformers' sdpa attends over a whole bin with a
 block-diagonal mask: every query meets every key of the bin, and the mask throws most of the products away
-(the long workload's bins were 10-18% dense; docs/benchmarks.md, "Figures behind the code"). Here each block of a bin attends only to
-what it sees:
+(the long workload's bins were 10-18% dense; docs/benchmarks.md, "Figures behind the code"). Here each block
+of a bin attends only to what it sees:
 - a row (or a shared unit's prompt): causal over itself;
 - a shared-prompt completion (packer.shared_inputs): its prompt, and causally itself, the query `i` of an
   `m`-token completion seeing the prompt's `n` keys and its own first `i + 1`.
 
 How it works in detail: docs/internals.md, grpo_cli/models/segments.py.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -25,8 +26,16 @@ MASKS = "grpo_segment_masks"  # a forward's block masks by (m, n), built by its 
 Blocks = tuple[tuple[tuple[int, int, int, int], ...], ...]  # per bin: (start, end, prefix_start, prefix_end)
 
 
-def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=None, dropout: float = 0.0,
-           scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+def attend(
+    module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask=None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
     """transformers' attention signature: query [bins, heads, L, d], key and value [bins, kv heads, L, d];
     returns [bins, L, heads, d]. The blocks come as the `grpo_segments` keyword; a layer's `sliding_window`
     (Qwen2, Mistral) limits each query to that many positions back, as the model's own mask does."""
@@ -51,8 +60,11 @@ def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask=Non
             if shape not in masks:
                 masks[shape] = block_mask(*shape, q.device)
             mask = masks[shape]
-            pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None,
-                                                         scale=scaling, enable_gqa=gqa))
+            pieces.append(
+                F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa
+                )
+            )
             at = end
         if at < query.shape[2]:
             pieces.append(query.new_zeros(1, query.shape[1], query.shape[2] - at, value.shape[-1]))
@@ -65,15 +77,23 @@ def _spans(in_bin, length: int):
     bounds, and returns `span`, where `span(start, end)` is the positions [start, end) as a piece of that split
     (or a few joined). Slicing each block separately would cost every slice's backward a zero tensor of the whole
     bin, summed into the gradient: O(blocks x bin) work that doubled the backward of a 24-row bin."""
-    bounds = sorted({0, length} | {x for start, end, p_start, p_end in in_bin if end > start
-                                   for x in (start, end) + ((p_start, p_end) if p_end > p_start else ())})
+    bounds = sorted(
+        {0, length}
+        | {
+            x
+            for start, end, p_start, p_end in in_bin
+            if end > start
+            for x in (start, end) + ((p_start, p_end) if p_end > p_start else ())
+        }
+    )
     sizes = [e - s for s, e in zip(bounds, bounds[1:])]
     index = {x: i for i, x in enumerate(bounds)}
 
     def cut(tensor: Tensor):
         parts = tensor.split(sizes, 2)
-        return lambda start, end: (parts[index[start]] if index[end] - index[start] == 1
-                                   else torch.cat(parts[index[start] : index[end]], 2))
+        return lambda start, end: (
+            parts[index[start]] if index[end] - index[start] == 1 else torch.cat(parts[index[start] : index[end]], 2)
+        )
 
     return cut
 
@@ -103,8 +123,11 @@ def can_segment(model, config=None) -> bool:
     if getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     weight = next(model.parameters(), None)
-    return (weight is not None and weight.device.type == "cpu"
-            and not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()))
+    return (
+        weight is not None
+        and weight.device.type == "cpu"
+        and not any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    )
 
 
 @contextmanager

@@ -56,8 +56,11 @@ class TorchDist(Dist):
         self._dist.all_gather(gathered, packed)  # the step's one collective for its metrics
         every = torch.stack(gathered)  # [world, n]
         a, b = len(sums), len(sums) + len(mins)
-        return {"sums": every[:, :a].sum(0).tolist(), "mins": every[:, a:b].amin(0).tolist(),
-                "maxs": every[:, b:].amax(0).tolist()}
+        return {
+            "sums": every[:, :a].sum(0).tolist(),
+            "mins": every[:, a:b].amin(0).tolist(),
+            "maxs": every[:, b:].amax(0).tolist(),
+        }
 
     def gather_objects(self, obj) -> list:
         out = [None] * self.world_size
@@ -130,8 +133,10 @@ def shard(model) -> None:
 
     layers = decoder_layers(model)
     if not layers:
-        raise GrpoError(f"trainer.strategy=fsdp found no decoder layers in {type(model).__name__} (its "
-                        "_no_split_modules is empty); use trainer.strategy=ddp.")
+        raise GrpoError(
+            f"trainer.strategy=fsdp found no decoder layers in {type(model).__name__} (its "
+            "_no_split_modules is empty); use trainer.strategy=ddp."
+        )
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
@@ -146,7 +151,9 @@ def from_environment(timeout_s: float | None = None) -> Dist:
     timeout = datetime.timedelta(seconds=timeout_s or float(os.environ.get("GRPO_DIST_TIMEOUT", 600)))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl", timeout=timeout, device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
+        dist.init_process_group(
+            "nccl", timeout=timeout, device_id=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        )
     else:
         dist.init_process_group("gloo", timeout=timeout)
     return TorchDist()

@@ -93,7 +93,7 @@ class Helper:
         first: object,
         *,
         name: str,
-        lost: type[HelperLost] = HelperLost,
+        lost: type[GrpoError] = HelperLost,
         timeout_key: str = "",
         plain: bool = False,
     ):

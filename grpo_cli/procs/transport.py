@@ -14,7 +14,7 @@ an adapter alone, is one more class with these three methods.
 from __future__ import annotations
 
 import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -35,7 +35,8 @@ class WeightTransport(Protocol):
 def buckets(layout: list[tuple[tuple, torch.dtype]], bucket_mb: float) -> list[list[int]]:
     """The tensors' indices grouped into buckets: consecutive tensors of one dtype, each bucket at most
     `bucket_mb` MiB (a larger tensor goes alone)."""
-    out, size, limit = [], 0, bucket_mb * 2**20
+    out: list[list[int]] = []
+    size, limit = 0, bucket_mb * 2**20
     for i, (shape, dtype) in enumerate(layout):
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         if not out or layout[out[-1][-1]][1] != dtype or size + nbytes > limit:
@@ -58,7 +59,9 @@ class GlooTransport:
             host, port, 2, self.rank == 0, datetime.timedelta(seconds=START_TIMEOUT_S), wait_for_workers=False
         )
         self.address = (host, self.store.port)
-        self.group = None  # joined at the first push: the sampler may still be loading its model
+        self.group: Any = (
+            None  # a gloo process group, joined at the first push: the sampler may still be loading its model
+        )
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as tdist

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from grpo_cli.config.reward import term_specs
 from grpo_cli.errors import GrpoError
@@ -116,8 +116,9 @@ class Reward:
             ]
             return [asyncio.run(v) if inspect.iscoroutine(v) else v for v in values]  # TRL allows an async get_reward
 
-        term.user_code, term.max_value = True, max_value
-        term.in_process = True  # it reads the episodes' live environments
+        marked: Any = term  # what the reward's callers read off a term
+        marked.user_code, marked.max_value = True, max_value
+        marked.in_process = True  # it reads the episodes' live environments
         self.terms[name] = term
         self.weights[name] = 1.0
 
@@ -128,7 +129,7 @@ class Reward:
         tops = [getattr(fn, "max_value", MAX_VALUE.get(name)) for name, fn in self.terms.items()]
         if any(t is None for t in tops) or any(w < 0 for w in self.weights.values()):
             return None
-        return sum(self.weights[name] * t for name, t in zip(self.terms, tops))
+        return sum(self.weights[name] * float(t) for name, t in zip(self.terms, tops) if t is not None)
 
     def score(
         self, prompts, completions, answers, *, completion_tokens=None, columns=None, completion_ids=None, episodes=None

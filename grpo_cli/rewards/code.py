@@ -46,7 +46,7 @@ def parse_tests(value, row: int, field: str) -> list[tuple[str, str | None, str 
             value = [value]  # one assert statement
     if isinstance(value, dict) and "inputs" in value and "outputs" in value:  # APPS / TACO
         value = [{"input": i, "output": o} for i, o in zip(value["inputs"], value["outputs"])]
-    tests = []
+    tests: list = []
     for t in value if isinstance(value, (list, tuple)) else [value]:
         if isinstance(t, dict) and "input" in t and "output" in t:
             tests.append(("io", text_of(t["input"]), text_of(t["output"])))

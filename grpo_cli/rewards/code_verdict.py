@@ -137,7 +137,9 @@ def verdict(source: str) -> Verdict | None:
         tree = _flattened(ast.parse(source))
     except SyntaxError:
         return None
-    imports, names, calls, pieces, asserts = [], set(TRUSTED), {c: c for c in CALLS if "." not in c}, [], []
+    imports, names, calls = [], set(TRUSTED), {c: c for c in CALLS if "." not in c}
+    pieces: list = []
+    asserts: list = []
     for stmt in tree.body:
         if isinstance(stmt, ast.Import) and all(a.name in MODULES for a in stmt.names):
             names |= {a.asname or a.name for a in stmt.names}
@@ -210,7 +212,7 @@ def _inlined(fn: ast.FunctionDef, call: ast.Call) -> list[ast.stmt] | None:
     ):
         return None
     param, given = a.args[0].arg, call.args[0].id
-    out = []
+    out: list[ast.stmt] = []
     for stmt in fn.body:
         if isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
             continue

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from typing import Any
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.procs.subprocesses import Helper, how_it_ended
@@ -40,7 +41,8 @@ class _Worker(Helper):
 
     def __init__(self, cfg, memory_gib: float):
         super().__init__("grpo_cli.rewards.reward_worker", (cfg, memory_gib), name="a reward worker")
-        self.ready, self.started, self.task, self.deadline = False, time.monotonic(), None, 0.0
+        self.ready, self.started, self.deadline = False, time.monotonic(), 0.0
+        self.task: int | None = None  # the completion it scores
 
 
 class RewardPool:
@@ -107,7 +109,7 @@ class RewardPool:
     def _answer(self, w: _Worker, readable: bool, now: float, values: dict) -> str | None:
         """Take worker `w`'s answer, if it has one: a ready note, or its task's values into `values`.
         Returns why its task failed (it ran out of memory, died, or ran past its deadline), or None."""
-        reply = None
+        reply: Any = None  # (kind, payload) as the worker sent it
         if readable:
             try:
                 reply = w.conn.recv()

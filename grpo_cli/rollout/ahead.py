@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -47,7 +47,8 @@ class WorkerSource:
         # dynamic sampling, whose refills draw more)
         self.prompts = None if algo.dynamic_sampling else prompts
         self.evaluator = evaluator  # held-out scoring in this process, when the worker samples a behaviour
-        self.updated = self.pushed = None  # the last update the source was told of, and the last pushed
+        self.updated: tuple | None = None  # (the policy, the update) the source was last told of
+        self.pushed: int | None = None  # the last update pushed
         self.behaviour, self.refresh = algo.behaviour, algo.behaviour_refresh
         self.k, self.first_step, self.last_step = max_staleness, first_step, last_step
         self.device = next(policies.policy.parameters()).device
@@ -65,7 +66,7 @@ class WorkerSource:
         scored.metrics.max("worker/gen_s", scored.gen_s)  # the worker's own seconds, beside the trainer's
         scored.metrics.max("worker/score_s", scored.score_s)
         scored.gen_s, scored.score_s = time.perf_counter() - start, 0.0  # the trainer's wait is its sampling time
-        if self.behaviour == "current":  # updates between the sampler and the policy
+        if self.behaviour == "current" and scored.rollout.version is not None:  # updates between sampler and policy
             scored.metrics.max("staleness", float(step - 1 - scored.rollout.version))
         return scored
 
@@ -107,6 +108,7 @@ class WorkerSource:
             return self.evaluator.evaluate(part, settings, first)
         if self.lost is not None:
             raise self.lost
+        assert self.updated is not None, "held-out scoring comes after the first update"
         policy, version = self.updated
         if self.pushed != version:
             self.worker.push(pushed_tensors(policy, policy), version)
@@ -220,7 +222,7 @@ def stored_damage(state: dict, step: int, k: int, prompts: list | None = None, r
 
 def scored_from_state(state: dict, device) -> ScoredRollout:
     """The scored rollout, its token fields and metrics on `device` (rewards stay on the host, as sampled)."""
-    rows = {
+    rows: dict[str, Any] = {
         k: None if state[k] is None else state[k].to("cpu" if k.endswith("lengths") else device)
         for k in ("tokens", *TOKEN_FIELDS, *ROW_FIELDS)
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_cli.config.data import SamplerConfig
 from grpo_cli.data.tasks import answer_column
 from grpo_cli.models.distributed import SINGLE, Dist
 from grpo_cli.rewards import Judge
@@ -186,7 +187,7 @@ class HeldOut:
 class HeldOutSettings:
     prompt_field: str
     answer_field: str
-    sampler: object  # the run's sampler settings: max_new_tokens, temperature, top_p, top_k
+    sampler: SamplerConfig  # the run's sampler settings: max_new_tokens, temperature, top_p, top_k
     extract: str  # reward.extract: what maj@k votes on
     pattern: str | None
     seed: int

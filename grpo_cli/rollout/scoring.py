@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,13 +27,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def majority(answers: list[str | None]) -> str | None:
+def majority(answers: Sequence[str | None]) -> str | None:
     """The most common answer (None, no answer found, does not vote); a tie goes to the one seen first."""
     votes = Counter(a for a in answers if a is not None)
     return votes.most_common(1)[0][0] if votes else None
 
 
-def maj_at_k(answers: list[str | None], right, k: int) -> float:
+def maj_at_k(answers: Sequence[str | None], right, k: int) -> float:
     """Majority-vote accuracy over k samples: the fraction of the len(answers) // k disjoint blocks of
     k answers (in sampling order) whose majority answer is right; `right` is the target answer, or the
     set of answers judged correct."""
@@ -74,7 +75,9 @@ def greedy_scores(
     dataset's columns by name, when given; each term's mean is `reward/<term>`); `accuracy` is the share
     the judge calls correct (rewards.Judge: by default, reward at its maximum): with an environment, the
     success rate of whole episodes, beside their mean turns, tool calls and share that called a tool."""
-    rewards, terms, correct, lengths, truncated, episodes = [], {}, [], [], [], []
+    rewards, correct, lengths, truncated = [], [], [], []
+    terms: dict[str, list] = {}
+    episodes: list = []
     for start in range(0, len(prompts), batch_size):
         p, a = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
         cols = {k: list(v[start : start + batch_size]) for k, v in (columns or {}).items()}
@@ -187,5 +190,5 @@ def sampled_scores(
     return {
         "sampled_accuracy": sum(counts) / (n * samples),
         **{f"pass@{k}": sum(pass_at_k(samples, c, k) for c in counts) / n for k in ks},
-        **{f"maj@{k}": sum(maj_at_k(keys, right, k) for keys, right in votes) / n for k in ks},
+        **{f"maj@{k}": sum(float(maj_at_k(keys, right, k)) for keys, right in votes) / n for k in ks},
     }

@@ -251,7 +251,8 @@ def collect(
     rank's kept groups are topped up with zero-weight padding groups, so all run the same micro-batches.
     """
     G, n, algo = settings.sampling.group_size, len(batch.prompts), settings.algo
-    kept, kept_answers, kept_rewards, kept_terms, rounds = [], [], [], [], 0
+    kept: list[Rollout] = []
+    kept_answers, kept_rewards, kept_terms, rounds = [], [], [], 0
     metrics = metrics if metrics is not None else StepMetrics()
 
     def have() -> int:

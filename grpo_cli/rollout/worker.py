@@ -97,7 +97,7 @@ class RolloutWorker:
             lost=WorkerDied,
             timeout_key="generator.timeout_s",
         )
-        self.ready = None  # the shapes of the worker's trainable tensors, once it has loaded its model
+        self.ready: list | None = None  # the shapes of the worker's trainable tensors, once it has loaded its model
         self.requested: deque[int] = deque()  # steps asked for and not yet answered, in order
         self.received: dict[int, dict] = {}  # step -> scored rollout (as plain types), not yet trained on
         self.scores: dict | None = None  # the answer to an evaluate request
@@ -128,7 +128,7 @@ class RolloutWorker:
         if [shape for shape, _ in layout] != self.ready:
             raise RuntimeError(
                 "the generation worker's trainable parameters differ from the trainer's: "
-                f"{len(self.ready)} against {len(tensors)}"
+                f"{len(self.ready or [])} against {len(tensors)}"
             )
         self.helper.send(("weights", version, layout))
         try:

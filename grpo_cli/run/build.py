@@ -319,7 +319,7 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     when it samples itself, or scores the held-out prompts itself (the worker samples a behaviour policy,
     not the policy)."""
     cfg, dist, t = run.cfg, run.dist, run.cfg.trainer
-    local = None
+    local: LocalSource | None = None
     if worker_device is None or cfg.algo.behaviour != "current":
         device = resolve_device(cfg.model.device)
         generator = generator_for(
@@ -335,7 +335,7 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
             prompts=run.prompts,
             warn=run.console.warn,
         )
-    if worker_device is None:
+    if local is not None and worker_device is None:
         return local
     if cfg.algo.dynamic_sampling and dist.world_size > 1:
         raise GrpoError(

@@ -22,6 +22,7 @@ import re
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -131,7 +132,8 @@ def read_config(directory) -> dict | None:
     for d in (Path(directory), Path(directory).parent):
         if (d / CONFIG_FILE).is_file():
             try:
-                return OmegaConf.to_container(OmegaConf.load(d / CONFIG_FILE))
+                saved = OmegaConf.to_container(OmegaConf.load(d / CONFIG_FILE))
+                return saved if isinstance(saved, dict) else None
             except Exception:  # an unreadable file: fall back to the command line's settings
                 return None
     return None
@@ -343,7 +345,7 @@ def load_sharded(checkpoint: Path, model, optimizer) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     alone = not (torch.distributed.is_available() and torch.distributed.is_initialized())  # resharded to 1 process
     with warnings.catch_warnings():
         if alone:  # torch notes that it assumes one process even when told so (no_dist); here that is the intent
@@ -367,7 +369,7 @@ FREE_KEYS = (
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         out.update(_flatten(v, key + ".") if isinstance(v, dict) else {key: v})

@@ -7,6 +7,7 @@ import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console as RichConsole
@@ -31,9 +32,11 @@ class Console:
         self.out = RichConsole(quiet=quiet)  # results: tables a user may pipe or save
         self._errors = RichConsole(stderr=True)
         self.show_progress = progress and not quiet
-        self._progress = None
-        self._task = None
-        self._plain = None  # outside a terminal: (total, log_every, time of the last line, start time, first step)
+        self._progress: Any = None  # rich's Progress while training in a terminal
+        self._task: Any = None  # its task
+        self._plain: dict | None = (
+            None  # outside a terminal: (total, log_every, time of the last line, start time, first step)
+        )
 
     def error(self, message: str) -> None:
         """One sentence, printed whole (never wrapped mid-sentence), whatever the terminal."""

@@ -22,11 +22,13 @@ def finish_run(run: Run) -> dict:
     card and the hub push. Returns the summary `grpo train` prints."""
     cfg, t = run.cfg, run.cfg.trainer
     run.policy.eval()
-    merge = None
-    if cfg.model.lora.r:  # final/ holds the base with the adapter merged in, built from a fresh float32 base
+
+    def merged(trained, adapter):  # under LoRA final/ holds the base with the adapter merged in, from a fresh fp32 base
         from grpo_cli.models.lora import merged_copy
 
-        merge = lambda trained, adapter: merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)  # noqa: E731
+        return merged_copy(load_model(cfg.model.path, torch.float32, "cpu"), trained, adapter)
+
+    merge = merged if cfg.model.lora.r else None
     save_final(run.run_dir, run.policy, run.tokenizer, run.dist, merge=merge, config=asdict(cfg))
     after = run.held_out.final(t.steps) if run.held_out_before or run.held_out.deferred else None  # the curve's end
     before = run.held_out_before or (
@@ -44,7 +46,7 @@ def finish_run(run: Run) -> dict:
         or ("not checked" if t.health == "off" else "no rule fired"),
         "run_dir": str(run.run_dir),
     }
-    if after is not None:
+    if after is not None and before is not None:
         summary.update(run.held_out.after(before, after))
     if run.dist.is_main and rows:  # where the time went, against the floor (floors.py)
         run.console.print(escape(bottleneck_line(rows, run.after.floors) or ""), highlight=False, soft_wrap=True)

@@ -206,15 +206,15 @@ class StepFloors:
         update's alone: their gen_s is the trainer's wait for the worker, not the sampling's time. `all_max`
         (Dist.all_max; every rank calls it) makes that floor the largest rank's: the row's gen_s is the slowest
         rank's, and that rank's rollout is not this one."""
-        floor = self.generation_floor(roll) if roll is not None and len(roll.lengths) else None
+        gen_floor = self.generation_floor(roll) if roll is not None and len(roll.lengths) else None
         if all_max is not None:
-            floor = all_max(-1.0 if floor is None else floor)
-            floor = None if floor < 0 else floor
-        out = {"gen_floor_s": floor} if floor is not None else {}
+            gen_floor = all_max(-1.0 if gen_floor is None else gen_floor)
+            gen_floor = None if gen_floor < 0 else gen_floor
+        out = {"gen_floor_s": gen_floor} if gen_floor is not None else {}
         floor = self.floors([{**row, **out}])
         spent = phase_seconds([row])
         phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")
-        out.update({f"efficiency/{p}": floor[p] / spent[p] for p in phases if floor[p] is not None and spent[p] > 0})
+        out.update({f"efficiency/{p}": f / spent[p] for p in phases if (f := floor[p]) is not None and spent[p] > 0})
         return out
 
 
@@ -284,14 +284,16 @@ def bottleneck_line(rows: list[dict], floors: StepFloors) -> str | None:
     shares = ", ".join(
         f"{p} {s / total:.0%}" for p, s in sorted(spent.items(), key=lambda kv: -kv[1]) if s / total >= 0.005
     )
-    top = max(spent, key=spent.get)
+    top = max(spent, key=lambda p: spent[p])
     line = f"time: {shares} of {total / len(rows):.2f} s per step"
     f = floors
     floor = f.floors(rows)[top]
     if floor is None or floor <= 0:
         return f"{line}; {top} is the largest, and has no floor here (module docstring: grpo_cli/run/floors.py)."
     sampled = top == "generation" and f.sample_flops is not None  # generator.weights=bf16: bf16's FLOP/s
-    flops = f"{(f.sample_flops if sampled else f.flops) / 1e9:.0f} GFLOP/s{' (bf16)' if sampled else ''}"
+    flops = (
+        f"{(f.sample_flops if sampled and f.sample_flops else f.flops) / 1e9:.0f} GFLOP/s{' (bf16)' if sampled else ''}"
+    )
     return (
         f"{line}; the largest, {top}, is {spent[top] / floor:.1f}x its floor, efficiency {floor / spent[top]:.2f} "
         f"({spent[top] / len(rows):.3f} s per step against {floor / len(rows):.4f} s at the {f.bandwidth / 1e9:.0f} "

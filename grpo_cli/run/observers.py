@@ -69,6 +69,7 @@ def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | Non
     """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
     the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
     G, answers, user_text = roll.group_size, roll.answers, user_text or {}
+    assert answers is not None and roll.rewards is not None and roll.advantages is not None, "a scored rollout"
     rows = [
         {
             "step": step,

@@ -18,13 +18,13 @@ from grpo_cli.run.checkpoint import load_sharded
 
 
 def rng_state() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state = {
         "python": random.getstate(),
         "torch": torch.get_rng_state(),
         "numpy": {
             "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),
@@ -99,6 +99,7 @@ class OptimizerState:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("sharded"):
+            assert self.checkpoint is not None, "a sharded optimizer state is read from its checkpoint"
             load_sharded(self.checkpoint, self.policy, self.optimizer)
         else:
             self.optimizer.load_state_dict(state)

@@ -7,6 +7,7 @@ How it works in detail: docs/internals.md, grpo_cli/run/plan.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -40,7 +41,9 @@ class Plan:
     tokens: int
     per_token: float  # activation bytes per token of a micro-batch
     budget: int = 0  # the token budget per micro-batch the run uses (planned() sets it)
-    redo: object = None  # plan(...) again with the same inputs, given what a step really formed (from_samples)
+    redo: Callable[..., Plan] | None = (
+        None  # plan(...) again with the same inputs, given what a step really formed (from_samples)
+    )
 
     @property
     def total(self) -> float:
@@ -50,6 +53,7 @@ class Plan:
         """The plan again, counting what a step's samples really formed rather than the worst case: its
         longest row (prompt and completion, or a whole episode) and its largest micro-batch's positions
         (the metrics row's row_tokens_max and micro_batch_positions)."""
+        assert self.redo is not None, "planned() sets it"
         return self.redo(row_len=int(row["row_tokens_max"]), tokens=int(row["micro_batch_positions"]))
 
     def line(self) -> str:
@@ -225,7 +229,7 @@ def planned(
     shape = model_shape(m.path, m.trust_remote_code, m.lora if m.lora.r else None)
     longest = max((len(p) for p in tokenizer_prompts), default=0) if tokenizer_prompts else 0
     compute = precision.frozen_dtype  # the compute dtype
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         longest_prompt=longest,
         param_bytes=dtype_bytes(precision.param_dtype),
         frozen_bytes=dtype_bytes(precision.frozen_dtype),

@@ -6,8 +6,9 @@ from __future__ import annotations
 import shlex
 import time
 from contextlib import ExitStack, closing, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,36 +26,41 @@ from grpo_cli.run.parts import OptimizerState, PerRank, Rng, Stateful
 from grpo_cli.run.stopping import GracefulStop, Stopped
 from grpo_cli.samples.settings import StepSettings
 
+if TYPE_CHECKING:
+    from grpo_cli.config import TrainConfig
+    from grpo_cli.run.observers import AfterStep
+
 
 @dataclass
 class Run:
     """Everything the loop uses, built once by `start_run`."""
 
-    cfg: object
+    cfg: TrainConfig
     run_dir: Path
     console: Console
     dist: Dist
     command: str | None
     precision: Precision
-    tokenizer: object
+    tokenizer: Any
     policy: torch.nn.Module  # wrapped for DDP / FSDP when launched so
     policies: Policies
-    reward_fn: object
+    reward_fn: Any  # rewards.Reward
     settings: StepSettings
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: Any  # a torch LR scheduler
     prompts: PromptOrder  # this rank's prompts of each step, from the training split
     user_text: dict  # chat-rendered prompt -> what the user wrote, for completions.jsonl
     metrics: MetricsLog
     samples_log: MetricsLog
     first_step: int
-    source: RolloutSource | None = None  # the rollout stage (source.py): in this process or a worker's
-    held_out: HeldOut | None = None  # scored through the source
     held_out_before: dict | None = None
     saved: int = 0  # the newest step saved by this run
     resumed_from: Path | None = None  # the checkpoint this run started from
-    plan: object = None  # the memory plan (plan.py), shown again from the first step's samples
-    after: object = None  # observers.AfterStep: what watches each step once it ran
+    plan: Any = None  # the memory plan (plan.py), shown again from the first step's samples
+    # set by start_run once the run exists, before the loop reads them:
+    source: RolloutSource = field(init=False)  # the rollout stage (source.py): in this process or a worker's
+    held_out: HeldOut = field(init=False)  # scored through the source
+    after: AfterStep = field(init=False)  # what watches each step once it ran
     started: float = 0.0  # when the loop began (perf_counter)
 
     def parts(self) -> dict[str, Stateful]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 from grpo_cli.errors import GrpoError
 
@@ -121,7 +122,7 @@ class Trackio:
         self.trackio.finish()
 
 
-CLASSES = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
+CLASSES: dict[str, Any] = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
 TRACKERS = tuple(CLASSES)  # trainer.trackers: the config's check, the docs and completion read this one list
 
 

@@ -52,7 +52,9 @@ class StepMetrics:
 
     def state_dict(self) -> dict:
         """The metrics so far as CPU tensors, to cross a process or enter a checkpoint."""
-        cpu = lambda d: {k: [x.cpu() for x in v] if isinstance(v, list) else v.cpu() for k, v in d.items()}  # noqa: E731
+        def cpu(d: dict) -> dict:
+            return {k: [x.cpu() for x in v] if isinstance(v, list) else v.cpu() for k, v in d.items()}
+
         return {"means": cpu(self._means), "sums": cpu(self._sums), "mins": cpu(self._mins), "maxs": cpu(self._maxs)}
 
     @classmethod

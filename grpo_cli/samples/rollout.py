@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -132,8 +132,10 @@ class Rollout:
             int(lengths.sum())
         )
         tokens = tokens.to(self.tokens.device)
-        per_token = {k: None if getattr(self, k) is None else getattr(self, k)[tokens] for k in TOKEN_FIELDS}
-        per_row = {
+        per_token: dict[str, Any] = {
+            k: None if getattr(self, k) is None else getattr(self, k)[tokens] for k in TOKEN_FIELDS
+        }
+        per_row: dict[str, Any] = {
             k: None if getattr(self, k) is None else getattr(self, k)[index.to(getattr(self, k).device)]
             for k in ROW_FIELDS
         }
@@ -163,7 +165,7 @@ def concat_rollouts(rolls: list[Rollout]) -> Rollout:
             parts = [torch.ones(r.rows, device=r.tokens.device) if p is None else p for r, p in zip(rolls, parts)]
         return torch.cat(parts) if all(p is not None for p in parts) else None
 
-    episodes = [e for r in rolls for e in r.episodes] if all(r.episodes is not None for r in rolls) else None
+    episodes = [e for r in rolls for e in (r.episodes or [])] if all(r.episodes is not None for r in rolls) else None
     versions = {r.version for r in rolls}
     return Rollout(
         prompts=[p for r in rolls for p in r.prompts],

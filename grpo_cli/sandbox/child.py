@@ -189,7 +189,7 @@ def main() -> None:
     exec(code, namespace)
     if check is not None:
         exec(check, namespace)
-        sys.stdout.write(token + "\n")
+        sys.stdout.write(f"{token}\n")
     if pieces is not None:
         for line in imports:
             exec(line, namespace)

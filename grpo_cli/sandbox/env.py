@@ -105,7 +105,12 @@ def confine(cfg: dict, keep_fd: int) -> None:
         os.rmdir(root)
         os.rmdir(home)
         raise refusal(e) from None
-    namespaces.first_process(close=(keep_fd,), then=lambda: (os.rmdir(root), os.rmdir(home)))
+
+    def remove_directories() -> None:
+        os.rmdir(root)
+        os.rmdir(home)
+
+    namespaces.first_process(close=(keep_fd,), then=remove_directories)
     try:
         namespaces.namespaces(namespaces.NAMESPACES & ~namespaces.CLONE_NEWPID, user=False)
         namespaces.view(root, work, runtime, os.getuid() if uid is None else uid, SCRATCH_MIB * 2**20)

@@ -45,7 +45,8 @@ REFUSED = (
     "personality setxattr lsetxattr fsetxattr removexattr lremovexattr fremovexattr setxattrat "
     "removexattrat process_madvise migrate_pages move_pages"
 ).split()
-NUMBERS = {  # from the kernel's unistd headers: asm/unistd_64.h (x86_64), asm-generic/unistd.h (aarch64)
+# from the kernel's unistd headers: asm/unistd_64.h (x86_64), asm-generic/unistd.h (aarch64)
+NUMBERS: dict[str, tuple[int, dict, dict]] = {
     "x86_64": (
         0xC000003E,
         dict(

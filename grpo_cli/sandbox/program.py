@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from grpo_cli.errors import GrpoError
 
@@ -54,7 +55,7 @@ class Sandbox:
 
     def __init__(self, cpu_s: float, memory_mib: int, output_kib: int, processes: int, isolation: str = "os"):
         root = os.getuid() == 0
-        self.settings = {
+        self.settings: dict[str, Any] = {
             "cpu_s": max(1, int(cpu_s + 0.999)),
             "memory_bytes": int(memory_mib) * 2**20,
             "file_bytes": int(output_kib) * 2**10,

@@ -92,6 +92,7 @@ def loss_inputs(logp, entropy, index, batch: StepBatch, full_mask, roll: Rollout
     """A micro-batch's LossInputs: its flat tokens (`index` into the step's) with their rows' advantages, the
     old, reference and sampler log-probs, and the step's normalisers (`totals`: tokens, sequences)."""
     algo = settings.algo
+    assert roll.advantages is not None, "the loss follows the advantages"
     rows, mask = batch.row_of_token[index], full_mask[index]
     # On-policy with mu = 1, pi_theta_old is the current policy: ratio 1, gradient A * grad log pi.
     old = roll.old_logp[index] if roll.old_logp is not None else logp.detach()
@@ -170,6 +171,7 @@ def advantages(roll: Rollout, algo, dist: Dist) -> torch.Tensor:
     """The advantages of the real groups ([n*G]) by algo.advantage (advantages.py); padding groups get zero and
     stay out of the statistics."""
     real = real_rows(roll).view(-1, roll.group_size)[:, 0].bool().cpu()  # [n]
+    assert roll.rewards is not None, "advantages follow the scores"
     out = torch.zeros_like(roll.rewards, dtype=torch.float32)
     out[real] = ADVANTAGES[algo.advantage](roll.rewards[real], algo, dist.all_sum).float()
     return out.flatten().to(roll.tokens.device)

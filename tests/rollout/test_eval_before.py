@@ -32,7 +32,10 @@ def test_the_scores_before_training_measured_at_the_end_equal_those_measured_fir
     assert set(evals(first_rows)) == set(evals(end_rows)) == {0, 3}
     assert evals(end_rows)[0] == evals(first_rows)[0]  # exactly: the same weights and the same seeded draws
     assert evals(end_rows)[3] == evals(first_rows)[3]
-    training = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows if "reward_mean" in r]  # noqa: E731
+
+    def training(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in rows if "reward_mean" in r]
+
     assert training(end_rows) == training(first_rows)
     # the first step starts before any held-out scoring when deferred, after it otherwise
     assert end_out.index("step 1") < end_out.index("before training (the initial weights")
