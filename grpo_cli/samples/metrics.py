@@ -52,6 +52,7 @@ class StepMetrics:
 
     def state_dict(self) -> dict:
         """The metrics so far as CPU tensors, to cross a process or enter a checkpoint."""
+
         def cpu(d: dict) -> dict:
             return {k: [x.cpu() for x in v] if isinstance(v, list) else v.cpu() for k, v in d.items()}
 
