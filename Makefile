@@ -21,7 +21,7 @@ LOCK    := requirements/lock.txt
 EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps,lint
 PIN     := -c $(LOCK)
 
-.PHONY: gpu-wheels gpu-check setup lock docs test-lowest test-newest train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: gpu-wheels gpu-check setup lock lint docs test-lowest test-newest train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,12 @@ lock: $(STAMP)
 	$(BIN)/pip-compile -q --strip-extras --annotation-style line --no-emit-index-url --no-emit-find-links \
 		-c requirements/torch-cpu.txt $(foreach e,test docs plot bench math tensorboard wandb mlflow trackio real peft sweeps compare,--extra $(e)) \
 		-o $(LOCK) pyproject.toml
+
+# ruff's lint and format check (120 columns) on the code, and mypy on the package (pyproject.toml configures both).
+lint: $(STAMP)
+	$(BIN)/ruff check grpo_cli tests scripts
+	$(BIN)/ruff format --check grpo_cli tests scripts
+	$(BIN)/mypy
 
 # The docs site (mkdocs.yml): the reference pages written from the code, then built with --strict into build/site.
 docs: $(STAMP)
@@ -133,7 +139,7 @@ test-vllm: $(VLLM_STAMP)
 	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/slow/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, TRL's losses, the real model, vLLM).
-ci: test docs test-slow test-timing test-trackers test-trl test-real test-vllm test-lowest test-newest
+ci: lint test docs test-slow test-timing test-trackers test-trl test-real test-vllm test-lowest test-newest
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)

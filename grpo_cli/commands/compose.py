@@ -221,7 +221,7 @@ def check_one(command: str, overrides: list[str], schema, disk: bool = True) -> 
 
 def _nested(f):
     """The dataclass a field holds (a config group), or None for a leaf."""
-    default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+    default = f.default_factory() if callable(f.default_factory) else f.default
     return type(default) if is_dataclass(default) else None
 
 

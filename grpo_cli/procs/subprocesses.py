@@ -24,7 +24,7 @@ import subprocess
 import sys
 import traceback
 from multiprocessing.connection import Connection, wait
-from typing import Callable
+from typing import Any, Callable
 
 from grpo_cli.errors import GrpoError
 
@@ -217,9 +217,7 @@ class Channel:
         self.conn.send_bytes(pickle.dumps(message))
 
 
-def serve(
-    handler: Callable[[Channel, object], None], memory_gib: Callable[[object], float] = lambda first: 0.0
-) -> None:
+def serve(handler: Callable[[Channel, object], None], memory_gib: Callable[[Any], float] = lambda first: 0.0) -> None:
     """A helper's main: read the first message (the trainer's path and the handler's settings), set the
     process up as a helper, and run `handler(channel, settings)`; a GrpoError goes back as its sentence,
     a bug with its trace; a trainer that has gone ends the helper quietly."""
