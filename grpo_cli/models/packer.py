@@ -244,6 +244,24 @@ def share_units(
     return units
 
 
+def unit_segments(bins, capacity: int, members, rows, offsets, lengths, prompt_lengths) -> list[tuple]:
+    """Segments, in the order they lie: each unit's prompt, then each member's completion, as (flat start, start
+    in the rollout's tokens, length, first position, branch, unit, the prompt's last state or -1)."""
+    segments = []
+    for b, in_bin in enumerate(bins):
+        at = b * capacity
+        for u in in_bin:
+            first = rows[members[u][0]]
+            n = prompt_lengths[first]
+            segments.append((at, offsets[first], n, 0, 0, u, -1))
+            last_prompt, at = at + n - 1 if n else -1, at + n
+            for i in members[u]:
+                m = lengths[rows[i]] - n
+                segments.append((at, offsets[rows[i]] + n, m, n, i + 1, u, last_prompt))
+                at += m
+    return segments
+
+
 def shared_inputs(
     tokens: Tensor,
     offsets: list[int],
@@ -271,20 +289,7 @@ def shared_inputs(
     bins, capacity = fill_bins(size, one_bin=mb.by_block, pair_cost=pair_cost)
     n_bins = len(bins)
     flat = n_bins * capacity
-    # Segments, in the order they lie: each unit's prompt, then each member's completion, as
-    # (flat start, start in `tokens`, length, first position, branch, unit, the prompt's last state or -1).
-    segments = []
-    for b, in_bin in enumerate(bins):
-        at = b * capacity
-        for u in in_bin:
-            first = rows[members[u][0]]
-            n = prompt_lengths[first]
-            segments.append((at, offsets[first], n, 0, 0, u, -1))
-            last_prompt, at = at + n - 1 if n else -1, at + n
-            for i in members[u]:
-                m = lengths[rows[i]] - n
-                segments.append((at, offsets[rows[i]] + n, m, n, i + 1, u, last_prompt))
-                at += m
+    segments = unit_segments(bins, capacity, members, rows, offsets, lengths, prompt_lengths)
     seg = torch.tensor(segments, dtype=torch.long)
     size_of = seg[:, 2]
     each = lambda column: torch.repeat_interleave(seg[:, column], size_of)  # noqa: E731  a segment's value per token

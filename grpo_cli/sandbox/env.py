@@ -1,6 +1,6 @@
 """`env.sandbox=os`: an environment worker (episodes/worker.py) confined by the kernel before it imports the
 environment, for tools and environments that act on what the model writes (run its code, its shell
-commands, its queries). The same confinement as the code reward's (rewards/namespaces.py; docs/sandbox.md):
+commands, its queries). The same confinement as the code reward's (sandbox/namespaces.py; docs/sandbox.md):
 
 - user (when not root), mount, PID, network, IPC and UTS namespaces of its own; the worker runs as its PID
   namespace's first process, so whatever it starts ends with it;
@@ -8,9 +8,8 @@ commands, its queries). The same confinement as the code reward's (rewards/names
   path's directories but the one grpo runs in, and the directory of each module env.tools and env.factory
   name, never your whole home), and a private tmpfs of SCRATCH_MIB as its working directory, HOME and
   TMPDIR, the one place it can write; nothing else of the machine is reachable;
-- as root, a user id of its own (namespaces.own_uid) with a process-count limit; no capabilities; no_new_privs; the
-  system call
-  filter (no ptrace, no signals or limits to processes outside, no mounts, no sockets but Unix ones);
+- as root, a user id of its own (namespaces.own_uid) with a process-count limit; no capabilities; no_new_privs;
+  the system call filter (no ptrace, no signals or limits to processes outside, no mounts, no sockets but Unix);
 - the trainer reads its messages as plain data only, and its output goes nowhere (procs/subprocesses.py).
 
 How it works in detail: docs/internals.md, grpo_cli/sandbox/env.py.
