@@ -257,7 +257,7 @@ class EnvWorkers:
 
         settings: Any = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(vars(cfg))
         self.settings = ({**settings, "workers": 0}, memory_gib)
-        self.confined = settings.get("sandbox") == "os"  # env_sandbox.py: read as plain data, output unshown
+        self.confined = settings.get("sandbox") == "os"  # sandbox/env.py: read as plain data, output unshown
         if self.confined:
             from grpo_cli.sandbox.program import sweep_stale
 

@@ -23,7 +23,7 @@ from grpo_cli.registry import load
 
 @runtime_checkable
 class Generator(Protocol):
-    """G completions per prompt from a model, as a Rollout (update/batch.py)."""
+    """G completions per prompt from a model, as a Rollout (samples/rollout.py)."""
 
     returns_logprobs: bool  # its rollouts carry the sampler's own log-probs (Rollout.sampler_logp)
     needs_weights: bool  # it samples from a copy of the weights: `update(model)` after every optimizer step

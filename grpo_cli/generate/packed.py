@@ -153,7 +153,7 @@ def float32_attention(model: torch.nn.Module):
 
 
 def packed_weight_bytes(shape, element_bytes: int = 4) -> int:
-    """The copies a CPU's decode packs (models/packed.py), float32 or bf16 (`element_bytes`): each projection and
+    """The copies a CPU's decode packs (generate/packed.py), float32 or bf16 (`element_bytes`): each projection and
     the head of at least packed.MIN_WEIGHTS elements (an upper bound: generator.matmul=auto packs only where it
     measured faster)."""
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim

@@ -1,6 +1,6 @@
 """The Hugging Face hub from this process's side: whether it can be reached (asked once, in seconds),
 whether a model id can be had (reachable, or cached, when the process goes offline), and going
-offline. models/loading.py and rollout/data.py ask before loading a hub id; run/publish.py before pushing."""
+offline. models/loading.py and data/tasks.py ask before loading a hub id; run/publish.py before pushing."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def test_every_part_of_the_plan_worked_by_hand():
 
 
 def test_a_cpu_decode_counts_the_packed_copies_of_its_large_weights():
-    """generator.matmul (models/packed.py): decoding on a CPU multiplies by packed copies of every projection and
+    """generator.matmul (generate/packed.py): decoding on a CPU multiplies by packed copies of every projection and
     head of at least 2**18 elements, counted in generation (bf16 copies under bf16 autocast); on CUDA, or with
     matmul=plain, none."""
     # SmolLM2-135M's sizes: q and o 576 x 576 = 331,776 and the MLP's 576 x 1,536 = 884,736 elements are packed,
@@ -134,7 +134,7 @@ def test_on_cuda_the_update_s_transients_take_cuda_s_factor_and_the_noise_its_la
 
 def test_episodes_keep_a_second_copy_of_the_cache_for_their_next_turn():
     """With tools or an environment, each decoded row's keys and values are kept for its next turn
-    (rollout/turn_cache.py): generation holds the cache twice; a single-turn run once."""
+    (generate/turn_cache.py): generation holds the cache twice; a single-turn run once."""
     c = cfg()
     single = plan(c, SHAPE, longest_prompt=12, param_bytes=4, frozen_bytes=4, act_bytes=4, runtime=0.0)
     c.env.tools = ["calculator"]

@@ -22,7 +22,7 @@ from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import build_reward
 from grpo_cli.rewards.code import extract_program, parse_tests
-from grpo_cli.sandbox.program import scratch_prefix
+from grpo_cli.sandbox.program import CHILD, scratch_prefix
 
 ADD_IO = [
     {"input": "3 4\n", "output": "7\n"},
@@ -80,9 +80,23 @@ def sandbox_processes() -> list[str]:
             text = Path(cmdline).read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # a process that ended while being listed
             continue
-        if "sandbox_child.py" in text and f"parent={os.getpid()} " in text:
+        if str(CHILD) in text and f"parent={os.getpid()} " in text:  # the harness, by its path: a rename follows
             found.append(text)
     return found
+
+
+def test_the_process_finder_sees_a_running_harness():
+    """The control for "left processes running" below: while a program runs, sandbox_processes finds it."""
+    import threading
+
+    worker = threading.Thread(target=score, args=(code_reward(), ["import time\ntime.sleep(1.5)"], ADD_IO))
+    worker.start()
+    seen = False
+    while worker.is_alive() and not seen:
+        seen = bool(sandbox_processes())
+        time.sleep(0.05)
+    worker.join()
+    assert seen and sandbox_processes() == []
 
 
 def test_a_correct_program_scores_1_and_a_partly_right_one_its_share():

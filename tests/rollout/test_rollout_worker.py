@@ -1,4 +1,4 @@
-"""Generation in a worker process (rollout_worker.py): the same run as in-process when nothing is stale,
+"""Generation in a worker process (rollout/worker.py): the same run as in-process when nothing is stale,
 rollouts sampled by exactly the weights one update old at trainer.max_staleness=1 with the ratio taken
 against them, and a worker that dies, hangs, or is left behind by a killed trainer."""
 

@@ -361,7 +361,7 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
 
 
 def test_a_vllm_engine_in_the_generation_worker_samples_ahead_with_the_pushed_weights(tmp_path):
-    """generator=vllm in the worker process (rollout_worker.py): at max_staleness=0 the engine there gives
+    """generator=vllm in the worker process (rollout/worker.py): at max_staleness=0 the engine there gives
     the completions the engine in the trainer's process gives (equal rewards every step); at 1 each
     step's rollouts are one update old, their denominators are the worker's recomputation under the
     weights that sampled (so the engine's own log-probs stay within rounding of them: sampler/logp_diff
