@@ -42,6 +42,29 @@ def chat_dir(tiny_dir, tmp_path):
     return out
 
 
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    """The agent tests' model: a random 2-layer Llama with a character tokenizer, Qwen's special and added tokens
+    and its template (tests/episodes/agents.py)."""
+    from agents import build_qwen_dir
+
+    return build_qwen_dir(tmp_path_factory.mktemp("qwen_tools"))
+
+
+@pytest.fixture
+def scripted():
+    """The scripted generator (tests/episodes/agents.py), registered as generator=scripted for one test."""
+    from agents import Scripted
+
+    from grpo_cli.generate.base import register_generator
+    from helpers import forget_generator
+
+    register_generator("scripted", Scripted)
+    Scripted.contexts, Scripted.calls = [], []
+    yield Scripted
+    forget_generator("scripted")
+
+
 # `make test-fast` (pytest --fast): the default suite without the tests listed in tests/slow_tests.txt, those
 # that took over a second each in a full run (mostly whole training runs). `make slow-list` rewrites the
 # list from a run's `--durations=0` report.

@@ -12,12 +12,33 @@ import pytest
 from agents import QWEN_TEMPLATE, Scripted, build_qwen_dir, small_cfg
 
 from grpo_cli.config import TrainConfig
-from grpo_cli.generate.base import register_generator
 from grpo_cli.run.console import Console
 from grpo_cli.run.trainer import train
-from helpers import FAST, forget_generator, grpo_process, metric_rows, read_jsonl
+from helpers import FAST, grpo_process, metric_rows, read_jsonl
 
 EXT = Path(__file__).resolve().parents[1] / "inputs" / "extensions"
+
+
+@pytest.fixture(autouse=True)
+def registries_as_they_were():
+    """A plugin registers into the package's registries for the life of the process: each test here leaves them,
+    and the modules it imported, as it found them, so no other test sees a name it did not register."""
+    from grpo_cli.algo.advantages import ADVANTAGES
+    from grpo_cli.algo.losses import POLICY_LOSSES
+    from grpo_cli.episodes.kinds import ENV_KINDS
+    from grpo_cli.episodes.tool_formats import TOOL_FORMATS
+    from grpo_cli.generate.base import GENERATORS
+    from grpo_cli.rewards import BUILDERS, MAX_VALUE
+
+    tables = [ADVANTAGES, POLICY_LOSSES, ENV_KINDS, TOOL_FORMATS, GENERATORS, BUILDERS, MAX_VALUE]
+    saved, modules = [dict(t) for t in tables], set(sys.modules)
+    yield
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before)
+    for name in set(sys.modules) - modules:
+        if str(getattr(sys.modules[name], "__file__", "")).startswith(str(EXT)):
+            del sys.modules[name]
 
 
 def module_of(path: Path):
@@ -100,14 +121,6 @@ def bracket_dir(tmp_path_factory):
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     (out / "chat_template.jinja").unlink(missing_ok=True)
     return out
-
-
-@pytest.fixture
-def scripted():
-    register_generator("scripted", Scripted)
-    Scripted.contexts, Scripted.calls = [], []
-    yield Scripted
-    forget_generator("scripted")
 
 
 def test_a_tool_call_format_of_one_s_own(bracket_dir, scripted, tmp_path):
