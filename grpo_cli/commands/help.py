@@ -44,7 +44,7 @@ def in_use(command: str, chosen: dict[str, str]) -> dict[str, str]:
     """{group: the option in use}: the one `chosen` on the command line, else the primary config's default."""
     primary = (_conf() / f"{command}.yaml").read_text()
     defaults = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", primary, re.M))
-    return {g: chosen.get(g) or defaults[g] for g in groups() if g in defaults or g in chosen}
+    return {g: chosen[g] if g in chosen else defaults[g] for g in groups() if g in defaults or g in chosen}
 
 
 def _flat(config) -> list[tuple[str, object, str]]:
