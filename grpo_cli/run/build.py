@@ -423,7 +423,7 @@ def load_policies(cfg, precision: Precision, strategy: str, resume_from, state: 
         check_pure_bf16_lr(policy, cfg.optimizer.lr)
     policies = Policies.load(cfg, precision, policy)
     policy = dist.wrap(policy, strategy)
-    if sharded and policies.reference is not None:
-        dist.wrap(policies.reference, strategy)  # the reference is sharded too
+    if sharded and isinstance(policies.held_reference, torch.nn.Module):  # a frozen copy, not the adapter-less base
+        dist.wrap(policies.held_reference, strategy)  # the reference is sharded too
     policies.policy = policy
     return policy, policies
