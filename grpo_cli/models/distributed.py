@@ -55,7 +55,7 @@ class Dist:
     def barrier(self) -> None:
         """Wait until every rank reaches this point."""
 
-    def wrap(self, model, strategy: str):
+    def wrap(self, model: torch.nn.Module, strategy: str) -> torch.nn.Module:
         """The model as this strategy trains it."""
         return model
 

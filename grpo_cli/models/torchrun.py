@@ -75,7 +75,7 @@ class TorchDist(Dist):
     def barrier(self) -> None:
         self._dist.barrier()
 
-    def wrap(self, model, strategy: str):
+    def wrap(self, model: torch.nn.Module, strategy: str) -> torch.nn.Module:
         if strategy == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
