@@ -21,11 +21,7 @@ if importlib.util.find_spec("vllm") is None:
         allow_module_level=True,
     )
 
-from grpo_cli.config import (
-    GeneratorConfig,
-    SamplerConfig,
-    TrainConfig,
-)
+from grpo_cli.config import HFGeneratorConfig, SamplerConfig, TrainConfig, VLLMGeneratorConfig
 from grpo_cli.data.tasks import PromptBatch
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.generate.vllm import VLLMGenerator
@@ -86,7 +82,7 @@ def tok():
 @pytest.fixture(scope="module")
 def engine(tok):
     """One engine for the module: each test's model is pushed into it when its weights are not the engine's."""
-    return VLLMGenerator(tok, GeneratorConfig(name="vllm", kv_cache_gib=0.0625), seed=0)
+    return VLLMGenerator(tok, VLLMGeneratorConfig(kv_cache_gib=0.0625), seed=0)
 
 
 def small_config(lr=3e-3) -> TrainConfig:
@@ -188,7 +184,7 @@ def test_a_lora_policy_pushes_its_merged_weights_and_its_base_when_the_adapter_i
 def test_a_bf16_engine_under_bf16_mixed_is_close_to_the_trainer(tok):
     policy = load_model("builtin:tiny", device="cpu")
     roll, prompt_ids, completion_ids = fixed_completions(policy, tok)
-    bf16 = VLLMGenerator(tok, GeneratorConfig(name="vllm", kv_cache_gib=0.0625), precision=Precision("bf16-mixed"))
+    bf16 = VLLMGenerator(tok, VLLMGeneratorConfig(kv_cache_gib=0.0625), precision=Precision("bf16-mixed"))
     got = token_logprobs(bf16, policy, prompt_ids, completion_ids)
     fp32 = trainer_logprobs(policy, roll)
     # bf16 weights and activations: 8 mantissa bits; per-token log-probs within 0.1 nats, mean well under
@@ -335,7 +331,7 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     def episodes(name, chosen):
         gen = with_env(
             make_generator(
-                GeneratorConfig(name=name, kv_cache_gib=0.0625),
+                VLLMGeneratorConfig(kv_cache_gib=0.0625) if name == "vllm" else HFGeneratorConfig(),
                 tokenizer,
                 chat_template=True,
                 precision=Precision("fp32"),
