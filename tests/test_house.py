@@ -239,8 +239,9 @@ def test_module_docstrings_say_what_the_module_is_for_in_fifteen_lines():
     long = []
     for p in sorted(PACKAGE.rglob("*.py")):
         doc = ast.get_docstring(ast.parse(p.read_text()), clean=False)
-        if doc and len(doc.splitlines()) > MAX_DOCSTRING_LINES:
-            long.append(f"{p.relative_to(PACKAGE.parent)} ({len(doc.splitlines())})")
+        lines = doc.count("\n") + 1 if doc else 0  # the closing quotes' own line counts
+        if lines > MAX_DOCSTRING_LINES:
+            long.append(f"{p.relative_to(PACKAGE.parent)} ({lines})")
     assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines: " + "; ".join(long)
 
 

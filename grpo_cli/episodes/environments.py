@@ -11,7 +11,6 @@ Interfaces, as TRL 1.16's GRPOTrainer takes them, so the same code runs unchange
 - a step environment: a class with `step(text) -> (observation, reward, done)` (games, simulators):
   each turn's text goes to `step`; the observation comes back as a user message; the step rewards add
   up to the class's reward term.
-
 How it works in detail: docs/internals.md, grpo_cli/episodes/environments.py.
 """
 

@@ -1,4 +1,4 @@
-"""reward=code: the share of a row's tests that the completion's program passes, each test run in a
+r"""reward=code: the share of a row's tests that the completion's program passes, each test run in a
 sandboxed process.
 
 The program is the last fenced block of the completion (```python ... ```); a completion with none is

@@ -11,7 +11,6 @@ in tokens (EOS included when one was generated), `completion_ids` its token ids,
 dataset column by its name, when the caller has the dataset rows (training steps and `grpo evaluate`).
 Return one finite float per completion (a list, tuple, numpy array or tensor). Accept `**kwargs` to
 ignore what you do not use.
-
 How it works in detail: docs/internals.md, grpo_cli/rewards/python_fn.py.
 """
 

@@ -11,7 +11,6 @@ The trainer state is the collection of the run's stateful parts (state.Run.parts
 optimizer, the scheduler, the rollout source, the RNG), each saved and loaded through its own
 `state_dict()` / `load_state_dict()`, beside the few facts read before anything is built (the step, the
 config, the world size, the memory plan).
-
 How it works in detail: docs/internals.md, grpo_cli/run/checkpoint.py.
 """
 

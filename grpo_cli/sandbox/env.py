@@ -11,7 +11,6 @@ commands, its queries). The same confinement as the code reward's (sandbox/names
 - as root, a user id of its own (namespaces.own_uid) with a process-count limit; no capabilities; no_new_privs;
   the system call filter (no ptrace, no signals or limits to processes outside, no mounts, no sockets but Unix);
 - the trainer reads its messages as plain data only, and its output goes nowhere (procs/subprocesses.py).
-
 How it works in detail: docs/internals.md, grpo_cli/sandbox/env.py.
 """
 

@@ -11,7 +11,6 @@ Standard library and ctypes only: it runs in `python -I -S`, imported before the
 - `seccomp()`: no_new_privs, then a filter refusing (EPERM) the system calls a scored program never needs.
 - `first_process()`, `die_with_parent()`, `own_uid()`, `become()`: the PID namespace's first process, its tie
   to the process that started it, and (as root) the switch to a user id of its own.
-
 How it works in detail: docs/internals.md, grpo_cli/sandbox/namespaces.py.
 """
 
