@@ -48,18 +48,8 @@ def load_function(spec: str, base: str | None = None, key: str = "reward.fn"):
     module_name, attr = split_spec(spec)
     if not module_name or not attr:
         raise GrpoError(f"{key}={spec!r} names no function; write it as mypkg.rewards:score or my_rewards.py:score.")
-    if is_file_spec(spec):
-        module = _import_file(spec, os.path.join(base, os.path.expanduser(module_name)), key)
-    else:
-        if base not in sys.path:  # `grpo` run beside my_rewards.py finds it, and so do evaluate and sample later
-            sys.path.append(base)
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:  # a missing module or one that fails on import: both are the user's to fix
-            raise GrpoError(
-                f"{key}={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH or in "
-                f"{base}, or name the file ({key}=path/to/{module_name.rpartition('.')[2]}.py:{attr})."
-            ) from None
+    hint = f", or name the file ({key}=path/to/{module_name.rpartition('.')[2]}.py:{attr})"
+    module = _user_module(module_name, spec, base, key, hint)
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise GrpoError(f"{key}={spec!r}: {module_name!r} has no function {attr!r}.")
@@ -70,16 +60,22 @@ def import_plugin(spec: str, base: str | None = None):
     """The module `plugins=[spec]` names (a file, `my_format.py`, or a module, `mypkg.formats`), imported once:
     what it registers (a tool-call format, an environment kind, a generator, a reward, an advantage, a loss) is
     there before the config is checked."""
-    base = os.path.abspath(base or os.getcwd())
-    if spec.endswith(".py") or "/" in spec:
-        return _import_file(spec, os.path.join(base, os.path.expanduser(spec)), "plugins")
+    return _user_module(spec, spec, os.path.abspath(base or os.getcwd()), "plugins", ", or name its file")
+
+
+def _user_module(name: str, spec: str, base: str, key: str, hint: str):
+    """The user's module `name`: a file (`x.py`, `dir/x.py`) found from `base`, or a module importable with `base`
+    on sys.path (`grpo` run beside my_rewards.py finds it, and so do evaluate and sample later)."""
+    if name.endswith(".py") or "/" in name:
+        return _import_file(spec, os.path.join(base, os.path.expanduser(name)), key)
     if base not in sys.path:
         sys.path.append(base)
     try:
-        return importlib.import_module(spec)
-    except Exception as e:  # a missing module or one that fails on import: the user's to fix
+        return importlib.import_module(name)
+    except Exception as e:  # a missing module or one that fails on import: both are the user's to fix
         raise GrpoError(
-            f"plugins: {spec!r} cannot be imported ({type(e).__name__}: {e}); put it on PYTHONPATH or name its file."
+            f"{key}={spec!r} cannot be imported ({type(e).__name__}: {e}); put its module on PYTHONPATH or in "
+            f"{base}{hint}."
         ) from None
 
 
