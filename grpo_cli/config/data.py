@@ -156,6 +156,11 @@ class SamplerConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def truncates(self) -> bool:
+        """Sampling draws from a kept set only (top-k or top-p), not from the policy's whole distribution."""
+        return not self.greedy and (self.top_p < 1.0 or 0 < self.top_k)
+
 
 @rule("sampler.temperature")
 def _sampled(p, c) -> None:

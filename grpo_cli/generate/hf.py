@@ -132,13 +132,15 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int, tu
 
 def choose(logits: Tensor, sampling: SamplerConfig, noise, host_rows: Tensor) -> tuple[Tensor, Tensor]:
     """Each live row's next token (greedy, or Gumbel-max over the tempered, filtered logits: the noise is the
-    row's own) and the scores it was drawn from."""
+    row's own) and the scores it was drawn from: under top-k or top-p, -inf outside the kept set, so their
+    log-softmax is the log-prob renormalised over it (docs/math.md, "Truncated sampling")."""
     scores = logits.float()
     if sampling.greedy:
         return scores.argmax(-1), scores
     if sampling.temperature != 1.0:
         scores = scores / sampling.temperature
-    return (_filter(scores, sampling.top_k, sampling.top_p) - noise(host_rows)).argmax(-1), scores
+    scores = _filter(scores, sampling.top_k, sampling.top_p)
+    return (scores - noise(host_rows)).argmax(-1), scores
 
 
 def keep_rows(
@@ -171,11 +173,11 @@ def decode(
     turns: TurnCache | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`group_size` completions of each prompt: ([n*G, T'] ids, arbitrary after a row's EOS (assemble and
-    continuations cut there); [n*G, T'] sampling log-probs
-    of the tempered, unfiltered distribution, or None). T' <= max_new_tokens: the batch stops once every
-    row has ended, seen every `read_eos_every` tokens (READ_EOS_EVERY on a GPU, 1 on a CPU). `steps`: the
-    kind of decode steps (decode_steps). `turns`: a session's kept rows (turn_cache.py), which the prefill
-    starts from and every decoded row is kept in."""
+    continuations cut there); [n*G, T'] sampling log-probs under the distribution each token was drawn from,
+    tempered and, under top-k or top-p, renormalised over the kept set; or None). T' <= max_new_tokens: the
+    batch stops once every row has ended, seen every `read_eos_every` tokens (READ_EOS_EVERY on a GPU, 1 on a
+    CPU). `steps`: the kind of decode steps (decode_steps). `turns`: a session's kept rows (turn_cache.py),
+    which the prefill starts from and every decoded row is kept in."""
     device = next(model.parameters()).device
     n, G, T = len(prompt_ids), group_size, sampling.max_new_tokens
     every = read_eos_every or (1 if device.type == "cpu" else READ_EOS_EVERY)
@@ -314,7 +316,8 @@ class HFGenerator(PromptIds):
     """Generation with the model's own forward (see the module docstring). The model is passed per
     call (the policy, or a behaviour policy), so there are no weights to push after an update."""
 
-    returns_logprobs = False  # sampling log-probs only when asked (with_logprobs, for algo.sampler_correction)
+    # sampling log-probs only when asked (with_logprobs: algo.sampler_correction, or top-k/top-p sampling)
+    returns_logprobs = False
     needs_weights = False  # generation reads the model passed in; nothing to push after an update
 
     def __init__(

@@ -63,10 +63,10 @@ class RolloutSource(Protocol):
     def close(self) -> None: ...
 
 
-def wants_sampler_logprobs(generator, algo) -> bool:
-    """Whether a rollout carries the sampler's own log-probs: the generator returns them anyway, or the
-    sampler correction (TIS) weighs them."""
-    return generator.returns_logprobs or algo.sampler_correction == "tis"
+def wants_sampler_logprobs(generator, settings: StepSettings) -> bool:
+    """Whether a rollout carries the sampler's own log-probs: the generator returns them anyway, the sampler
+    correction (TIS) weighs them, or top-k/top-p sampling draws from another distribution than the policy's."""
+    return generator.returns_logprobs or settings.algo.sampler_correction == "tis" or settings.sampling.truncates
 
 
 class LocalSource:
@@ -93,7 +93,7 @@ class LocalSource:
         )
 
     def wants_sampler_logprobs(self) -> bool:
-        return wants_sampler_logprobs(self.generator, self.settings.algo)
+        return wants_sampler_logprobs(self.generator, self.settings)
 
     def next(self, step: int) -> ScoredRollout:
         return self.sample(self.prompts.share(step), self.prompts.refill(step))
@@ -210,7 +210,7 @@ def sample_round(
 ):
     """One round: G completions of each of the batch's prompts, scored: (rollout, rewards, terms, flat groups)."""
     if with_logprobs is None:
-        with_logprobs = wants_sampler_logprobs(generator, settings.algo)
+        with_logprobs = wants_sampler_logprobs(generator, settings)
     sampling = settings.sampling
     roll = generate(
         generator,

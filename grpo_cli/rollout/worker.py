@@ -297,8 +297,9 @@ def _serve(channel: Channel, opening) -> None:
     chain = _chain(spec, model, tokenizer, prompts, precision, device)
     settings, generator = chain.settings, chain.generator
     # The decoder's own log-probs are the sampler's exactly (up to rounding) only for the built-in decoder in
-    # float32; otherwise a stale policy's are recomputed as the trainer would, in the training precision.
-    own = not generator.returns_logprobs and precision.name == "fp32"
+    # float32 over the whole distribution (no top-k/top-p); otherwise a stale policy's are recomputed as the
+    # trainer would, in the training precision.
+    own = not generator.returns_logprobs and precision.name == "fp32" and not settings.sampling.truncates
     channel.send(("ready", [tuple(p.shape) for p in trainable]))
     transport, version = GlooTransport(spec.generator.timeout_s, address=address), None
     try:

@@ -55,13 +55,19 @@ def _memory_grew(rows: list[dict]) -> bool:
     return all(b > a for a, b in zip(last, last[1:])) and last[-1] - last[0] > MEMORY_GROWTH_GIB and not more_work
 
 
-def _mismatch(rows: list[dict], corrected: bool) -> str:
-    """The sampler_mismatch sentence: what to set depends on whether the correction is on already."""
+def _mismatch(rows: list[dict], corrected: bool, truncates: bool) -> str:
+    """The sampler_mismatch sentence: what to set depends on whether the correction is on already, and on
+    whether top-k/top-p sampling makes the gap (by design: the kept mass) or the sampler's numerics do."""
     row = rows[-1]
     gap = (
         f"the sampler's log-probs differ from the trainer's by {row['sampler/logp_diff']:.3f} nats a token, over "
         f"{SAMPLER_NATS}: the sampled tokens are not the policy's; "
     )
+    if truncates:  # corrected and truncating does not warn (sample_rules)
+        return gap + (
+            'sampler.top_p/top_k draw from the kept set only (docs/math.md, "Truncated sampling"); set '
+            "algo.sampler_correction=tis to weigh each token by its kept mass, or sampler.top_p=1.0 and sampler.top_k=0"
+        )
     if corrected:
         return (
             gap + f"algo.sampler_correction=tis weighs them ({row.get('sampler/capped_frac', 0.0):.1%} of tokens at "
@@ -77,6 +83,7 @@ def rules(cfg) -> list[Rule]:
 
 def sample_rules(cfg) -> list[Rule]:
     s, zero_steps = cfg.sampler, cfg.trainer.zero_variance_warn_steps
+    corrected = cfg.algo.sampler_correction == "tis"
     return [
         Rule(
             "truncation",
@@ -114,10 +121,10 @@ def sample_rules(cfg) -> list[Rule]:
                 f"failure) for {MISSING_STEPS} steps; fix the reward, or raise reward.timeout_s"
             ),
         ),
-        Rule(
+        Rule(  # top-k/top-p's gap is the kept mass by design: with the correction on, it is weighed, not wrong
             "sampler_mismatch",
-            lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS,
-            lambda rows: _mismatch(rows, corrected=cfg.algo.sampler_correction == "tis"),
+            lambda rows: rows[-1].get("sampler/logp_diff", 0.0) > SAMPLER_NATS and not (corrected and s.truncates),
+            lambda rows: _mismatch(rows, corrected, s.truncates),
         ),
     ]
 

@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from grpo_cli.config import SamplerConfig
 from grpo_cli.run import health
 from grpo_cli.run.health import Health
 from helpers import grpo_process, read_jsonl
 
 CFG = SimpleNamespace(
-    sampler=SimpleNamespace(max_new_tokens=6),
+    sampler=SamplerConfig(max_new_tokens=6),
     trainer=SimpleNamespace(zero_variance_warn_steps=5),
     algo=SimpleNamespace(sampler_correction="none"),
 )
@@ -136,6 +137,23 @@ def test_the_mismatch_sentence_does_not_ask_for_the_correction_already_on():
     assert "set algo.sampler_correction" not in with_tis
     assert "algo.sampler_correction=tis weighs them (1.1% of tokens at its cap)" in with_tis
     assert "to remove the gap, sample in the training precision (generator=hf: generator.weights=full)" in with_tis
+
+
+def test_a_truncation_s_gap_asks_for_the_correction_and_is_quiet_once_it_is_on():
+    """Under top-p the gap is the kept mass by design (docs/math.md, "Truncated sampling"): the sentence names
+    top-p and the correction, not the sampler's precision; with the correction on, the rule does not fire."""
+
+    def rule(correction: str):
+        truncating = {"sampler": SamplerConfig(max_new_tokens=6, top_p=0.9)}
+        cfg = SimpleNamespace(**{**vars(CFG), **truncating, "algo": SimpleNamespace(sampler_correction=correction)})
+        return next(r for r in health.rules(cfg) if r.name == "sampler_mismatch")
+
+    rows = [{**HEALTHY, "sampler/logp_diff": 0.2}]
+    without = rule("none")
+    assert without.holds(rows)
+    assert "sampler.top_p/top_k draw from the kept set only" in without.sentence(rows)
+    assert "set algo.sampler_correction=tis" in without.sentence(rows)
+    assert not rule("tis").holds(rows)
 
 
 def test_off_checks_nothing():
