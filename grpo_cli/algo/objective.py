@@ -182,6 +182,7 @@ class LossInputs:
     beta: float = 0.0
     ref_logp: Tensor | None = None
     kl_estimator: str = "k3"
+    kl_ratio: bool = False  # the KL term weighted by the (differentiable) ratio: TRL's use_bias_correction_kl
     aggregation: str = "seq_mean_token_mean"
     ratio_level: str = "token"
     max_completion_length: int | None = None
@@ -274,7 +275,7 @@ def policy_loss(x: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
     if x.ref_logp is not None:
         kl = token_kl(logp, x.ref_logp.detach().to(dtype).masked_fill(~keep, 0.0), x.kl_estimator)
         if x.beta != 0:  # skipped at beta = 0 so an overflowing k3 cannot turn 0 * inf into NaN
-            per_token = per_token + x.beta * kl
+            per_token = per_token + x.beta * (kl * ratio if x.kl_ratio else kl)
 
     seq_sums = segment_sum(per_token * weight, segments, count)  # [S]
     longest = x.max_completion_length or int(seq_tokens.max()) if count else 1

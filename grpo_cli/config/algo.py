@@ -37,6 +37,9 @@ class AlgoConfig:
     kl_estimator: str = setting(
         "k3", 'k1 | k2 | k3 (docs/math.md, "KL to the reference")', choices="grpo_cli.algo.losses:KL_ESTIMATORS"
     )
+    kl_ratio: bool = setting(
+        False, 'each token\'s KL times its ratio pi_theta / pi_old, with gradient (docs/math.md, "KL to the reference")'
+    )
     num_iterations: int = setting(1, "mu: optimisation passes over each rollout batch", low=1)
     aggregation: str = setting(
         "seq_mean_token_mean",

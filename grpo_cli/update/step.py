@@ -111,6 +111,7 @@ def loss_inputs(logp, entropy, index, batch: StepBatch, full_mask, roll: Rollout
         clip_eps_high=algo.clip_eps_high,
         beta=algo.beta,
         kl_estimator=algo.kl_estimator,
+        kl_ratio=algo.kl_ratio,
         ref_logp=roll.ref_logp[index] if roll.ref_logp is not None else None,
         aggregation=algo.aggregation,
         ratio_level=algo.ratio_level,

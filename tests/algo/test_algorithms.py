@@ -165,7 +165,7 @@ def test_every_preset_trains_two_steps_and_logs_entropy_and_both_kls(tmp_path):
     from grpo_cli.config import register_configs
 
     register_configs()
-    for preset in ("grpo", "dr_grpo", "dapo", "gspo", "seq_ratio"):
+    for preset in ("grpo", "dr_grpo", "dapo", "gspo", "seq_ratio", "trl"):
         with initialize_config_module("grpo_cli.conf", version_base="1.3"):
             cfg = OmegaConf.to_object(compose("train", overrides=[f"algo={preset}"]))
         small = small_config()

@@ -150,6 +150,24 @@ def test_k3_is_never_negative():
     assert token_kl(logp, ref).shape == (201, 201)
 
 
+def test_the_kl_weighted_by_the_ratio_has_k3_s_value_and_k1_s_gradient_on_policy():
+    """algo.kl_ratio (TRL's use_bias_correction_kl): beta * k3 * r with r = 1. delta = logp - ref = 0.1, so
+    rho = e^-0.1 = 0.904837, k3 = rho - 1 + 0.1 = 0.004837; the gradient is 1 - rho = 0.095163 unweighted and
+    1 - rho + k3 = 0.1 weighted (k1's). A = 0: only the KL moves the token."""
+    grads, values = {}, {}
+    for weighted in (False, True):
+        logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
+        ref = torch.tensor([[-1.1]], dtype=torch.float64)
+        zero = torch.zeros(1, dtype=torch.float64)
+        x = flat_inputs(logp, logp.detach(), zero, torch.ones(1, 1), beta=1.0, ref_logp=ref, kl_ratio=weighted)
+        loss, _ = policy_loss(x)
+        loss.backward()
+        values[weighted], grads[weighted] = loss.item(), logp.grad.item()
+    assert values[False] == pytest.approx(0.004837418, abs=1e-9) and values[True] == pytest.approx(values[False])
+    assert grads[False] == pytest.approx(0.0951625820, abs=1e-9)
+    assert grads[True] == pytest.approx(0.1, abs=1e-12)
+
+
 def test_unknown_kl_estimator_raises_value_error():
     with pytest.raises(ValueError, match="KL estimator"):
         token_kl(torch.zeros(2), torch.zeros(2), "k4")
