@@ -34,7 +34,10 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "mask_truncated_completions": ("algo.mask_truncated", ""),
     "sync_ref_model": ("algo.ref_refresh", "steps between copies of the policy into the reference"),
     "vllm_importance_sampling_correction": ("algo.sampler_correction", "tis, capped at algo.sampler_correction_cap"),
-    "use_bias_correction_kl": ("algo.kl_ratio", "the KL weighted by the ratio; TRL's default is true, grpo-cli's false"),
+    "use_bias_correction_kl": (
+        "algo.kl_ratio",
+        "the KL weighted by the ratio; TRL's default is true, grpo-cli's false",
+    ),
     "max_completion_length": ("sampler.max_new_tokens", ""),
     "max_prompt_length": ("data.max_prompt_length", ""),
     "temperature": ("sampler.temperature", ""),
