@@ -21,7 +21,7 @@ LOCK    := requirements/lock.txt
 EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps,lint
 PIN     := -c $(LOCK)
 
-.PHONY: gpu-wheels gpu-check setup lock lint docs test-lowest test-newest train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
+.PHONY: gpu-wheels gpu-check setup lock lint docs test-lowest test-newest test-next train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
 
 setup: $(STAMP)
 
@@ -32,12 +32,13 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(BIN)/pip install -q $(PIN) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-# Rewrites the lock from pyproject.toml: the newest releases inside its ranges, torch the CPU build.
+# Rewrites the lock from pyproject.toml, torch the CPU build: pins already inside the ranges stay; ARGS="-P NAME"
+# moves NAME to its newest release, ARGS=--upgrade every package.
 lock: $(STAMP)
 	$(BIN)/pip install -q "pip-tools>=7.5"
 	$(BIN)/pip-compile -q --strip-extras --annotation-style line --no-emit-index-url --no-emit-find-links \
 		-c requirements/torch-cpu.txt $(foreach e,test docs plot bench math tensorboard wandb mlflow trackio real peft sweeps compare,--extra $(e)) \
-		-o $(LOCK) pyproject.toml
+		-o $(LOCK) $(ARGS) pyproject.toml
 
 # ruff's lint and format check (120 columns) on the code, and mypy on the package (pyproject.toml configures both).
 lint: $(STAMP)
@@ -50,9 +51,8 @@ docs: $(STAMP)
 	$(BIN)/python scripts/docs_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# The fast lane on the lowest releases pyproject.toml declares, and on the newest ones inside its ranges, each in
-# a venv of its own. torch: 2.13.0 is the lowest CPU build the package index offers this machine (2.11 ran
-# under `make gpu-check`); the newest, 2.14.1, is a CUDA build that runs on the CPU.
+# The fast lane on the lowest releases pyproject.toml declares, in a venv of its own. torch: 2.13.0 is the lowest
+# CPU build the package index offers this machine (2.11 ran under `make gpu-check`).
 LOWEST := "transformers==5.17.0" "datasets==5.0.0" "hydra-core==1.3.2" "omegaconf==2.3.0" "rich==13.0.0"
 test-lowest:
 	rm -rf .venv-lowest && $(PY) -m venv .venv-lowest
@@ -62,12 +62,29 @@ test-lowest:
 	.venv-lowest/bin/pip list 2>/dev/null | grep -iE "^(torch|transformers|datasets|hydra-core|omegaconf|rich) "
 	$(TEST_ENV) .venv-lowest/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS)
 
+# Where pyproject.toml caps a dependency, the newest releases inside the ranges (what `pip install grpo-cli` takes);
+# with no cap, that is test-next's lane, and CI runs this one only when `scripts/bounds.py capped` lists one.
 test-newest:
 	rm -rf .venv-newest && $(PY) -m venv .venv-newest
-	.venv-newest/bin/pip install -q --upgrade pip
-	.venv-newest/bin/pip install -q --no-cache-dir --upgrade "torch>=2.14,<2.15" -e ".[test,plot,math,peft]"
+	PIP_CONFIG_FILE=/dev/null .venv-newest/bin/pip install -q --upgrade pip
+	PIP_CONFIG_FILE=/dev/null .venv-newest/bin/pip install -q --no-cache-dir --upgrade -e ".[$(subst $(space),$(comma),$(NEXT_EXTRAS))]"
 	.venv-newest/bin/pip list 2>/dev/null | grep -iE "^(torch|transformers|datasets|hydra-core|omegaconf|rich) "
 	$(TEST_ENV) .venv-newest/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS)
+
+# The fast lane on the newest release of every dependency, pyproject.toml's caps dropped (scripts/bounds.py): it
+# meets each release the week it ships. PIP_CONFIG_FILE=/dev/null: no machine-wide pip constraint holds torch back.
+# A failure prints the releases beyond the declared ranges: the answer is a fix, or a cap with its reason beside it.
+NEXT_EXTRAS := test plot math peft
+comma := ,
+space := $(subst ,, )
+test-next:
+	rm -rf .venv-next && $(PY) -m venv .venv-next
+	PIP_CONFIG_FILE=/dev/null .venv-next/bin/pip install -q --upgrade pip packaging
+	PIP_CONFIG_FILE=/dev/null .venv-next/bin/pip install -q --no-cache-dir --upgrade $$(.venv-next/bin/python scripts/bounds.py uncapped $(NEXT_EXTRAS))
+	PIP_CONFIG_FILE=/dev/null .venv-next/bin/pip install -q --no-deps -e .
+	.venv-next/bin/python scripts/bounds.py beyond $(NEXT_EXTRAS)
+	$(TEST_ENV) .venv-next/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS) \
+		|| { .venv-next/bin/python scripts/bounds.py beyond $(NEXT_EXTRAS); exit 1; }
 
 train: $(STAMP)
 	$(BIN)/grpo train $(ARGS)
@@ -139,7 +156,7 @@ test-vllm: $(VLLM_STAMP)
 	$(TEST_ENV) $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/slow/test_vllm.py $(ARGS)
 
 # What CI runs: the suite, then the slow lanes (trackers, TRL's losses, the real model, vLLM).
-ci: lint test docs test-slow test-timing test-trackers test-trl test-real test-vllm test-lowest test-newest
+ci: lint test docs test-slow test-timing test-trackers test-trl test-real test-vllm test-lowest test-next
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench.py $(ARGS)
