@@ -325,7 +325,7 @@ def test_the_first_lines_of_a_run_say_which_precision_auto_chose_and_why(monkeyp
 
 def test_help_shows_every_key_with_the_value_this_command_line_gives_and_its_comment():
     out = grpo_process("train", "--help", "model=qwen", "trainer.steps=7", check_rc=0).stdout
-    assert "algo: cispo, dapo, dr_grpo, grpo, gspo, sapo, seq_ratio  (now: grpo)" in out
+    assert "algo: cispo, dapo, dr_grpo, grpo, gspo, sapo, seq_ratio, trl  (now: grpo)" in out
     assert "model: instruct, qwen, tiny  (now: qwen)" in out
     lines = {line.split(" = ")[0]: line for line in out.splitlines() if " = " in line}
     assert lines["trainer.steps"].split("#")[0].split(" = ")[1].strip() == "7"
