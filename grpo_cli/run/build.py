@@ -37,6 +37,7 @@ from grpo_cli.run.checkpoint import (
     experiment_diff,
     load_state,
     resolve_resume,
+    set_aside,
     write_config,
 )
 from grpo_cli.run.console import Console, MetricsLog
@@ -103,10 +104,10 @@ def open_run_dir(run_dir: Path, dist: Dist) -> None:
         raise GrpoError(f"Cannot write to the run directory {run_dir} ({problem}); choose another with output_dir=DIR.")
 
 
-def resume_point(cfg, run_dir: Path, console: Console) -> tuple[Path | None, dict, Path]:
+def resume_point(cfg, run_dir: Path, console: Console, skipped: list) -> tuple[Path | None, dict, Path]:
     """(checkpoint to resume from, its state, the run directory): a new run's directory must not hold
-    another run already, unless overwrite=true clears it."""
-    resume_from = resolve_resume(cfg.resume, run_dir, warn=console.warn)
+    another run already, unless overwrite=true clears it. Checkpoints resume=auto skipped go to `skipped`."""
+    resume_from = resolve_resume(cfg.resume, run_dir, warn=console.warn, skipped=skipped)
     if resume_from is None:
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         if held and str(cfg.resume).strip().lower() != "auto" and not cfg.overwrite:
@@ -188,14 +189,15 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     device, worker_device, threads, trackers = prepare_machine(cfg, dist)
     open_run_dir(run_dir, dist)
     set_seed(t.seed)
-    resume_from, state, run_dir = resume_point(cfg, run_dir, console)
+    skipped: list[Path] = []  # damaged checkpoints resume=auto passed over: set aside once the run is accepted
+    resume_from, state, run_dir = resume_point(cfg, run_dir, console, skipped)
     precision, why = training_precision(t.precision, device)
     if why:
         console.print(escape(why), highlight=False) if why.startswith("precision:") else console.warn(escape(why))
     cached_peaks(device, precision.frozen_dtype)  # a first run here probes the machine now, before any model loads
     tokenizer, data, plan = load_inputs(cfg, resume_from, state, precision, env, dist.world_size, device, console)
     train_rows = data["train"]
-    claim_run_dir(cfg, run_dir, resume_from, console, dist, command)
+    claim_run_dir(cfg, run_dir, resume_from, console, dist, command, skipped)
     policy, policies = load_policies(cfg, precision, strategy, resume_from, state, dist)
     console.phase(loaded_line(cfg, policy, precision, resume_from))
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
@@ -394,10 +396,12 @@ def load_inputs(cfg, resume_from, state: dict, precision: Precision, env, world:
     return tokenizer, data, plan
 
 
-def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist, command: str | None) -> None:
-    """Rank 0 empties the directory (overwrite=true), removes what an interrupted save left, and writes
-    the config once the run is accepted, never over another run's."""
+def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist, command: str | None, skipped=()):
+    """Rank 0 empties the directory (overwrite=true), removes what an interrupted save left, moves the
+    checkpoints resume skipped aside (their next save would replace them), and writes the config once the
+    run is accepted, never over another run's."""
     if dist.is_main:
+        set_aside(list(skipped))
         if cfg.overwrite and resume_from is None:
             for name in RUN_FILES:
                 shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (

@@ -284,13 +284,48 @@ def unreadable(checkpoint: Path) -> str | None:
     return damaged_files(checkpoint)
 
 
-def resolve_resume(resume: str | None, run_dir: Path, warn=lambda message: None) -> Path | None:
+def aside(checkpoint: Path) -> Path:
+    """Where a checkpoint resume skipped is moved, so the run's next save of that step cannot replace it:
+    `step-N.damaged/` beside it (`.damaged-2/`, ... when that is taken). No step-N name: nothing reads it."""
+    target, n = checkpoint.with_name(f"{checkpoint.name}.damaged"), 1
+    while target.exists():
+        n += 1
+        target = checkpoint.with_name(f"{checkpoint.name}.damaged-{n}")
+    return target
+
+
+def set_aside(skipped: list[Path]) -> list[tuple[Path, Path]]:
+    """Move each checkpoint resume skipped to its aside() name (rank 0, once the run is accepted)."""
+    moved = []
+    for checkpoint in skipped:
+        if checkpoint.exists():
+            target = aside(checkpoint)
+            os.replace(checkpoint, target)
+            moved.append((checkpoint, target))
+    return moved
+
+
+def _fallback_line(skipped: list[Path], found: Path | None, reasons: list[str]) -> str:
+    """resume=auto's one line when it skips checkpoints: which, why, where they go and what is redone."""
+    names = ", ".join(p.name for p in skipped)
+    last = int(STEP_DIR.match(skipped[0].name).group(1))  # type: ignore[union-attr]  # the newest skipped
+    start = int(STEP_DIR.match(found.name).group(1)) + 1 if found is not None else 1  # type: ignore[union-attr]
+    redo = f"step {start}" if start == last else f"steps {start}-{last}"
+    where = ", ".join(f"checkpoints/{aside(p).name}/" for p in skipped)
+    resumed = (
+        f"resuming from {found.name}" if found is not None else "no checkpoint can be read, so the run starts over"
+    )
+    return f"{names} cannot be read ({reasons[0].rstrip('.')}): {resumed} and redoes {redo}; kept, moved to {where}"
+
+
+def resolve_resume(resume: str | None, run_dir: Path, warn=lambda message: None, skipped=None) -> Path | None:
     """The checkpoint to resume from.
 
     `auto`: the one `latest` names in run_dir, else the newest complete one; when it cannot be read,
-    the newest readable one before it (safe: every step after it is redone), with a warning; None when
-    there is none. A path: that checkpoint (or that run's newest), refused with one sentence when it
-    cannot be read. `false`/null: none."""
+    the newest readable one before it (safe: every step after it is redone), with one line saying which
+    steps are redone; None when there is none. The ones skipped are appended to `skipped`, for the caller
+    to set aside once the run is accepted. A path: that checkpoint (or that run's newest), refused with one
+    sentence when it cannot be read. `false`/null: none."""
     if resume is None or str(resume).strip().lower() in ("", "false", "none", "no", "0"):
         return None
     if str(resume).strip().lower() == "auto":
@@ -299,12 +334,19 @@ def resolve_resume(resume: str | None, run_dir: Path, warn=lambda message: None)
         named = marker.read_text().strip() if marker.is_file() else ""
         if named and (Path(run_dir) / "checkpoints" / named) in found:
             found = found[: found.index(Path(run_dir) / "checkpoints" / named) + 1]
+        passed, reasons, chosen = [], [], None
         for candidate in reversed(found):
             why = unreadable(candidate)
             if why is None:
-                return candidate
-            warn(f"skipping {candidate.name}: {why}")
-        return None
+                chosen = candidate
+                break
+            passed.append(candidate)
+            reasons.append(why)
+        if passed:
+            warn(_fallback_line(passed, chosen, reasons))
+            if skipped is not None:
+                skipped.extend(passed)
+        return chosen
     path = Path(resume).expanduser()
     if not (path / STATE_FILE).exists():
         found = list_checkpoints(path)

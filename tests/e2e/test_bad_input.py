@@ -601,19 +601,58 @@ def test_a_pickled_object_in_a_trainer_state_is_refused_and_never_runs(w, tmp_pa
     assert not marker.exists()
 
 
-def test_resume_auto_skips_a_damaged_newest_checkpoint_and_says_so(w, tmp_path, capsys):
+def _truncate(f: Path, size: int) -> None:
+    with open(f, "r+b") as handle:
+        handle.truncate(size)
+
+
+DAMAGES = {  # what a kill or a full disk leaves in a checkpoint
+    "truncated weights": lambda step: _truncate(step / "model.safetensors", 50_000),
+    "truncated state": lambda step: _truncate(step / "trainer_state.pt", 1_000),
+    "empty state": lambda step: (step / "trainer_state.pt").write_bytes(b""),
+    "corrupt config": lambda step: (step / "config.json").write_text('{"model_type": "llama", '),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_resume_auto_sets_a_damaged_newest_checkpoint_aside_and_redoes_its_steps(w, tmp_path, capsys, damage):
+    """resume=auto passes over a step-2 that cannot be read, resumes from step-1 saying in one line which steps
+    are redone, and keeps the damaged checkpoint, moved to step-2.damaged/, byte for byte: the run's own
+    step-2 save cannot replace it."""
     import shutil
 
     run = tmp_path / "run"
-    shutil.copytree(w["damaged_run"], run)
+    shutil.copytree(w["run"], run)
+    DAMAGES[damage](run / "checkpoints" / "step-2")
+    before = fingerprint(run / "checkpoints" / "step-2")
     with pytest.raises(SystemExit) as e:
-        main(["train", f"output_dir={run}", "resume=auto", *[a for a in FAST if "steps" not in a], "trainer.steps=3"])
+        args = [a for a in FAST if "steps" not in a]
+        main(["train", f"output_dir={run}", "resume=auto", *args, "trainer.steps=3", "trainer.save_every=1"])
         raise SystemExit(0)
     text = capsys.readouterr().err
     assert e.value.code in (0, None), text
-    assert "skipping step-2" in text and "resuming from" in text and "step-1" in text
-    rows = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    line = next(x for x in text.splitlines() if "cannot be read" in x)
+    assert "step-2 cannot be read" in line and "resuming from step-1 and redoes step 2" in line, text
+    assert "moved to checkpoints/step-2.damaged/" in line, text
+    assert fingerprint(run / "checkpoints" / "step-2.damaged") == before  # kept as it was
+    rows = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3]  # step 2 was redone from step 1
+    assert (run / "checkpoints" / "step-2" / "trainer_state.pt").exists()  # the redone step's own, beside it
+
+
+def test_a_refused_resume_moves_nothing(w, tmp_path, capsys):
+    """The damaged checkpoint is moved only once the run is accepted: a resume refused for changed settings
+    leaves the run directory as it was."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(w["run"], run)
+    DAMAGES["empty state"](run / "checkpoints" / "step-2")
+    before = fingerprint(run)
+    with pytest.raises(SystemExit) as e:
+        main(["train", f"output_dir={run}", "resume=auto", *FAST, "optimizer.lr=1e-3"])
+    assert e.value.code == 2 and "Refusing to resume" in capsys.readouterr().err
+    assert fingerprint(run) == before
 
 
 def test_a_checkpoint_whose_state_does_not_load_is_one_sentence_and_the_logs_stay_whole(w, tmp_path, capsys):
