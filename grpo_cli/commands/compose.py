@@ -286,6 +286,9 @@ def composition_sentence(e: Exception, schema) -> str:
         value = str(cause).split("'")[1] if "'" in str(cause) else "?"
         kind = str(cause).split("converted to ")[-1].split()[0].rstrip(".").lower()
         return f"{key}={value} is not {'an' if kind[:1] in 'aeiou' else 'a'} {kind}; give {key} a value of that type."
+    if key and "is not a ListConfig, list or tuple" in str(cause):
+        value = getattr(cause, "value", None) or "VALUE"
+        return f"{key} takes a list: {key}=[{value}] (several: {key}=[a,b])."
     if "Ambiguous value for argument" in text:
         arg = text.split("'")[1] if "'" in text else "the value"
         return (

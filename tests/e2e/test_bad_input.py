@@ -140,6 +140,7 @@ CASES = [
     (TRAIN + " sampler.top_k=-1", "sampler.top_k=-1 must be >= 0"),
     (TRAIN + " sampler.top_p=1.5", "sampler.top_p=1.5 must be > 0 and <= 1"),
     (TRAIN + " sampler.top_p=0", "sampler.top_p=0.0 must be > 0"),
+    (TRAIN + " env.tools=tools.py:add", "env.tools takes a list: env.tools=[tools.py:add] (several: env.tools=[a,b])"),
     (TRAIN + " sampler.group_size=1", "sampler.group_size must be at least 2 (got 1)"),
     (TRAIN + " sampler.max_new_tokens=0", "sampler.max_new_tokens=0 must be >= 1"),
     (TRAIN + " optimizer.lr=-1", "optimizer.lr=-1.0 must be > 0"),
