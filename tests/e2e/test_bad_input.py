@@ -55,6 +55,7 @@ def w(tmp_path_factory):
     (empty_state / "checkpoints" / "step-2" / "trainer_state.pt").write_bytes(b"")
     (empty_state / "checkpoints" / "step-1" / "trainer_state.pt").write_bytes(b"")
     (root / "empty.jsonl").write_text("")
+    (root / "raising.py").write_text("def score(completions, **kwargs):\n    raise ValueError('boom')\n")
     (root / "mixed.jsonl").write_text('{"prompt": "1+1=", "answer": 2}\n{"prompt": 5, "answer": "x"}\n' * 10)
     (root / "bad.jsonl").write_text('{"prompt": "1+1="\n')
     (root / "noprompt.jsonl").write_text('{"question": "1+1="}\n' * 10)
@@ -115,6 +116,7 @@ def w(tmp_path_factory):
         "damaged_run": damaged_run,
         "empty_state": empty_state,
         "empty": root / "empty.jsonl",
+        "raising": root / "raising.py",
         "mixed": root / "mixed.jsonl",
         "badjson": root / "bad.jsonl",
         "noprompt": root / "noprompt.jsonl",
@@ -293,6 +295,10 @@ CASES = [
     (TRAIN + " +trainer.gradient_accumulation_steps=4", "here it is trainer.micro_batch_size"),
     (TRAIN + " beta=0.0", "beta is TRL's name: here it is algo.beta"),
     ("evaluate eval_prompts=3", "the keys at the top are model, reward"),
+    (
+        "evaluate checkpoint={run} reward=python reward.fn={raising}:score",
+        "Reward 'python' raised ValueError: boom on completion 0",
+    ),
     (TRAIN + " optimizer.lr=1e-4,3e-4", "a comma-separated list is a sweep: add -m to run one job per value"),
     (TRAIN + " --steps 10", "--steps is not an option: grpo takes key=value overrides; here it is trainer.steps=10"),
     (TRAIN + " +trainer.stepss=1", "trainer.stepss is not a setting; did you mean trainer.steps?"),
