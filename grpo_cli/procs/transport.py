@@ -66,8 +66,10 @@ class GlooTransport:
     def _broadcast(self, tensor: torch.Tensor) -> None:
         import torch.distributed as tdist
 
-        if self.group is None:
-            self.group = tdist.ProcessGroupGloo(self.store, self.rank, 2, datetime.timedelta(seconds=self.timeout_s))
+        if self.group is None:  # joining waits as long as a start may take; then each push gets timeout_s
+            start = datetime.timedelta(seconds=max(START_TIMEOUT_S, self.timeout_s))
+            self.group = tdist.ProcessGroupGloo(self.store, self.rank, 2, start)
+            self.group.set_timeout(datetime.timedelta(seconds=self.timeout_s))
         opts = tdist.BroadcastOptions()
         opts.rootRank = 0
         self.group.broadcast([tensor], opts).wait()

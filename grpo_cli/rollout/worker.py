@@ -135,7 +135,7 @@ class RolloutWorker:
             self.transport.send(tensors)
         except RuntimeError as e:
             hung = self.helper.alive()
-            if hung and "timed out" not in str(e).lower():
+            if hung and not any(word in str(e).lower() for word in ("timed out", "timeout")):
                 raise
             self.helper.process.kill()
             why = f"did not answer within {self.timeout_s:g} s" if hung else how_it_ended(self.helper.process)

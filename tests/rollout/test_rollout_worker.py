@@ -494,3 +494,33 @@ def test_a_checkpoint_rollout_without_the_reference_is_sampled_again_when_the_wo
     assert list(source.worker.received) == [3] and warned == []
     source.load_state_dict({3: stored()})
     assert source.worker.received == {} and "carries no KL reference log-probs" in warned[0], warned
+
+
+def test_the_transport_waits_for_a_late_peer_to_join_but_times_a_push_out():
+    """A push's deadline (generator.timeout_s) is not the join's: a worker still loading its model longer than
+    that joins, and the weights arrive; then a push no one receives fails within the deadline, as a timeout (the
+    worker's handle turns it into one sentence), not after the start's 900 s."""
+    import threading
+    import time
+
+    from grpo_cli.procs.transport import GlooTransport
+
+    sender, got = GlooTransport(0.5), {}
+
+    def worker():
+        time.sleep(1.5)  # loading its model: three deadlines long
+        receiver = GlooTransport(0.5, address=sender.address)
+        into = torch.zeros(4)
+        receiver.receive([into], [((4,), torch.float32)])
+        got["weights"], got["receiver"] = into.tolist(), receiver  # alive, and no longer receiving
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    sender.send([torch.arange(4.0)])
+    thread.join(30)
+    assert got["weights"] == [0.0, 1.0, 2.0, 3.0]
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="(?i)timed out|timeout"):
+        sender.send([torch.arange(4.0)])  # the worker no longer answers
+    assert time.perf_counter() - start < 10
+    sender.close()
