@@ -41,6 +41,7 @@ TIMING = _Timing(
         "update_s",
         "tokens_per_s",
         "env/seconds",
+        "env/call_seconds",
         "peak_memory_gib",
         "memory_gib",
         "health/memory_growth",

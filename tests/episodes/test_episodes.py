@@ -258,7 +258,8 @@ def test_tools_that_raise_hang_or_return_non_strings_leave_the_run_going_and_are
     train(cfg, tmp_path, Console(progress=False))
     (r,) = metric_rows(tmp_path, training=True)
     assert r["env/tool_calls"] == 7 and r["env/errors"] == 4 and r["env/timeouts"] == 1 and r["env/non_string"] == 1
-    assert r["env/turns"] == 2 and r["env/seconds"] >= 0.3 * 4  # each of 4 episodes waited out the slow tool
+    assert r["env/turns"] == 2 and r["env/call_seconds"] >= 0.3 * 4  # each of 4 episodes waited out the slow tool
+    assert 0.3 <= r["env/seconds"] < r["env/call_seconds"]  # concurrently: the phase's wall time, not the sum
     tool_messages = [
         m["content"] for m in read_jsonl(tmp_path / "completions.jsonl")[0]["messages"] if m["role"] == "tool"
     ]
