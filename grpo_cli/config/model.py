@@ -81,6 +81,11 @@ class ModelConfig:
     )
     lora: LoraConfig = setting(factory=LoraConfig, help="LoRA adapters through peft (pip install 'grpo-cli[peft]')")
 
+    def __post_init__(self):  # the presets' models/... found from any directory (models/paths.py)
+        from grpo_cli.models.paths import located
+
+        self.path = located(self.path)
+
 
 @rule("model.lora.quantize", "model.lora.r")
 def _quantize_needs_an_adapter(p, c) -> None:
