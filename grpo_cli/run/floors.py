@@ -145,6 +145,7 @@ class StepFloors:
     sample_flops: float | None = None  # generation's FLOP/s where it samples in another dtype (generator.weights)
     kv_bytes: float = 0.0  # one position's keys and values in every layer, in the sampling dtype
     ranks: int = 1  # data-parallel ranks: a row's tokens are summed over them, each rank computing its share
+    worker_forwards: int = 0  # a generation worker's scoring forwards: the KL reference, when it scores it
 
     @classmethod
     def of(cls, cfg, policy: torch.nn.Module, precision, ranks: int = 1) -> "StepFloors":
@@ -162,17 +163,18 @@ class StepFloors:
             cached_peaks(device, sampled)[1] if sampled != dtype else None,
             kv_bytes_per_position(policy, torch.finfo(sampled).bits / 8),
             ranks,
+            int(cfg.algo.beta != 0 and reference_in_worker(cfg)),
         )
 
-    def floors(self, rows: list[dict]) -> dict[str, float | None]:
-        """floor_seconds of these rows at this run's sizes and peaks."""
+    def floors(self, rows: list[dict], forwards: int | None = None) -> dict[str, float | None]:
+        """floor_seconds of these rows at this run's sizes and peaks (`forwards`: scoring's, default the trainer's)."""
         return floor_seconds(
             rows,
             self.params,
             self.weight_bytes,
             self.bandwidth,
             self.flops,
-            self.forwards,
+            self.forwards if forwards is None else forwards,
             self.passes,
             self.group_size,
             sample_flops=self.sample_flops,
@@ -202,8 +204,9 @@ class StepFloors:
 
     def efficiency(self, row: dict, roll=None, all_max=None) -> dict[str, float]:
         """`efficiency/<phase>`: the phase's floor over its measured seconds in this row, and with the step's rollout,
-        generation's floor from it (`gen_floor_s`). A generation worker's rows (they carry `wait_s`) have the
-        update's alone: their gen_s is the trainer's wait for the worker, not the sampling's time. `all_max`
+        generation's floor from it (`gen_floor_s`). A generation worker's rows (they carry `wait_s`: their gen_s is
+        the trainer's wait) take generation's and scoring's seconds from what the worker measured
+        (`worker/gen_s`, `worker/score_s`), and scoring's floor from the forwards it runs. `all_max`
         (Dist.all_max; every rank calls it) makes that floor the largest rank's: the row's gen_s is the slowest
         rank's, and that rank's rollout is not this one."""
         gen_floor = self.generation_floor(roll) if roll is not None and len(roll.lengths) else None
@@ -211,9 +214,14 @@ class StepFloors:
             gen_floor = all_max(-1.0 if gen_floor is None else gen_floor)
             gen_floor = None if gen_floor < 0 else gen_floor
         out = {"gen_floor_s": gen_floor} if gen_floor is not None else {}
-        floor = self.floors([{**row, **out}])
+        forwards: int | None = None
+        phases: tuple[str, ...] = ("generation", "scoring", "update")
+        if "wait_s" in row:  # the worker's own seconds; none logged (an older row): the update's alone
+            worker = {"gen_s": row.get("worker/gen_s"), "score_s": row.get("worker/score_s")}
+            row = {**row, **{k: v for k, v in worker.items() if v is not None}}
+            forwards, phases = self.worker_forwards, ("update",) if worker["gen_s"] is None else phases
+        floor = self.floors([{**row, **out}], forwards)
         spent = phase_seconds([row])
-        phases = ("update",) if "wait_s" in row else ("generation", "scoring", "update")
         out.update({f"efficiency/{p}": f / spent[p] for p in phases if (f := floor[p]) is not None and spent[p] > 0})
         return out
 

@@ -123,6 +123,18 @@ def test_each_row_s_efficiency_is_its_phases_floor_over_their_seconds():
     assert set(no_forward.efficiency(ROWS[1])) == {"efficiency/generation", "efficiency/update"}
 
 
+def test_a_worker_s_rows_take_generation_and_scoring_from_what_the_worker_measured():
+    """Row 1 with the worker's own seconds: generation 0.06 over 0.6 - 0.25 s of environment = 0.35 s; scoring,
+    the worker scoring the KL reference (one forward), 0.03 / 0.3; the update 0.18 / 2.0 as before. A worker
+    that scores nothing has no scoring floor."""
+    row = {**ROWS[0], "worker/gen_s": 0.6, "worker/score_s": 0.3}
+    scoring_worker = replace(HAND, worker_forwards=1)
+    assert scoring_worker.efficiency(row) == pytest.approx(
+        {"efficiency/generation": 0.06 / 0.35, "efficiency/scoring": 0.1, "efficiency/update": 0.09}
+    )
+    assert set(replace(HAND, worker_forwards=0).efficiency(row)) == {"efficiency/generation", "efficiency/update"}
+
+
 def test_the_peaks_are_probed_once_per_machine_and_cached(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setenv("GRPO_CLI_CACHE", str(tmp_path))
@@ -205,9 +217,10 @@ def test_a_row_s_seconds_is_the_step_s_wall_time_with_every_phase_and_wait_insid
     if extra:
         assert all(r["wait_s"] >= 0 and r["push_s"] >= 0 for r in rows)
     assert all(0 < r["efficiency/update"] < 1.5 for r in rows)
-    # with a worker the trainer's gen_s is a wait, so no generation efficiency is claimed from it
-    assert all((0 < r["efficiency/generation"] < 1.5) != bool(extra) for r in rows if "efficiency/generation" in r)
-    assert all(("efficiency/generation" in r) != bool(extra) for r in rows)
+    # with a worker the trainer's gen_s is a wait: generation's efficiency is taken from the worker's own seconds
+    assert all(0 < r["efficiency/generation"] < 1.5 for r in rows)
+    if extra:
+        assert all(r["worker/gen_s"] > 0 for r in rows)
 
 
 def test_the_benchmark_table_sums_floors_and_seconds_by_hand():
