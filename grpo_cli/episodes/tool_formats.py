@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from grpo_cli.errors import GrpoError
@@ -28,7 +29,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {}
 
 def register_tool_format(name: str, detect: tuple[str, ...] = (), special: bool = False):
     """`env.tool_format=name` parses calls with the decorated function; `auto` picks it for a chat template
-    that holds every string of `detect`."""
+    whose calls it reads back (`detect`: strings such a template holds, which break ties between formats)."""
 
     def add(fn):
         TOOL_FORMATS[name] = ToolFormat(fn, tuple(detect), special)
@@ -38,7 +39,8 @@ def register_tool_format(name: str, detect: tuple[str, ...] = (), special: bool 
 
 
 def detect_format(template: str | None) -> str | None:
-    """The format a chat template writes tool calls in, or None when it names no format this module knows."""
+    """The first format whose marker strings the chat template holds, every one, or None. A hint only:
+    `auto` reads the calls the template writes (detect), and markers break ties between readers."""
     for name, spec in TOOL_FORMATS.items():
         if template and spec.detect and all(m in template for m in spec.detect):
             return name
@@ -223,9 +225,10 @@ def schema_parser(tokenizer) -> Callable[[str], tuple[str, list[dict]]]:
 
 def resolve_format(setting: str, tokenizer) -> tuple[str, ToolFormat]:
     """(the format's name, the format) that `env.tool_format=setting` means for this tokenizer: `auto` is
-    the tokenizer's response schema when it has one, else the format its chat template writes."""
+    the tokenizer's response schema when it has one, else the format that reads back the calls its chat
+    template writes (detect). Every format strips the tokenizer's own end-of-turn markers first (end_markers)."""
     if setting == "auto":
-        found = "schema" if getattr(tokenizer, "response_schema", None) else detect_format(tokenizer.chat_template)
+        found = "schema" if getattr(tokenizer, "response_schema", None) else detect(tokenizer)
         if found is None:
             raise GrpoError(
                 "env.tool_format=auto: the model's chat template writes tool calls in no format grpo-cli "
@@ -239,21 +242,101 @@ def resolve_format(setting: str, tokenizer) -> tuple[str, ToolFormat]:
                 "env.tool_format=schema reads calls with the tokenizer's response_schema, and this "
                 "tokenizer has none; use env.tool_format=auto."
             )
-        return setting, ToolFormat(schema_parser(tokenizer), (), True)
-    return setting, TOOL_FORMATS[setting]
+        return setting, with_ends(ToolFormat(schema_parser(tokenizer), (), True), end_markers(tokenizer))
+    return setting, with_ends(TOOL_FORMATS[setting], end_markers(tokenizer))
 
 
 PROBE = {"name": "lookup", "arguments": {"key": "two words", "n": 3, "where": {"city": "paris", "days": [1, 2]}}}
+SECOND = {"name": "add", "arguments": {"a": 1, "b": 2.5}}  # beside PROBE: two parallel calls
 
 
-def rendered_call(tokenizer, special: bool) -> str:
-    """The text of an assistant turn making the PROBE call, as the chat template writes it and an episode
-    decodes it (special tokens kept or not)."""
+def detect(tokenizer) -> str | None:
+    """The registered format that reads back exactly what the chat template writes for the PROBE call
+    (nested arguments), or None. Where several do, those that also read two parallel calls back (where the
+    template writes them), then those whose marker strings the template holds; then the first registered."""
+    from jinja2.exceptions import TemplateError
+
+    ends = end_markers(tokenizer)
+
+    def reading(calls: list[dict], among) -> list[str]:
+        written = {special: rendered_call(tokenizer, special, calls) for special in (False, True)}
+        parsers = {n: with_ends(TOOL_FORMATS[n], ends) for n in among}
+        return [n for n, spec in parsers.items() if spec.parse(written[spec.special])[1] == calls]
+
+    try:
+        readers = reading([PROBE], TOOL_FORMATS)
+    except TemplateError:  # the template cannot write a call: no format reads one
+        return None
+    if len(readers) > 1:
+        try:
+            readers = reading([PROBE, SECOND], readers) or readers
+        except TemplateError:  # one call a turn: the single call's evidence stands
+            pass
+    template = tokenizer.chat_template or ""
+    marked = [n for n in readers if TOOL_FORMATS[n].detect and all(m in template for m in TOOL_FORMATS[n].detect)]
+    found = marked or readers
+    return found[0] if found else None
+
+
+def end_markers(tokenizer) -> tuple[str, ...]:
+    """What ends an assistant turn for this tokenizer, longest first: its end-of-sequence token, the end
+    tokens its generation config lists, and what its chat template writes after an assistant's words."""
+    ends = {tokenizer.eos_token or ""}
+    ids = _generation_eos(tokenizer)
+    ends |= {str(t) for t in tokenizer.convert_ids_to_tokens(ids) if t} if ids else set()
+    ends.add(_after_assistant(tokenizer))
+    return tuple(sorted((e for e in ends if e.strip()), key=len, reverse=True))
+
+
+def _generation_eos(tokenizer) -> list[int]:
+    """The end-of-sequence ids of generation_config.json beside a local tokenizer, or none."""
+    f = Path(getattr(tokenizer, "name_or_path", "") or "") / "generation_config.json"
+    if not f.is_file():
+        return []
+    try:
+        ids = json.loads(f.read_text()).get("eos_token_id")
+    except ValueError as e:
+        raise GrpoError(f"{f} is not valid JSON ({e}); fix it or remove it.") from None
+    return [int(i) for i in (ids if isinstance(ids, list) else [ids]) if i is not None]
+
+
+def _after_assistant(tokenizer) -> str:
+    """What the chat template writes after an assistant turn's words (its end-of-turn), stripped; "" if none."""
+    from jinja2.exceptions import TemplateError
+
+    mark = "Q7xZ"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}], tokenize=False
+        )
+    except TemplateError:
+        return ""
+    return text[text.rfind(mark) + len(mark) :].strip() if mark in text else ""
+
+
+def without_ends(text: str, ends: tuple[str, ...]) -> str:
+    """`text` without the end-of-turn markers (and whitespace) it ends with."""
+    text = text.rstrip()
+    while any(text.endswith(e) for e in ends):
+        text = text[: -len(next(e for e in ends if text.endswith(e)))].rstrip()
+    return text
+
+
+def with_ends(spec: ToolFormat, ends: tuple[str, ...]) -> ToolFormat:
+    """`spec` reading a turn with the tokenizer's end-of-turn markers stripped first."""
+    return ToolFormat(lambda text: spec.parse(without_ends(text, ends)), spec.detect, spec.special)
+
+
+def rendered_call(tokenizer, special: bool, calls: list[dict] | None = None) -> str:
+    """The text of an assistant turn making `calls` (the PROBE call), as the chat template writes it and an
+    episode decodes it (special tokens kept or not)."""
     user = [{"role": "user", "content": "x"}]
     turn = {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "id": "call00000", "function": PROBE}],
+        "tool_calls": [
+            {"type": "function", "id": f"call{i:05d}", "function": c} for i, c in enumerate(calls or [PROBE])
+        ],
     }
     head = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(user + [turn], tokenize=False)

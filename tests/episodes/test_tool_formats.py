@@ -7,6 +7,7 @@ tool calls as that family's template writes them); they are not the models' file
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,44 @@ def test_each_format_parses_back_the_calls_its_template_writes(name):
         assert parsed == calls, (name, rendered_turn(tok, calls))
     found, spec = resolve_format("auto", tok)
     assert found == name and round_trip(tok, spec) is None
+
+
+def reworded(template: str, markers: tuple[str, ...]) -> str:
+    """The template with each marker string split in two inside its literal (Jinja's ~ joins the halves when it
+    renders) and its header comment dropped: it writes the same calls, but its text holds no marker string."""
+    for m in markers:
+        template = template.replace(m, m[:1] + "' ~ '" + m[1:])
+    return re.sub(r"\{#.*?#\}", "", template, flags=re.S)
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_auto_reads_the_format_a_template_writes_not_the_words_it_holds(name, tmp_path, capsys):
+    """A fine-tuned model's edited template: the same calls, none of the family's marker strings. `auto` and
+    `grpo tools` find the format by parsing back what the template writes."""
+    tok = tokenizer(reworded(TEMPLATES[name], TOOL_FORMATS[name].detect))
+    assert not any(m in tok.chat_template for m in TOOL_FORMATS[name].detect)
+    assert rendered_turn(tok, CALLS) == rendered_turn(tokenizer(TEMPLATES[name]), CALLS)  # it writes the same
+    found, spec = resolve_format("auto", tok)
+    assert found == name and round_trip(tok, spec) is None
+    path = model_dir(tmp_path, name, chat_template=tok.chat_template)
+    assert grpo("tools", f"model.path={path}") == 0
+    out = "".join(capsys.readouterr())
+    assert f"env.tool_format=auto reads {name}" in out and f"  ok  {name}" in out, out
+
+
+@pytest.mark.parametrize("name", ["hermes", "mistral", "pythonic", "llama3_json"])
+def test_a_template_whose_end_of_turn_is_another_token_still_parses(name):
+    """The family's end-of-turn token replaced by <|end|> (eos stays </s>): the parsers strip what this template
+    writes after a turn, read from the template itself, not one family's list."""
+    family_end = {"hermes": "<|im_end|>", "mistral": "</s>", "pythonic": "<|eot_id|>", "llama3_json": "<|eot_id|>"}
+    tok = tokenizer(TEMPLATES[name].replace(family_end[name], "<|end|>"))
+    assert "<|end|>" in rendered_turn(tok, CALLS)
+    found, spec = resolve_format("auto", tok)
+    assert found == name and round_trip(tok, spec) is None
+    ids = tok(rendered_turn(tok, CALLS), add_special_tokens=False)["input_ids"]
+    assert spec.parse(tok.decode(ids, skip_special_tokens=not spec.special))[1] == CALLS
+    if spec.special:  # the family's own parser, unaided, refuses it: what the stripping is for
+        assert TOOL_FORMATS[name].parse(tok.decode(ids))[1] != CALLS
 
 
 @pytest.mark.parametrize(
