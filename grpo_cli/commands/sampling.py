@@ -125,7 +125,7 @@ def sampled_rows(roll, i: int, G: int, prompt: str, tokens: list) -> list[dict]:
     for r, ep in zip(rows, roll.episodes[i * G : (i + 1) * G] if roll.episodes is not None else []):
         r.update(
             completion=ep.transcript(),
-            messages=ep.messages,
+            messages=ep.logged_messages(),
             turns=ep.turns,
             tool_calls=ep.tool_calls,
             final=ep.final_text,

@@ -55,6 +55,8 @@ class Episode:
     non_string: int = 0
     truncated_results: int = 0  # tool results and observations cut to env.max_tokens before tokenizing
     cut: str | None = None  # "turns" or "tokens" when the episode ran out of either
+    unseen: list[dict] = field(default_factory=list)  # the environment's answer to the last turn, after a cut
+    observation: str | None = None  # what reset() appended to the prompt (with data=none, the whole task)
     done: bool = False
     reward: float = 0.0  # a step environment's rewards, added up
     seconds: float = 0.0  # time spent in the environment
@@ -68,17 +70,37 @@ class Episode:
         """The last assistant message's text: what built-in rewards (exact_match, ...) score."""
         return next((m["content"] for m in reversed(self.messages) if m["role"] == "assistant"), "")
 
+    def logged_messages(self) -> list[dict]:
+        """The messages, and after a cut the environment's answer the model never read, marked with the cut."""
+        return self.messages + [{**m, "cut": self.cut} for m in self.unseen]
+
+    def rendered(self, tokenizer) -> dict:
+        """Exactly the ids the model read, decoded, special tokens kept: the prompt, then each run of the model's
+        own tokens and of the template's (the environment's messages as rendered between turns)."""
+        runs: list[dict] = []
+        for tok, by_model in zip(self.ids, self.action):
+            who = "model" if by_model else "template"
+            if not runs or runs[-1]["by"] != who:
+                runs.append({"by": who, "ids": []})
+            runs[-1]["ids"].append(tok)
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        return {"prompt": decode(self.prompt_ids), "turns": [{"by": r["by"], "text": decode(r["ids"])} for r in runs]}
+
     def transcript(self) -> str:
         """The episode as readable lines, for the console and completions.jsonl."""
         lines = []
-        for m in self.messages:
+        for m in self.logged_messages():
             calls = "".join(
                 f" -> {c['function']['name']}({json.dumps(c['function']['arguments'])})"
                 for c in m.get("tool_calls", [])
             )
+            cut = f" (cut at env.max_{m['cut']}: never shown to the model)" if m.get("cut") else ""
             lines.append(
-                f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}] {text_of(m['content'])}{calls}"
+                f"[{m['role']}{'' if m['role'] != 'tool' else ' ' + m.get('name', '')}{cut}] "
+                f"{text_of(m['content'])}{calls}"
             )
+        if self.cut:
+            lines.append(f"[cut at env.max_{self.cut}]")
         return "\n".join(lines)
 
 
@@ -252,6 +274,7 @@ class EpisodeGenerator:
         if error is not None:
             raise GrpoError(f"env.factory={self.cfg.factory}: reset() failed ({error}); fix the environment's reset.")
         if text:
+            ep.observation = text if isinstance(text, str) else None
             if not isinstance(text, str):
                 raise GrpoError(
                     f"env.factory={self.cfg.factory}: reset() returned {type(text).__name__}; it must return "
@@ -343,12 +366,12 @@ class EpisodeGenerator:
             return
         new, tool_name = answer
         if turn + 1 == self.cfg.max_turns:
-            ep.done, ep.cut = True, "turns"
+            ep.done, ep.cut, ep.unseen = True, "turns", new
             return
         with self.tokenizing:
             suffix = env_tokens.after_turn(new, tool_name)
         if len(ep.ids) + len(suffix) >= self.cfg.max_tokens:  # no room for the answer and a reply
-            ep.done, ep.cut = True, "tokens"
+            ep.done, ep.cut, ep.unseen = True, "tokens", new
             return
         ep.messages += new
         ep.ids += suffix

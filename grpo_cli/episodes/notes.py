@@ -1,6 +1,6 @@
 """What a run with tools or an environment is warned of before its first step (run/build.py prints them):
 episodes that would run past the model's positions, an environment whose calls must run one at a time,
-and a chat template that ignores `tools=`."""
+a chat template that ignores `tools=`, and one that renders a tool result's content parts as a Python list."""
 
 from __future__ import annotations
 
@@ -19,12 +19,39 @@ def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:
             "at a time; call random.random() and the like through their module, draw from self.rng, or run "
             "it in environment workers (env.workers=N), where each call has the generator to itself."
         )
+    if env.kind == "tools":
+        notes.append(parts_note(tokenizer))
     if env.kind == "tools" and ignores_tools(tokenizer):
         notes.append(
             "the model's chat template ignores tools=, so the model never sees the tools' descriptions (it "
             "can still call tools it was trained to call, as the built-in tool model does); see grpo tools."
         )
     return [n for n in notes if n]
+
+
+def parts_note(tokenizer) -> str | None:
+    """A warning when the chat template renders a tool result given as content parts ([{"type": "text", ...}],
+    as TRL keeps them) as a Python list: the model would read the repr, not the text; None when it renders the
+    text, or cannot render parts at all (the episode says so when a tool returns them)."""
+    from jinja2.exceptions import TemplateError
+
+    text = "Q7xZ result"
+    parts = [{"type": "text", "text": text}]
+    call = {"type": "function", "id": "call00000", "function": {"name": "f", "arguments": {}}}
+    chat = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [*chat, {"role": "tool", "name": "f", "tool_call_id": "call00000", "content": parts}], tokenize=False
+        )
+    except (TemplateError, TypeError):  # it cannot render parts at all: the episode says so if a tool returns them
+        return None
+    if repr(parts) not in rendered and "'type': 'text'" not in rendered:
+        return None
+    return (
+        "the model's chat template renders a tool result given as content parts as a Python list "
+        f"({repr(parts)[:40]}...), so the model reads the repr, not the text; return a string from your tools "
+        "(join the parts' text), or use a template that renders content parts."
+    )
 
 
 def context_note(cfg, model, tokenizer, prompts: list[str], chat_template: bool) -> str | None:

@@ -54,7 +54,7 @@ def log_step(run, step: int, row: dict, roll) -> None:
     run.console.step(row)
     due = step % t.log_completions_every == 0 or step == t.steps if t.log_completions_every else False
     if due and t.log_completions_groups:  # the last step too: a short run still leaves a sample
-        sample = completion_rows(step, roll, t.log_completions_groups, run.user_text)
+        sample = completion_rows(step, roll, t.log_completions_groups, run.user_text, run.tokenizer)
         for r in sample:
             run.samples_log.write(r)
         show = shown_group(sample, roll.group_size)
@@ -65,9 +65,11 @@ def log_step(run, step: int, row: dict, roll) -> None:
         run.console.completions(show, f"step {step}: {what}; {len(sample)} in completions.jsonl")
 
 
-def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | None = None) -> list[dict]:
+def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | None = None, tokenizer=None) -> list[dict]:
     """Every completion of the first `groups` groups with its reward and advantage, for completions.jsonl;
-    the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it)."""
+    the prompt as the user wrote it (`user_text` maps a chat-rendered prompt back to it). An episode's row
+    also holds its messages (and after a cut the unseen answer, marked), reset()'s observation appended to the
+    prompt, and with `tokenizer` the text the model read, decoded from its ids (Episode.rendered)."""
     G, answers, user_text = roll.group_size, roll.answers, user_text or {}
     assert answers is not None and roll.rewards is not None and roll.advantages is not None, "a scored rollout"
     rows = [
@@ -85,8 +87,16 @@ def completion_rows(step: int, roll: Rollout, groups: int, user_text: dict | Non
     if roll.episodes is not None:  # the whole transcript: every turn, tool call and result
         for r, ep in zip(rows, roll.episodes):  # rows are the first groups' completions, in order
             r.update(
-                completion=ep.transcript(), messages=ep.messages, turns=ep.turns, tool_calls=ep.tool_calls, cut=ep.cut
+                completion=ep.transcript(),
+                messages=ep.logged_messages(),
+                turns=ep.turns,
+                tool_calls=ep.tool_calls,
+                cut=ep.cut,
             )
+            if ep.observation:
+                r.update(prompt=r["prompt"] + ep.observation, observation=ep.observation)
+            if tokenizer is not None:
+                r["rendered"] = ep.rendered(tokenizer)
     return rows
 
 

@@ -348,3 +348,22 @@ def test_grpo_tools_names_the_format_and_fails_when_none_reads_the_calls(tmp_pat
     assert grpo("tools", f"model.path={plain}") == 2
     err = capsys.readouterr().err
     assert "No tool-call format reads the calls the chat template of" in err and "Traceback" not in err
+
+
+def test_a_template_that_renders_content_parts_as_a_python_list_is_warned_about_before_training():
+    """TRL keeps a tool result given as content parts as parts; a template that prints them with ~ shows the
+    model their Python repr. The pre-flight note names it and the fix; a template that renders parts, or
+    cannot render them at all (the episode says so when a tool returns them), gets none."""
+    from grpo_cli.episodes.notes import parts_note
+
+    as_repr = TEMPLATES["hermes"].replace(TOOL, "{%- elif m.role == 'tool' %}{{ '<t>' ~ m.content ~ '</t>' }}")
+    note = parts_note(tokenizer(as_repr))
+    assert note is not None and "renders a tool result given as content parts as a Python list" in note
+    assert "return a string from your tools" in note
+    as_text = TEMPLATES["hermes"].replace(
+        TOOL,
+        "{%- elif m.role == 'tool' %}{{ '<t>' }}{%- if m.content is string %}{{ m.content }}{%- else %}"
+        "{%- for p in m.content %}{{ p.text }}{%- endfor %}{%- endif %}{{ '</t>' }}",
+    )
+    assert parts_note(tokenizer(as_text)) is None
+    assert parts_note(tokenizer(TEMPLATES["hermes"])) is None  # '+' with a list: cannot render parts at all
