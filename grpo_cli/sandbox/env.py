@@ -26,6 +26,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.registry import is_file_spec, split_spec
 from grpo_cli.sandbox import namespaces
 from grpo_cli.sandbox.program import scratch_prefix  # the code reward's test directories' names: one sweep finds both
+from grpo_cli.sandbox.reaper import reap_when_gone
 
 SCRATCH_MIB = 256
 PROCESSES = 256  # the worker's threads count: one per call in flight, and the calls a timeout abandoned
@@ -93,7 +94,8 @@ def confine(cfg: dict, keep_fd: int) -> None:
     sys.path[:] = [
         os.path.realpath(p or ".") for p in sys.path
     ]  # as the view shows them; '' is the trainer's directory
-    home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))  # swept at the next start if left behind
+    reap_when_gone()  # the worker's directory goes once it has ended, SIGKILL included (reaper.py)
+    home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
     root, work = os.path.join(home, "root"), os.path.join(home, "work")
     os.mkdir(root)
     uid = namespaces.own_uid() if os.getuid() == 0 else None  # as root: a user of its own, with a process limit

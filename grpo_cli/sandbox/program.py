@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import GrpoError
+from grpo_cli.sandbox.reaper import reap_when_gone
 
 CHILD = Path(__file__).with_name("child.py")
 NOBODY = 65534
@@ -95,6 +96,7 @@ class Sandbox:
     def run(self, program: str, test: tuple) -> tuple[bool, str]:
         """Whether `program` passes `test`, and what it wrote to stderr."""
         kind, given, want = test
+        reap_when_gone()  # this process's directories go once it has ended, SIGKILL included (reaper.py)
         home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
         try:
             work = os.path.join(home, "work")

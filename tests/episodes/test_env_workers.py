@@ -213,12 +213,26 @@ def test_env_worker_mistakes_are_one_sentence(override, message, tmp_path, capsy
     assert message in err and "Traceback" not in err
 
 
-def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path):
+@pytest.mark.parametrize("sandbox", ["none", "os"])
+def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path, sandbox):
     """grpo train of the tool demo with 2 environment workers, SIGKILLed once its workers are up: within 5 s
-    none of them is left (each asked to die with the trainer before it imported anything)."""
+    none of them is left (each asked to die with the trainer before it imported anything); confined
+    (env.sandbox=os), their scratch directories are gone too, removed by each worker's reaper."""
     import signal
     import subprocess
+    import tempfile
     import time
+
+    from grpo_cli.sandbox.program import scratch_prefix
+
+    if sandbox == "os":
+        probe = subprocess.run(
+            [sys.executable, "-c", "from grpo_cli.sandbox import namespaces as s; s.namespaces()"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode:
+            pytest.skip(f"the kernel refuses namespaces here: {probe.stderr.strip().splitlines()[-1]}")
 
     trainer = subprocess.Popen(
         [
@@ -228,6 +242,7 @@ def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path):
             "train",
             "experiment=tool_use",
             "env.workers=2",
+            f"env.sandbox={sandbox}",
             f"output_dir={tmp_path}",
             "trainer.steps=200",
             "trainer.eval_before_after=false",
@@ -236,12 +251,20 @@ def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    workers: list[int] = []
+
+    def homes() -> list[Path]:  # the workers' scratch directories (env.sandbox=os confines each in one)
+        return [p for w in workers for p in Path(tempfile.gettempdir()).glob(scratch_prefix(w) + "*")]
+
     try:
-        deadline, workers = time.monotonic() + 120, []
-        while len(workers) < 2 and time.monotonic() < deadline and trainer.poll() is None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and trainer.poll() is None:
             time.sleep(0.2)
             workers = workers_alive(trainer.pid)
+            if len(workers) == 2 and (sandbox != "os" or len(homes()) == 2):
+                break
         assert len(workers) == 2, "the run never started its 2 environment workers"
+        assert sandbox != "os" or len(homes()) == 2, "the workers never made their scratch directories"
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(10)
@@ -256,3 +279,7 @@ def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path):
     while any(map(running, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(running, workers)), "an environment worker outlived its trainer"
+    if sandbox == "os":
+        while homes() and time.monotonic() < deadline + 5:
+            time.sleep(0.1)
+        assert homes() == [], "a killed worker's scratch directory was left behind"

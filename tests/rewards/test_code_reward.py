@@ -229,9 +229,10 @@ def test_a_daemon_the_program_starts_in_a_session_of_its_own_dies_with_the_test(
     assert wait_gone(marker, 2) == [], "the program's daemon outlived its test"
 
 
-def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_at_the_next_start(tmp_path):
+def test_a_trainer_killed_mid_test_leaves_no_process_and_no_directory(tmp_path):
     """A process scoring a program that sleeps is SIGKILLed mid-test: within 5 s no process of the test (nor
-    the daemon it started) is left, and the next sandbox to start removes the directory the dead one left."""
+    the daemon it started) is left, and its reaper has removed the test's directory and ended; the next
+    sandbox to start sweeps what a killed reaper would have left."""
     import signal
     import subprocess
     import sys
@@ -258,9 +259,13 @@ def test_a_trainer_killed_mid_test_leaves_no_process_and_its_directory_is_swept_
     trainer.wait(10)
     assert wait_gone(f"parent={trainer.pid}\0", 5) == [], "the test outlived its trainer"
     assert wait_gone(marker, 5) == [], "the test's daemon outlived its trainer"
-    assert left and all(os.path.isdir(d) for d in left)  # a killed process cannot remove its own
+    assert left, "the test had no directory"
+    reaper = f"grpo_cli.sandbox.reaper\0{trainer.pid}\0"
+    assert wait_gone(reaper, 5) == [], "the trainer's reaper outlived its work"
+    assert not any(os.path.exists(d) for d in left), "a dead process's sandbox directory was left behind"
+    stale = tempfile.mkdtemp(prefix=scratch_prefix(trainer.pid))  # as a killed reaper would leave it
     Sandbox(1, 256, 64, 16)
-    assert not any(os.path.exists(d) for d in left), "a dead process's sandbox directory was not swept"
+    assert not os.path.exists(stale), "the next start did not sweep a dead process's directory"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can make a file immutable (chattr +i)")
