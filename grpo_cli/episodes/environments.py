@@ -258,7 +258,7 @@ class EnvWorkers:
         self.settings = ({**settings, "workers": 0}, memory_gib)
         self.confined = settings.get("sandbox") == "os"  # sandbox/env.py: read as plain data, output unshown
         if self.confined:
-            from grpo_cli.sandbox.program import sweep_stale
+            from grpo_cli.sandbox.scratch import sweep_stale
 
             sweep_stale()  # the scratch directories of workers killed with an earlier run
         self.timeout_s = float(cfg.timeout_s)
@@ -342,7 +342,7 @@ class EnvWorkers:
                 helper.close(grace_s=2.0)
         self.helpers = [None] * len(self.helpers)
         if self.confined:
-            from grpo_cli.sandbox.program import sweep_stale
+            from grpo_cli.sandbox.scratch import sweep_stale
 
             sweep_stale()  # a worker killed (a deadline, a forged message) could not remove its scratch directory
 

@@ -25,8 +25,7 @@ import tempfile
 from grpo_cli.errors import GrpoError
 from grpo_cli.registry import is_file_spec, split_spec
 from grpo_cli.sandbox import namespaces
-from grpo_cli.sandbox.program import scratch_prefix  # the code reward's test directories' names: one sweep finds both
-from grpo_cli.sandbox.reaper import reap_when_gone
+from grpo_cli.sandbox.scratch import reap_when_gone, scratch_prefix  # as the code reward's: one sweep finds both
 
 SCRATCH_MIB = 256
 PROCESSES = 256  # the worker's threads count: one per call in flight, and the calls a timeout abandoned
@@ -94,7 +93,7 @@ def confine(cfg: dict, keep_fd: int) -> None:
     sys.path[:] = [
         os.path.realpath(p or ".") for p in sys.path
     ]  # as the view shows them; '' is the trainer's directory
-    reap_when_gone()  # the worker's directory goes once it has ended, SIGKILL included (reaper.py)
+    reap_when_gone()  # the worker's directory goes once it has ended, SIGKILL included (sandbox/scratch.py)
     home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
     root, work = os.path.join(home, "root"), os.path.join(home, "work")
     os.mkdir(root)

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import marshal
 import os
-import re
 import secrets
 import select
-import shutil
 import signal
 import stat
 import subprocess
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_cli.errors import GrpoError
-from grpo_cli.sandbox.reaper import reap_when_gone
+from grpo_cli.sandbox.scratch import reap_when_gone, remove_tree, scratch_prefix, sweep_stale
 
 CHILD = Path(__file__).with_name("child.py")
 NOBODY = 65534
@@ -96,7 +94,7 @@ class Sandbox:
     def run(self, program: str, test: tuple) -> tuple[bool, str]:
         """Whether `program` passes `test`, and what it wrote to stderr."""
         kind, given, want = test
-        reap_when_gone()  # this process's directories go once it has ended, SIGKILL included (reaper.py)
+        reap_when_gone()  # this process's directories go once it has ended, SIGKILL included (scratch.py)
         home = tempfile.mkdtemp(prefix=scratch_prefix(os.getpid()))
         try:
             work = os.path.join(home, "work")
@@ -152,76 +150,6 @@ class Sandbox:
                 return None, message
             out.seek(0)
             return out.read(self.settings["file_bytes"] + 1).decode(errors="replace"), message
-
-
-SCRATCH = "grpo-sandbox-"  # a test's directory: grpo-sandbox-<its maker's PID namespace>-<its maker's pid>-<random>
-FS_IOC_SETFLAGS = 0x40086602  # clears chattr's immutable and append-only flags (as root)
-
-
-def remove_tree(path: str) -> None:
-    """Remove a test's directory whatever the program did to it: modes taken away, files made immutable or
-    append-only (chattr, as root), which block removal until the flags are cleared, or directories nested
-    deeper than Python's recursion limit (rm removes those)."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        subprocess.run(["rm", "-rf", "--one-file-system", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if not os.path.lexists(path):
-        return
-    import fcntl
-    import struct
-
-    def free(name: str) -> None:  # a regular file or directory only: opening a device or FIFO could act
-        try:
-            if stat.S_ISREG(os.lstat(name).st_mode) or stat.S_ISDIR(os.lstat(name).st_mode):
-                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-                try:
-                    fcntl.ioctl(fd, FS_IOC_SETFLAGS, struct.pack("i", 0))
-                finally:
-                    os.close(fd)
-                os.chmod(name, 0o700)
-        except OSError:  # a flag the filesystem does not have, or a file gone meanwhile
-            pass
-
-    free(path)  # first, so a directory whose modes were taken away can be listed
-    try:
-        for root, dirs, files in os.walk(path):  # top down: each directory is freed before it is listed
-            for name in dirs + files:
-                free(os.path.join(root, name))
-    except RecursionError:  # deeper than Python's limit: what is freed by then is removed below
-        pass
-    subprocess.run(["rm", "-rf", "--one-file-system", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def scratch_prefix(pid: int | str) -> str:
-    """The name a test directory of process `pid` (of this PID namespace) starts with. The namespace is part
-    of it: a /tmp shared with another container holds pids that mean other processes there."""
-    try:
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:  # no /proc (not Linux)
-        namespace = 0
-    return f"{SCRATCH}{namespace}-{pid}-"
-
-
-def sweep_stale() -> None:
-    """Remove the test directories of processes that have ended (a trainer or reward worker killed mid-test
-    could not remove its own): each directory's name carries the PID namespace and pid of its maker."""
-    pattern = re.compile(re.escape(scratch_prefix("PID")).replace("PID", r"(\d+)"))
-    with os.scandir(tempfile.gettempdir()) as entries:
-        for entry in entries:
-            match = pattern.match(entry.name)
-            if match and entry.is_dir(follow_symlinks=False) and not _alive(int(match.group(1))):
-                remove_tree(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _ended_within(proc: subprocess.Popen, seconds: float) -> bool:

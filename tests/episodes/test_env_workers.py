@@ -17,7 +17,7 @@ from grpo_cli.config import EnvConfig, SamplerConfig
 from grpo_cli.episodes import environments
 from grpo_cli.models.loading import load_model
 from grpo_cli.run.console import Console
-from helpers import grpo, metric_rows, read_jsonl
+from helpers import grpo, metric_rows, read_jsonl, sandbox_runs_here
 
 environment = environments.environment
 
@@ -223,16 +223,10 @@ def test_a_trainer_killed_mid_run_takes_its_environment_workers_along(tmp_path, 
     import tempfile
     import time
 
-    from grpo_cli.sandbox.program import scratch_prefix
+    from grpo_cli.sandbox.scratch import scratch_prefix
 
     if sandbox == "os":
-        probe = subprocess.run(
-            [sys.executable, "-c", "from grpo_cli.sandbox import namespaces as s; s.namespaces()"],
-            capture_output=True,
-            text=True,
-        )
-        if probe.returncode:
-            pytest.skip(f"the kernel refuses namespaces here: {probe.stderr.strip().splitlines()[-1]}")
+        sandbox_runs_here()
 
     trainer = subprocess.Popen(
         [

@@ -22,7 +22,8 @@ from grpo_cli.config import RewardConfig
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import build_reward
 from grpo_cli.rewards.code import extract_program, parse_tests
-from grpo_cli.sandbox.program import CHILD, scratch_prefix
+from grpo_cli.sandbox.program import CHILD
+from grpo_cli.sandbox.scratch import scratch_prefix
 
 ADD_IO = [
     {"input": "3 4\n", "output": "7\n"},
@@ -260,7 +261,7 @@ def test_a_trainer_killed_mid_test_leaves_no_process_and_no_directory(tmp_path):
     assert wait_gone(f"parent={trainer.pid}\0", 5) == [], "the test outlived its trainer"
     assert wait_gone(marker, 5) == [], "the test's daemon outlived its trainer"
     assert left, "the test had no directory"
-    reaper = f"grpo_cli.sandbox.reaper\0{trainer.pid}\0"
+    reaper = f"grpo_cli.sandbox.scratch\0{trainer.pid}\0"
     assert wait_gone(reaper, 5) == [], "the trainer's reaper outlived its work"
     assert not any(os.path.exists(d) for d in left), "a dead process's sandbox directory was left behind"
     stale = tempfile.mkdtemp(prefix=scratch_prefix(trainer.pid))  # as a killed reaper would leave it

@@ -27,6 +27,7 @@ from grpo_cli.errors import GrpoError
 from grpo_cli.procs import subprocesses
 from grpo_cli.procs.subprocesses import plain_loads, to_plain
 from grpo_cli.sandbox.namespaces import OWN_IDS
+from helpers import sandbox_runs_here
 
 TOOLS = '''
 import os, pickle, signal, socket, subprocess, sys
@@ -134,19 +135,6 @@ def open_tool(where: Path, sandbox: str):
     return spec, attempt
 
 
-def sandbox_runs_here() -> None:
-    from grpo_cli.sandbox import namespaces as sandbox_os
-
-    probe = subprocess.run(
-        [sys.executable, "-c", "from grpo_cli.sandbox import namespaces as s; s.namespaces()"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode:
-        pytest.skip(f"the kernel refuses namespaces here: {probe.stderr.strip().splitlines()[-1]}")
-    assert sandbox_os.NUMBERS  # the filter has a table: a machine without one is refused by the sandbox itself
-
-
 def test_a_confined_tool_reaches_nothing_of_the_machine_or_the_trainer(tools, capfd):
     sandbox_runs_here()
     spec, attempt = open_tool(tools, "os")
@@ -228,7 +216,7 @@ def test_nothing_is_left_behind_after_close_or_a_killed_worker(tools):
     """A daemon the tool starts in its own session ends with its worker; a killed worker's scratch directory
     is swept; after close no worker and no scratch directory of this process's workers remain."""
     sandbox_runs_here()
-    from grpo_cli.sandbox.program import scratch_prefix
+    from grpo_cli.sandbox.scratch import scratch_prefix
 
     spec, attempt = open_tool(tools, "os")
     try:
