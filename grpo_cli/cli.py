@@ -167,7 +167,7 @@ def _command(command: str, plain, out_dir: Path, console: Console, rank: int, in
 def write_job_summary(out_dir: Path, row: dict) -> None:
     """summary.json in a sweep job's directory: what the sweep's table is built from, whichever launcher
     ran the job (in this process, joblib workers, Slurm through submitit)."""
-    from grpo_cli.commands.sweep import SUMMARY_FILE
+    from grpo_cli.commands import SUMMARY_FILE
 
     job = HydraConfig.get().job
     row = {"job": job.num, "overrides": list(HydraConfig.get().overrides.task), **row, "run_dir": str(out_dir)}
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> object:
     sys.argv = [f"grpo {command}"] + rest
     try:
         _entry(command)()
-        sweep = sys.modules.get("grpo_cli.commands.sweep")  # imported by a multirun's callback alone
-        failed_jobs = sweep.failed_jobs if sweep else []
+        from grpo_cli.commands import failed_jobs  # filled by a multirun's callback alone
+
         if failed_jobs:
             print(f"error: sweep jobs {', '.join(failed_jobs)} failed (see the table above).", file=sys.stderr)
             sys.exit(2)

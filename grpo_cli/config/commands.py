@@ -34,6 +34,9 @@ class Shared:
     )
 
 
+NO_RESUME = ("", "false", "none", "no", "0")  # resume= values that start a new run (as null does)
+
+
 @dataclass
 class TrainConfig(Shared):
     optimizer: OptimizerConfig = setting(factory=OptimizerConfig, help="optimiser, schedule, grad clipping")

@@ -5,9 +5,25 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from grpo_cli.config.declare import rule, setting
+
+# The checkout grpo runs from (make setup installs it editable): the presets' models/... are built there by
+# `make smollm2`, and found from any directory. Installed from a wheel, it is site-packages' parent: no models/.
+CHECKOUT = Path(__file__).resolve().parents[2]  # grpo_cli/config/model.py -> the checkout
+PRESET_MODELS = "models/"  # the presets' local folder: a path under it is never a hub id
+
+
+def located(path: str) -> str:
+    """`path` as given where it exists (or is absolute, a built-in, or may be a hub id); a relative path
+    missing here that the checkout holds (a preset's models/..., run from another directory), the checkout's."""
+    local = Path(path).expanduser()
+    if path.startswith("builtin:") or local.is_absolute() or local.exists():
+        return path
+    return str(CHECKOUT / local) if (CHECKOUT / local).exists() else path
+
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Llama / Qwen names
 DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?|xpu(:\d+)?)$")
@@ -81,9 +97,7 @@ class ModelConfig:
     )
     lora: LoraConfig = setting(factory=LoraConfig, help="LoRA adapters through peft (pip install 'grpo-cli[peft]')")
 
-    def __post_init__(self):  # the presets' models/... found from any directory (models/paths.py)
-        from grpo_cli.models.paths import located
-
+    def __post_init__(self):  # the presets' models/... found from any directory
         self.path = located(self.path)
 
 

@@ -6,25 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_cli.config import model as model_config  # where the presets' models/ are (read when asked)
+
 BUILTIN = {
     "builtin:tiny": Path(__file__).parents[1] / "assets" / "tiny",
     "builtin:tiny-tools": Path(__file__).parents[1] / "assets" / "tiny_tools",  # tiny_tools.py
     "builtin:tiny-chain": Path(__file__).parents[1] / "assets" / "tiny_chain",
 }  # tiny_chain.py
 ADAPTER_CONFIG = "adapter_config.json"  # what peft writes beside a LoRA adapter
-# The checkout grpo runs from (make setup installs it editable): the presets' models/... are built there by
-# `make smollm2`, and found from any directory. Installed from a wheel, it is site-packages' parent: no models/.
-CHECKOUT = Path(__file__).resolve().parents[2]
-PRESET_MODELS = "models/"  # the presets' local folder: a path under it is never a hub id
-
-
-def located(path: str) -> str:
-    """`path` as given where it exists (or is absolute, a built-in, or may be a hub id); a relative path
-    missing here that the checkout holds (a preset's models/..., run from another directory), the checkout's."""
-    local = Path(path).expanduser()
-    if path.startswith("builtin:") or local.is_absolute() or local.exists():
-        return path
-    return str(CHECKOUT / local) if (CHECKOUT / local).exists() else path
 
 
 def is_adapter_dir(path) -> bool:
@@ -46,10 +35,10 @@ def local_problem(path: str, key: str) -> str | None:
                 "point it at a directory written by save_pretrained (or a LoRA adapter directory)"
             )
         return None
-    if path.startswith(PRESET_MODELS):
+    if path.startswith(model_config.PRESET_MODELS):
         return (
-            f"{key}={path} is in neither {Path.cwd()} nor {CHECKOUT}: the presets' models are built into the "
-            "checkout's models/ (run `make smollm2` there), or pass the model's directory"
+            f"{key}={path} is in neither {Path.cwd()} nor {model_config.CHECKOUT}: the presets' models are built "
+            "into the checkout's models/ (run `make smollm2` there), or pass the model's directory"
         )
     # hub ids are "org/name"; "x/y" where ./x exists is a local path that is missing, not a hub id
     if path.startswith((".", "/", "~")) or path.count("/") > 1 or (path.count("/") == 1 and local.parent.is_dir()):

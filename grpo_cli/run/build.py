@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from rich.markup import escape
 
 from grpo_cli.config import check, reference_in_worker
+from grpo_cli.config.commands import NO_RESUME
 from grpo_cli.data.prompts import USER_PROMPT, encode_prompts
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
 from grpo_cli.episodes import env_notes, environment, generator_for
@@ -36,8 +37,6 @@ from grpo_cli.run.checkpoint import (
     clean_temporaries,
     experiment_diff,
     load_state,
-    resolve_resume,
-    set_aside,
     write_config,
 )
 from grpo_cli.run.console import Console, MetricsLog
@@ -107,7 +106,11 @@ def open_run_dir(run_dir: Path, dist: Dist) -> None:
 def resume_point(cfg, run_dir: Path, console: Console, skipped: list) -> tuple[Path | None, dict, Path]:
     """(checkpoint to resume from, its state, the run directory): a new run's directory must not hold
     another run already, unless overwrite=true clears it. Checkpoints resume=auto skipped go to `skipped`."""
-    resume_from = resolve_resume(cfg.resume, run_dir, warn=console.warn, skipped=skipped)
+    resume_from = None
+    if cfg.resume is not None and str(cfg.resume).strip().lower() not in NO_RESUME:  # a new run loads none of it
+        from grpo_cli.run.resume import resolve_resume
+
+        resume_from = resolve_resume(cfg.resume, run_dir, warn=console.warn, skipped=skipped)
     if resume_from is None:
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         if held and str(cfg.resume).strip().lower() != "auto" and not cfg.overwrite:
@@ -400,7 +403,9 @@ def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist,
     """Rank 0 empties the directory (overwrite=true), removes what an interrupted save left, moves the
     checkpoints resume skipped aside (their next save would replace them), and writes the config once the
     run is accepted, never over another run's."""
-    if dist.is_main:
+    if dist.is_main and skipped:
+        from grpo_cli.run.resume import set_aside
+
         set_aside(list(skipped))
         if cfg.overwrite and resume_from is None:
             for name in RUN_FILES:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from grpo_cli.config.commands import NO_RESUME
 from grpo_cli.config.data import FILE_FORMATS
 from grpo_cli.config.declare import Problems
 from grpo_cli.config.reward import term_specs
@@ -32,7 +33,7 @@ def check_train_paths(cfg) -> None:
             if path and Path(path).suffix.lower() in FILE_FORMATS:
                 p.need(Path(path).expanduser().is_file(), f"data.{key}={path} does not exist")
     resume = str(cfg.resume).strip() if cfg.resume is not None else ""
-    if resume.lower() not in ("", "false", "none", "no", "0", "auto"):  # as run/checkpoint.resolve_resume reads it
+    if resume.lower() not in (*NO_RESUME, "auto"):  # as run/resume.resolve_resume reads it
         p.need(
             Path(resume).expanduser().exists(),
             f"resume={resume} is neither a checkpoint nor a run directory: "

@@ -1,6 +1,7 @@
 """Where a model path points (models/paths.py): a preset's models/... is found from any directory, in the checkout
 grpo runs from, and a missing one says where it was looked for and how to build it."""
 
+from grpo_cli.config import model as paths_config
 from grpo_cli.config.model import ModelConfig
 from grpo_cli.models import paths
 
@@ -10,7 +11,7 @@ def test_a_preset_s_model_is_found_in_the_checkout_from_another_directory(tmp_pa
     (checkout / "models" / "Small").mkdir(parents=True)
     (checkout / "models" / "Small" / "config.json").write_text("{}")
     elsewhere.mkdir()
-    monkeypatch.setattr(paths, "CHECKOUT", checkout)
+    monkeypatch.setattr(paths_config, "CHECKOUT", checkout)
     monkeypatch.chdir(elsewhere)
     assert ModelConfig(path="models/Small").path == str(checkout / "models" / "Small")
     assert paths.local_problem(ModelConfig(path="models/Small").path, "model.path") is None
@@ -20,7 +21,7 @@ def test_a_preset_s_model_is_found_in_the_checkout_from_another_directory(tmp_pa
 
 
 def test_a_preset_s_missing_model_names_both_places_and_make_smollm2(tmp_path, monkeypatch):
-    monkeypatch.setattr(paths, "CHECKOUT", tmp_path / "checkout")
+    monkeypatch.setattr(paths_config, "CHECKOUT", tmp_path / "checkout")
     monkeypatch.chdir(tmp_path)
     problem = paths.local_problem("models/SmolLM2-135M-Instruct", "model.path")
     assert problem is not None
