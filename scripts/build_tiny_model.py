@@ -5,7 +5,7 @@
     python scripts/build_tiny_model.py --tools          # the tool-calling model, grpo_cli/assets/tiny_tools
     python scripts/build_tiny_model.py --chain          # the multi-call model, grpo_cli/assets/tiny_chain
 
-Deterministic for a given seed on CPU. See grpo_cli/demo/tiny.py for what the warm-up does and why.
+Deterministic for a given seed on CPU. See scripts/tiny_models/tiny.py for what the warm-up does and why.
 """
 
 import argparse
@@ -13,13 +13,17 @@ from pathlib import Path
 
 import torch
 
-from grpo_cli.demo import tiny, tiny_chain, tiny_tools
+from tiny_models import tiny, tiny_chain, tiny_tools
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tools", action="store_true", help="build the tool-calling model (grpo_cli/demo/tiny_tools.py)")
-    p.add_argument("--chain", action="store_true", help="build the multi-call model (grpo_cli/demo/tiny_chain.py)")
+    p.add_argument(
+        "--tools", action="store_true", help="build the tool-calling model (tiny_models/tiny_tools.py)"
+    )
+    p.add_argument(
+        "--chain", action="store_true", help="build the multi-call model (tiny_models/tiny_chain.py)"
+    )
     p.add_argument(
         "--out", default=None, help="default: grpo_cli/assets/tiny (tiny_tools with --tools, tiny_chain with --chain)"
     )

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from grpo_cli.demo import tiny
+from tiny_models import tiny
 
 
 @pytest.fixture(scope="session")

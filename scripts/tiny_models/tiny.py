@@ -11,7 +11,7 @@ distribution, so its *greedy* answer is the slip on about 70% of problems, while
 a third of the probability: the knowledge GRPO needs is there, and what it changes shows in greedy
 decoding as well as in sampled accuracy.
 
-How it works in detail: docs/internals.md, grpo_cli/demo/tiny.py.
+How it works in detail: docs/internals.md, scripts/tiny_models/tiny.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from grpo_cli.data.tasks import LETTERS, link_problems
-from grpo_cli.demo import tiny, tiny_tools
+from tiny_models import tiny, tiny_tools
 
 
 def call_text(key: str) -> str:

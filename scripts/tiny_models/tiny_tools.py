@@ -8,7 +8,7 @@ operands up to 999:
   a fifth of those targets are right, and the model, too small to add three-digit numbers, ends up
   right on 3% of held-out problems when it answers greedily.
 
-How it works in detail: docs/internals.md, grpo_cli/demo/tiny_tools.py.
+How it works in detail: docs/internals.md, scripts/tiny_models/tiny_tools.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from grpo_cli.data.tasks import long_addition_problems
-from grpo_cli.demo import tiny
+from tiny_models import tiny
 
 CHARS = tiny.CHARS + list("{}[]")
 # One Jinja template for the whole conversation: the user's text as it is, the assistant's text and

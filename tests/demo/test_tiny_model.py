@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_cli.data.tasks import arithmetic_problems
-from grpo_cli.demo import tiny
 from grpo_cli.models.loading import load_model, load_tokenizer, resolve_path
 from grpo_cli.rewards.exact_match import extract_answer, is_correct
 from helpers import generate
+from tiny_models import tiny
 
 TEXTS = ["12+7=19", "a b  c", "<answer>42</answer>", "what is 3*4?"]
 

@@ -12,13 +12,13 @@ from omegaconf import OmegaConf
 
 from grpo_cli.config import RewardConfig, register_configs
 from grpo_cli.data.tasks import PromptBatch
-from grpo_cli.demo import tiny
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.hf import HFGenerator
 from grpo_cli.rewards import Judge, build_reward
 from grpo_cli.rollout import source
 from grpo_cli.samples.settings import StepSettings
 from helpers import SMALL, grpo, grpo_process, read_jsonl
+from tiny_models import tiny
 
 OWN_DATA = ["trainer.steps=2", *SMALL, "trainer.save_every=1000"]  # the data is the test's own files
 # Lowercase only: the built-in tiny tokenizer has no capitals.

@@ -183,7 +183,7 @@ def test_a_local_model_directory_of_another_architecture_trains(tmp_path):
     """model.path= takes any Hugging Face causal LM directory (here a random tiny Qwen2, built offline)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_cli.demo import tiny
+    from tiny_models import tiny
 
     tok = tiny.build_tokenizer()
     torch.manual_seed(0)

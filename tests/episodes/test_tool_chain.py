@@ -8,9 +8,9 @@ import pytest
 
 from grpo_cli.config import DataConfig
 from grpo_cli.data.tasks import LETTERS, link_problems
-from grpo_cli.demo import tiny_chain, tiny_tools
 from grpo_cli.demo.tools import Links
 from helpers import grpo, metric_rows, read_jsonl, refusal
+from tiny_models import tiny_chain, tiny_tools
 
 
 def test_link_problems_follow_their_own_tables_are_seeded_and_hold_out_the_first_rows():

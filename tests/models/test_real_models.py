@@ -338,7 +338,7 @@ def test_constant_norm_divides_by_sampler_max_new_tokens_not_the_batch_s_longest
 
 
 def test_dropout_is_off_in_every_loaded_model(tmp_path):
-    from grpo_cli.demo import tiny
+    from tiny_models import tiny
 
     tok = tiny.build_tokenizer()
     torch.manual_seed(0)

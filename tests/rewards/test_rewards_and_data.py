@@ -6,12 +6,12 @@ import pytest
 
 from grpo_cli.config import DataConfig, RewardConfig
 from grpo_cli.data.tasks import PromptOrder, arithmetic_problems, load_data, long_addition_problems
-from grpo_cli.demo import tiny
 from grpo_cli.errors import GrpoError
 from grpo_cli.rewards import BUILDERS, build_reward, score_batch
 from grpo_cli.rewards.exact_match import answer_extractor, exact_match_reward, extract_answer, is_correct
 from grpo_cli.rewards.length import overlong_penalty
 from helpers import checked, refusal
+from tiny_models import tiny
 
 
 @pytest.mark.parametrize(
