@@ -21,8 +21,8 @@ MAX_LOOP_LINES = 30
 # 120 modules after ruff's formatter; a default one-step run imported 11,352 lines in 75 modules on a machine
 # whose peaks were not cached yet, the probe among them). Lower them when the code shrinks; a change that grows
 # past them needs a room of its own, or a lazy import.
-MAX_PACKAGE_LINES = 17_800
-MAX_DEFAULT_RUN_IMPORT_LINES = 11_360
+MAX_PACKAGE_LINES = 17_760
+MAX_DEFAULT_RUN_IMPORT_LINES = 11_260
 # The stages, bottom up: a package imports only from those before it and from the shared root modules.
 STAGES = (
     "procs",
