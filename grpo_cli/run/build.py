@@ -403,10 +403,11 @@ def claim_run_dir(cfg, run_dir: Path, resume_from, console: Console, dist: Dist,
     """Rank 0 empties the directory (overwrite=true), removes what an interrupted save left, moves the
     checkpoints resume skipped aside (their next save would replace them), and writes the config once the
     run is accepted, never over another run's."""
-    if dist.is_main and skipped:
-        from grpo_cli.run.resume import set_aside
+    if dist.is_main:
+        if skipped:
+            from grpo_cli.run.resume import set_aside
 
-        set_aside(list(skipped))
+            set_aside(list(skipped))
         if cfg.overwrite and resume_from is None:
             for name in RUN_FILES:
                 shutil.rmtree(run_dir / name, ignore_errors=True) if (run_dir / name).is_dir() else (
