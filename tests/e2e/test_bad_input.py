@@ -778,3 +778,14 @@ def test_a_reward_signature_is_read_before_the_model_loads():
     with pytest.raises(GrpoError, match=r"positional\(\) requires completions"):
         check_signature(positional, "m:positional", columns)
     check_signature(needs, "m:needs", [*columns, "solution"])
+
+
+def test_a_worker_deadline_shorter_than_a_step_is_one_sentence(tmp_path, capsys):
+    """generator.timeout_s=0.01 with a generation worker: the worker cannot sample a step that fast, and its
+    weight transport joins on the start's deadline, not this one (once a traceback from gloo's connect)."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", f"output_dir={tmp_path}/run", *FAST, "generator.worker=true", "generator.timeout_s=0.01"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "the generation worker did not answer within 0.01 s" in errors[0], err[-2000:]
