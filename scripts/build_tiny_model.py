@@ -18,12 +18,8 @@ from tiny_models import tiny, tiny_chain, tiny_tools
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--tools", action="store_true", help="build the tool-calling model (tiny_models/tiny_tools.py)"
-    )
-    p.add_argument(
-        "--chain", action="store_true", help="build the multi-call model (tiny_models/tiny_chain.py)"
-    )
+    p.add_argument("--tools", action="store_true", help="build the tool-calling model (tiny_models/tiny_tools.py)")
+    p.add_argument("--chain", action="store_true", help="build the multi-call model (tiny_models/tiny_chain.py)")
     p.add_argument(
         "--out", default=None, help="default: grpo_cli/assets/tiny (tiny_tools with --tools, tiny_chain with --chain)"
     )
