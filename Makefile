@@ -82,6 +82,7 @@ test-next:
 	PIP_CONFIG_FILE=/dev/null .venv-next/bin/pip install -q --upgrade pip packaging
 	PIP_CONFIG_FILE=/dev/null .venv-next/bin/pip install -q --no-cache-dir --upgrade $$(.venv-next/bin/python scripts/bounds.py uncapped $(NEXT_EXTRAS))
 	PIP_CONFIG_FILE=/dev/null .venv-next/bin/pip install -q --no-deps -e .
+	.venv-next/bin/pip list 2>/dev/null | grep -iE "^(torch|transformers|tokenizers|datasets|hydra-core|omegaconf|peft|rich) "
 	.venv-next/bin/python scripts/bounds.py beyond $(NEXT_EXTRAS)
 	$(TEST_ENV) .venv-next/bin/python -m pytest -q -n $(TEST_WORKERS) --fast $(ARGS) \
 		|| { .venv-next/bin/python scripts/bounds.py beyond $(NEXT_EXTRAS); exit 1; }
