@@ -47,7 +47,6 @@ TIMING = _Timing(
         "health/memory_growth",
         "push_s",
         "wait_s",
-        "env_s",
         "worker/gen_s",
         "worker/score_s",
         "gen_floor_s",

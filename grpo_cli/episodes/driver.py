@@ -435,9 +435,8 @@ def episode_metrics(episodes: list[Episode], record) -> None:
     }
     for k, v in sums.items():
         record.mean(k, float(v), n)
-    wall = max((ep.env_wall for ep in episodes), default=0.0)  # the step's wall time in environment calls
-    record.max("env/seconds", wall)
-    record.max("env_s", wall)  # the same, under the name the phases and their floors read (run/floors.py)
+    # the step's wall time in environment calls: the environment phase that run/floors.py splits out of generation
+    record.max("env/seconds", max((ep.env_wall for ep in episodes), default=0.0))
     record.sum("env/call_seconds", sum(ep.seconds for ep in episodes))  # summed: more than the wall when concurrent
     record.sum("multiturn/prefill_tokens", sum(ep.context_tokens for ep in episodes))
     record.sum("multiturn/kv_reused_tokens", sum(ep.kv_reused for ep in episodes))

@@ -2,7 +2,7 @@
 the hardware allows.
 
 Phases, from the metrics rows (seconds per step, summed over the run): generation (the model's sampling;
-`gen_s` less the environment's share), environment (episodes' calls between turns, wall time: `env_s`),
+`gen_s` less the environment's share), environment (episodes' calls between turns, wall time: `env/seconds`),
 scoring (advantages and the extra forwards: reference, old log-probs), update (forwards and backwards,
 AdamW), push (weights into a generator with its own copy) and wait (the trainer idle while a generation
 worker answers the steps asked ahead, before a push). A row's `seconds` is the step's wall time: these
@@ -230,7 +230,7 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
     """Each phase's seconds, summed over the rows."""
     total = {p: 0.0 for p in PHASES}
     for r in rows:
-        env = r.get("env_s", 0.0)
+        env = r.get("env/seconds", 0.0)
         total["generation"] += max(r.get("gen_s", 0.0) - env, 0.0)
         total["environment"] += env
         total["scoring"] += r.get("score_s", 0.0)

@@ -33,15 +33,11 @@ def aside(checkpoint: Path) -> Path:
     return target
 
 
-def set_aside(skipped: list[Path]) -> list[tuple[Path, Path]]:
+def set_aside(skipped: list[Path]) -> None:
     """Move each checkpoint resume skipped to its aside() name (rank 0, once the run is accepted)."""
-    moved = []
     for checkpoint in skipped:
         if checkpoint.exists():
-            target = aside(checkpoint)
-            os.replace(checkpoint, target)
-            moved.append((checkpoint, target))
-    return moved
+            os.replace(checkpoint, aside(checkpoint))
 
 
 def fallback_line(skipped: list[Path], found: Path | None, reasons: list[str]) -> str:

@@ -19,7 +19,7 @@ from helpers import FAST, grpo
 ROWS = [
     {
         "gen_s": 1.0,
-        "env_s": 0.25,
+        "env/seconds": 0.25,
         "score_s": 0.5,
         "update_s": 2.0,
         "push_s": 0.25,
@@ -178,7 +178,7 @@ def test_the_line_names_the_largest_phase_and_its_ratio():
     env_bound = [
         {
             "gen_s": 3.0,
-            "env_s": 2.5,
+            "env/seconds": 2.5,
             "update_s": 1.0,
             "completion_len_max": 1,
             "prompt_tokens": 1,
