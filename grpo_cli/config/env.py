@@ -29,6 +29,11 @@ class EnvConfig:
         "an environment class, one instance per episode: mod:Class or file.py:Class (TRL's "
         "environment_factory); or several, {name: mod.Class, ...}",
     )
+    agent: Optional[str] = setting(
+        None,
+        "your agent as ordinary code, FILE.py:FUNC or mod:FUNC: async def FUNC(client, model, row) -> reward, "
+        "calling the run's OpenAI-compatible endpoint through client (docs/how-to/agents.md)",
+    )
     fn_dir: Optional[str] = setting(
         None, "where relative tool files and modules are found; grpo train sets it to the directory it runs in"
     )
@@ -62,18 +67,20 @@ class EnvConfig:
     @property
     def active(self) -> bool:
         """Whether samples are multi-turn episodes: tools or an environment are named."""
-        return bool(self.tools) or bool(self.factory)
+        return bool(self.tools) or bool(self.factory) or bool(self.agent)
 
     def specs(self) -> list[tuple[str, str]]:
         """(key, spec) of every tool and environment named."""
         factory = self.factory
         named = (factory.items() if isinstance(factory, Mapping) else [("", factory)]) if factory else []
-        return [("env.tools", str(t)) for t in self.tools] + [
-            (f"env.factory{'.' + str(k) if k else ''}", str(v)) for k, v in named if v
-        ]
+        return (
+            [("env.tools", str(t)) for t in self.tools]
+            + [(f"env.factory{'.' + str(k) if k else ''}", str(v)) for k, v in named if v]
+            + ([("env.agent", str(self.agent))] if self.agent else [])
+        )
 
 
-@rule("env.tools", "env.factory", "env.sandbox", "env.workers")
+@rule("env.tools", "env.factory", "env.agent", "env.sandbox", "env.workers")
 def _env(p, c) -> None:
     env = c.env
     p.need(
@@ -92,6 +99,25 @@ def _env(p, c) -> None:
                 f"{key}={spec}: there is no file {where}; give the path to your file "
                 "(relative to the directory grpo runs in)",
             )
+
+
+@rule("env.agent", "env.tools", "env.factory", "env.workers", "data.chat_template")
+def _agent(p, c) -> None:
+    env = c.env
+    if not env.agent:
+        return
+    p.need(
+        not (env.tools or env.factory),
+        "env.agent runs your agent's own tools and loop, and env.tools or env.factory is set too; keep one of them",
+    )
+    p.need(
+        not env.workers,
+        "env.agent runs in this process for now, and env.workers is set; set env.workers=0 (env.sandbox=none)",
+    )
+    p.need(
+        c.data.chat_template,
+        "env.agent's endpoint renders each request with the chat template; set data.chat_template=true",
+    )
 
 
 @rule("env.tools", "data.chat_template")

@@ -6,6 +6,10 @@ A single-turn run imports none of it: the functions here load the rest only when
 
 def environment(cfg, schemas: bool = True):
     """The env group's tools and environment (environments.EnvSpec), or None when single-turn."""
+    if getattr(cfg, "agent", None):
+        from grpo_cli.episodes.agent import AgentSpec
+
+        return AgentSpec(cfg)
     if not (cfg.tools or cfg.factory):
         return None
     from grpo_cli.episodes.environments import environment as load
@@ -17,6 +21,10 @@ def with_env(generator, env, tokenizer, **kwargs):
     """`generator` driven turn by turn through `env` (driver.EpisodeGenerator), or as it is without one."""
     if env is None:
         return generator
+    if env.kind == "agent":  # the user's agent code, served through the run's endpoint
+        from grpo_cli.episodes.agent import with_agent
+
+        return with_agent(generator, env, tokenizer, **kwargs)
     from grpo_cli.episodes.driver import with_env as drive
 
     return drive(generator, env, tokenizer, **kwargs)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import inspect
 import os
 import random
-import threading
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 
-_thread = threading.local()  # .random, .numpy: the generators of the episode whose call runs on this thread
+# {"random": ..., "numpy": ...}: the generators of the episode whose code runs in this context (a thread, or an
+# asyncio task: env.agent's coroutines share one event loop)
+_current: ContextVar[dict | None] = ContextVar("grpo_episode_generators", default=None)
 _GLOBAL = random._inst  # what random's module functions draw from
 _NP_ALIASES = {
     "seed": "seed",
@@ -25,7 +27,8 @@ _NP_ALIASES = {
 
 def _drawing(name: str, shared, which: str, method: str | None = None):
     def draw(*args, **kwargs):
-        return getattr(getattr(_thread, which, None) or shared, method or name)(*args, **kwargs)
+        generators = _current.get()
+        return getattr(generators[which] if generators else shared, method or name)(*args, **kwargs)
 
     draw.__name__ = draw.__qualname__ = name
     return draw
@@ -63,13 +66,13 @@ def hand_generators(environment, seed: int) -> None:
 
 @contextmanager
 def episode_generators(seed: int):
-    """The calling thread's module-level random functions draw from generators seeded with `seed`, as
-    random.seed(seed) and np.random.seed(seed) would seed the shared ones."""
-    _thread.random, _thread.numpy = random.Random(seed), np.random.RandomState(seed % 2**32)
+    """The calling thread's (or asyncio task's) module-level random functions draw from generators seeded with
+    `seed`, as random.seed(seed) and np.random.seed(seed) would seed the shared ones."""
+    token = _current.set({"random": random.Random(seed), "numpy": np.random.RandomState(seed % 2**32)})
     try:
         yield
     finally:
-        _thread.random = _thread.numpy = None
+        _current.reset(token)
 
 
 def bound_globally(objects) -> list[str]:

@@ -24,6 +24,7 @@ class TurnCache:
 
     def __init__(self):
         self.entries: dict[tuple[int, ...], KV] = {}
+        self.keep = False  # keep the rows a lookup does not match: their episodes' next turns come in later calls
         self.reused: list[int] = []
         self.computed: list[int] = []
 
@@ -38,7 +39,8 @@ class TurnCache:
                 if n < len(context) and (best is None or n > best[0]) and tuple(context[:n]) == key:
                     best = (n, kv)
             found.append(best)
-        self.entries = {}
+        taken = {tuple(c[: f[0]]) for c, f in zip(contexts, found) if f}
+        self.entries = {k: v for k, v in self.entries.items() if k not in taken} if self.keep else {}
         self.reused = [f[0] if f else 0 for f in found]
         self.computed = [len(c) - r for c, r in zip(contexts, self.reused)]
         return found

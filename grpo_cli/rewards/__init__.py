@@ -108,7 +108,7 @@ class Reward:
 
             values = [
                 None
-                if only is not None and kind(ep.environment) is not only
+                if ep.failed or only is not None and kind(ep.environment) is not only
                 else ep.environment.get_reward()
                 if hasattr(ep.environment, "get_reward")
                 else ep.reward

@@ -228,7 +228,7 @@ def scored_from_state(state: dict, device) -> ScoredRollout:
     }
     episodes = None
     if state["episodes"] is not None:
-        from grpo_cli.episodes.driver import Episode
+        from grpo_cli.episodes.episode import Episode
 
         episodes = [Episode(**e) for e in state["episodes"]]
     roll = Rollout(**{k: state[k] for k in STATE_FIELDS}, **rows, episodes=episodes)

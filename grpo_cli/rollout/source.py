@@ -187,7 +187,7 @@ def score_round(roll: Rollout, batch: PromptBatch, reward_fn, judge, metrics: St
         episodes=roll.episodes,
     )
     if roll.episodes is not None:
-        from grpo_cli.episodes.driver import episode_metrics
+        from grpo_cli.episodes.episode import episode_metrics
 
         episode_metrics(roll.episodes, metrics)
     rewards = torch.tensor(total, dtype=torch.float64).view(len(batch.prompts), G)  # NaN: no score

@@ -73,7 +73,7 @@ def row_length(cfg, longest_prompt: int) -> int:
     """The longest row a step can hold: the longest prompt and max_new_tokens, or an episode's env.max_tokens."""
     after = cfg.sampler.max_new_tokens
     env = getattr(cfg, "env", None)
-    if env is not None and (env.tools or env.factory):
+    if env is not None and (env.tools or env.factory or getattr(env, "agent", None)):
         after = max(after, env.max_tokens)  # an episode's tokens after its prompt
     return longest_prompt + after
 
@@ -151,7 +151,9 @@ def generation_terms(cfg, shape: Shape, rows: int, row_len: int, weight_bytes: i
         "sampling": rows * shape.vocab * 4 * (3 + ahead),  # drawn `ahead` tokens at a time: [rows, vocab] fp32
     }
     env = getattr(cfg, "env", None)
-    if env is not None and (env.tools or env.factory):  # episodes: each decoded row kept for its next turn
+    if env is not None and (
+        env.tools or env.factory or getattr(env, "agent", None)
+    ):  # episodes: each decoded row kept for its next turn
         generation["kept turns"] = generation["KV cache"]
     gen = getattr(cfg, "generator", None)
     term = GENERATORS[gen.name].memory if gen is not None else None

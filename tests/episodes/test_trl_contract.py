@@ -9,7 +9,7 @@ import pytest
 from agents import INPUTS, QWEN_TEMPLATE, Scripted, call, episode_generator, small_cfg
 
 from grpo_cli.config import EnvConfig, SamplerConfig
-from grpo_cli.episodes.driver import Episode
+from grpo_cli.episodes.episode import Episode
 from grpo_cli.episodes.kinds import tool_messages
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.loading import load_model, load_tokenizer

@@ -1,0 +1,402 @@
+"""Agents written as ordinary code (`env.agent=FILE.py:FUNC`; docs/how-to/agents.md): the user's function
+drives the episode through an OpenAI-style client pointed at the run's own endpoint (endpoint.py), and the
+trainer records the exact tokens it sampled.
+
+`async def FUNC(client, model, row) -> float | dict` (a plain `def` gets a synchronous client and runs on its
+own thread). Each request's prompt is rendered by the chat template; a request that extends the episode's
+last one (its messages, then the reply it got, then tool or user messages) continues the same token sequence:
+the reply's sampled ids, then the new messages' ids as the in-process episodes append them (driver.EnvTokens).
+A request that does not starts a new chain, and the episode trains on its last chain (a prefix break, counted).
+Requests from all episodes are gathered into decode batches (`AgentGenerator.serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import math
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from grpo_cli.episodes.chains import Chains, Run, cut
+from grpo_cli.episodes.endpoint import Endpoint, Refusal, request_options
+from grpo_cli.episodes.episode import Episode, episodes_rollout, unseeded
+from grpo_cli.episodes.rng import bound_globally, episode_generators, thread_generators
+from grpo_cli.errors import GrpoError
+from grpo_cli.generate.base import replace_live
+from grpo_cli.generate.hf import eos_token_ids
+from grpo_cli.generate.turn_cache import count_prefill
+from grpo_cli.samples.rollout import Rollout, group_seed
+
+MODEL_NAME = "policy"  # the model name the endpoint answers to
+GATHER_S = 0.05  # a decode batch waits while requests keep coming at most this far apart
+MAX_GATHER_S = 0.5  # and no longer than this after its first request
+CLIENT_TIMEOUT_S = 3600.0  # the client's own limit on one call: generation may queue behind a long batch
+# loopback HTTP: no TLS set-up (20 ms a client), none of the environment's proxies
+PLAIN_HTTP: dict = dict(verify=False, trust_env=False, timeout=CLIENT_TIMEOUT_S)
+
+
+class AgentSpec:
+    """What env.agent names, loaded: the function and whether it is a coroutine function."""
+
+    kind, workers, cls = "agent", None, None
+    schemas: list[dict] = []  # the agent shows its own tools in its requests
+    tools: list = []
+    reward_name = "agent"  # its returned reward is the reward term `agent`
+
+    def __init__(self, cfg):
+        from grpo_cli.registry import load_function
+
+        try:
+            import openai  # noqa: F401 - the client handed to the agent
+        except ImportError:
+            raise GrpoError(
+                "env.agent needs the openai package for the client it hands the agent; "
+                "pip install 'grpo-cli[agent]' (or pip install openai)."
+            ) from None
+        thread_generators()  # before the agent's module is imported, so its random functions follow the episode
+        self.cfg = cfg
+        self.fn = load_function(str(cfg.agent), cfg.fn_dir, key="env.agent")
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.shared_draws = bound_globally([self.fn])
+
+    def schemas_for(self, row: dict) -> list[dict]:
+        return []  # the agent sends its own tools with each request
+
+    def score_with(self, reward) -> None:
+        reward.add_environment_term(self.reward_name, getattr(self.fn, "max_reward", 1.0))
+
+
+@dataclass
+class Request:
+    run: Run
+    context: list[int]
+    seeds: list[int]
+    max_new: int
+    logprobs: bool
+    event: threading.Event = field(default_factory=threading.Event)
+    result: list | Refusal | None = None  # (ids, logps, finished) per choice, or a Refusal
+
+
+class AgentGenerator:
+    """A generator (hf, ...) serving the user's agent through the endpoint: `generate` runs one episode per
+    prompt and group member, and returns a Rollout whose rows are their trained chains."""
+
+    takes_columns = True
+
+    def __init__(self, base, spec: AgentSpec, tokenizer, *, chat_template: bool, system_prompt: str | None = None):
+        self.base, self.spec, self.cfg, self.tokenizer = base, spec, spec.cfg, tokenizer
+        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.returns_logprobs, self.needs_weights = base.returns_logprobs, base.needs_weights
+        self.chains = Chains(tokenizer, self.cfg, MODEL_NAME)
+        self.endpoint = Endpoint(self.answer, MODEL_NAME, self.sent)
+        self.runs: dict[str, Run] = {}
+        self.cond = threading.Condition()
+        self.queue: list[Request] = []
+        self.arrived = 0.0  # when the last request joined the queue
+        self.loop: asyncio.AbstractEventLoop | None = None  # async agents' event loop, on its own thread
+        self.http: Any = None  # their connections (openai's httpx client), made on that loop
+        self.records: list[list[dict]] = []  # the last generate's requests, per episode (for tests and debugging)
+
+    def update(self, model) -> None:
+        self.base.update(model)
+
+    def sleep(self) -> None:
+        self.base.sleep()
+
+    def close(self) -> None:
+        if self.loop is not None:
+            if self.http is not None:
+                asyncio.run_coroutine_threadsafe(self.http.aclose(), self.loop).result(timeout=10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.endpoint.close()
+        self.base.close()
+
+    # -- one step's episodes ---------------------------------------------------------------------------
+    def generate(self, model, prompts, group_size, sampling, seeds=None, *, with_logprobs=False, columns=None):
+        prompts, G = list(prompts), group_size
+        seeds = self.base.group_seeds(prompts, sampling, seeds)
+        columns = columns or {}
+        self.eos = eos_token_ids(model, self.tokenizer)
+        self.chains.start(self.eos)
+        self.sampling, self.with_logprobs = sampling, with_logprobs
+        runs = []
+        for i in range(len(prompts)):
+            row = self._row({k: v[i] for k, v in columns.items()})
+            for j in range(G):
+                seed = group_seed(seeds[i], "episode", j) if seeds is not None else unseeded(i, j)
+                key = f"{group_seed(seed, 'key', self.endpoint.key):x}"
+                runs.append(Run(key, Episode(prompt_ids=[], seed=seed), row))
+        self.runs = {r.key: r for r in runs}
+        for r in runs:
+            self.endpoint.open(r.key)
+        self._agents(runs)
+        session = getattr(self.base, "session", None)
+        try:
+            if session is None:
+                self.serve(model, runs)
+            else:
+                with session() as turns:
+                    turns.keep = True  # an episode's next request may come in another batch
+                    self.serve(model, runs)
+        finally:
+            for r in runs:
+                self.endpoint.close_episode(r.key)
+            with self.cond:
+                for request in self.queue:  # the step ended (a failure of its own) with requests unanswered
+                    request.result = Refusal(410, "The step ended before this request was served.", "episode_closed")
+                    request.event.set()
+                self.queue = []
+        return self._rollout(model, prompts, G, runs, with_logprobs)
+
+    def _row(self, row: dict) -> dict:
+        """What the agent gets: the dataset row, its prompt as chat messages (the system prompt included)."""
+        from grpo_cli.data.prompts import USER_PROMPT, chat_messages
+        from grpo_cli.rewards import PROMPT_MESSAGES
+
+        value = row.get(PROMPT_MESSAGES) or row.get(USER_PROMPT)
+        out = {k: v for k, v in row.items() if not k.startswith("_")}
+        out["prompt"] = chat_messages(value, self.system_prompt) if value is not None else []
+        return out
+
+    def _agents(self, runs: list[Run]) -> None:
+        """Start every episode's agent: coroutines as tasks of one event loop on one thread, kept for the run
+        with its connections (a blocking call in one stalls the others: blocking code belongs in a plain def);
+        a plain def each on its own thread."""
+        if not self.spec.is_async:
+            for r in runs:
+                threading.Thread(target=self._sync_agent, args=(r, runs), name="grpo-agent", daemon=True).start()
+            return
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self.loop.run_forever, name="grpo-agents", daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._async_agents(runs), self.loop)
+
+    async def _async_agents(self, runs: list[Run]) -> None:
+        import openai
+
+        if self.http is None:  # a connection kept per concurrent episode, for the run
+            self.http = openai.DefaultAsyncHttpxClient(**PLAIN_HTTP, transport=transport(asynchronous=True))
+        http = self.http
+        loop, limit = asyncio.get_running_loop(), asyncio.Semaphore(self.cfg.concurrency)
+
+        async def one(run: Run) -> None:
+            async with limit:
+                task = asyncio.current_task()
+                assert task is not None
+                run.cancel = lambda: loop.call_soon_threadsafe(task.cancel)
+                client = openai.AsyncOpenAI(**self._client_args(run), http_client=http)
+                with self._episode(run) as row:
+                    row["value"] = await self.spec.fn(client, MODEL_NAME, row["row"])
+
+        await asyncio.gather(*(one(r) for r in runs), return_exceptions=True)
+
+    def _sync_agent(self, run: Run, runs: list[Run]) -> None:
+        import openai
+
+        with self.cond:  # a timed-out agent that never returns stops counting: its thread cannot be stopped
+            self.cond.wait_for(lambda: sum(r.admitted and not r.done for r in runs) < self.cfg.concurrency)
+        with openai.OpenAI(
+            **self._client_args(run), http_client=openai.DefaultHttpxClient(**PLAIN_HTTP, transport=transport())
+        ) as client:
+            with self._episode(run) as row:
+                value = self.spec.fn(client, MODEL_NAME, row["row"])
+                row["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value
+
+    @contextmanager
+    def _episode(self, run: Run):
+        """Around one agent's call: its admission, its own seeded generators, its row, and after it its reward,
+        or why it failed (the agent's own failure leaves the episode unscored; the run goes on)."""
+        ep = run.ep
+        with self.cond:
+            run.admitted, run.since = True, time.monotonic()
+            self.cond.notify_all()
+        box = {"row": {**copy.deepcopy(run.row), "_endpoint": self._where(run)}}
+        try:
+            with episode_generators(group_seed(ep.seed, "rng")):
+                yield box
+            reward, metrics = returned(box["value"])
+            if not run.done:
+                ep.reward, ep.metrics = reward, metrics
+        except BaseException as e:
+            if not run.done:
+                ep.failed = f"{type(e).__name__}: {e}"[:500]
+        finally:
+            with self.cond:
+                run.done = True
+                self.cond.notify_all()
+
+    def _where(self, run: Run) -> dict:
+        return {"base_url": self.endpoint.base_url(run.key), "api_key": self.endpoint.key, "model": MODEL_NAME}
+
+    def _client_args(self, run: Run) -> dict:
+        """No retries (a refusal is the agent's to see), and no limit of the client's own on a call's wait."""
+        where = self._where(run)
+        return dict(base_url=where["base_url"], api_key=where["api_key"], max_retries=0, timeout=CLIENT_TIMEOUT_S)
+
+    # -- the decode batches -----------------------------------------------------------------------------
+    def serve(self, model, runs: list[Run]) -> None:
+        """Decode batches of the waiting requests until every episode is done: a batch goes once every running
+        agent waits on a request; or once none is on its way (being read, or an agent's first) and none came for
+        GATHER_S; or once its first request has waited MAX_GATHER_S."""
+        while True:
+            with self.cond:
+                batch = self._gather(runs)
+            if batch is None:
+                return
+            self._decode(model, batch)
+
+    def _gather(self, runs: list[Run]) -> list[Request] | None:
+        first = None
+        while True:
+            self._watch(runs)
+            running = [r for r in runs if r.admitted and not r.done]
+            if not self.queue and all(r.done for r in runs):
+                return None
+            if self.queue:
+                now = time.monotonic()
+                first = first or now
+                others = [r for r in running if not r.queued]
+                starting = any(r.in_request or not r.turn for r in others)  # a request on its way, or a first one
+                quiet = not starting and now - self.arrived >= GATHER_S
+                if not others or quiet or now - first >= MAX_GATHER_S:
+                    batch, self.queue = self.queue, []
+                    return batch
+            self.cond.wait(timeout=0.005 if self.queue else 0.05)
+
+    def _watch(self, runs: list[Run]) -> None:
+        """An agent that has held control past env.timeout_s (its own code, between two requests) is timed out:
+        its episode closes, unscored, and the agent is cancelled where it can be."""
+        now = time.monotonic()
+        for r in runs:
+            if r.admitted and not r.done and not r.in_request and now - r.since > self.cfg.timeout_s:
+                r.done, r.ep.failed = True, f"timeout: the agent ran {self.cfg.timeout_s:g} s without a request"
+                r.ep.timeouts += 1
+                self.endpoint.close_episode(r.key)
+                if r.cancel is not None:
+                    r.cancel()
+
+    def _decode(self, model, batch: list[Request]) -> None:
+        contexts = [q.context for q in batch for _ in q.seeds]
+        seeds = [s for q in batch for s in q.seeds]
+        sampling = replace(self.sampling, max_new_tokens=max(q.max_new for q in batch))
+        with_logprobs = self.with_logprobs or any(q.logprobs for q in batch)
+        try:
+            outs = self.base.complete(
+                model, contexts, sampling, None if sampling.greedy else seeds, with_logprobs=with_logprobs
+            )
+        except BaseException:
+            for q in batch:
+                q.result = Refusal(500, "Generation failed; the run's console says why.", "server_error")
+                q.event.set()
+            raise
+        count_prefill([q.run.ep for q in batch for _ in q.seeds], contexts, getattr(self.base, "turns", None), 0)
+        at = 0
+        with self.cond:
+            for q in batch:
+                q.result = [cut(out, q.max_new) for out in outs[at : at + len(q.seeds)]]
+                at += len(q.seeds)
+                q.run.queued = False
+                q.event.set()
+
+    # -- one request (on the endpoint's threads) -------------------------------------------------------
+    def sent(self, key: str) -> None:
+        run = self.runs.get(key)
+        if run is not None:
+            with self.cond:
+                run.delivered, run.since = True, time.monotonic()
+
+    def answer(self, key: str, route: str, body: dict) -> dict:
+        run = self.runs.get(key)
+        if run is None:
+            raise Refusal(410, "This episode has closed.", "episode_closed")
+        with run.lock:
+            with self.cond:
+                run.in_request = True
+            try:
+                return self._answer(run, route, body)
+            finally:
+                with self.cond:
+                    run.in_request, run.since = False, time.monotonic()
+
+    def _answer(self, run: Run, route: str, body: dict) -> dict:
+        if run.done:
+            raise Refusal(410, "This episode has closed: its agent ran past env.timeout_s.", "episode_closed")
+        n, max_new, logprobs = request_options(body, self.sampling.max_new_tokens)
+        context = self.chains.context(run, route, body)
+        room = self.cfg.max_tokens - len(run.ep.ids)
+        seeds = [group_seed(run.ep.seed, "turn", run.turn, *(("choice", c) if c else ())) for c in range(n)]
+        request = Request(run, context, seeds, max(1, min(max_new, room)), logprobs)
+        with self.cond:
+            run.queued, run.delivered = True, False
+            self.queue.append(request)
+            self.arrived = time.monotonic()
+            self.cond.notify_all()
+        request.event.wait()
+        if isinstance(request.result, Refusal):
+            raise request.result
+        assert request.result is not None
+        run.turn += 1
+        run.ep.requests += 1
+        out = self.chains.answer(run, route, body, request.result)
+        run.records.append({"prompt_ids": context, "choices": [(ids, logps) for ids, logps, _ in request.result]})
+        return out
+
+    # -- the step's rollout ------------------------------------------------------------------------------
+    def _rollout(self, model, prompts, G: int, runs: list[Run], with_logprobs: bool) -> Rollout:
+        """Each episode's last chain, its delivered last reply joined (the first choice), as a Rollout row."""
+        failed = [r.ep.failed for r in runs if r.ep.failed]
+        for r in runs:
+            self.chains.finish(r)
+            if not r.ep.prompt_ids:  # the agent made no request: its row's prompt, one EOS
+                r.ep.prompt_ids = self.base.encode([prompts[runs.index(r) // G]])[0]
+        self.records = [r.records for r in runs]
+        if failed:
+            warnings.warn(
+                f"{len(failed)} of {len(runs)} agents failed this step; the first: {failed[0]}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return episodes_rollout(prompts, G, [r.ep for r in runs], with_logprobs, self.eos, model, self.tokenizer)
+
+
+def transport(asynchronous: bool = False):
+    """The clients' transport, from the httpx library openai's client is built on (httpx, or httpx2): no TLS,
+    no cap on connections, and TCP_NODELAY, without which a kept connection's request waits 40 ms for the
+    endpoint's delayed ACK of its headers before it sends its body."""
+    import importlib
+    import socket
+
+    import openai
+
+    library = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+    kind = library.AsyncHTTPTransport if asynchronous else library.HTTPTransport
+    return kind(
+        verify=False,
+        limits=library.Limits(max_connections=None, max_keepalive_connections=None),
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+    )
+
+
+def returned(value) -> tuple[float, dict]:
+    """The agent's return: a finite reward, or a dict with one and metrics to log (one sentence otherwise)."""
+    metrics = {}
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise ValueError(f"the agent returned a dict without 'reward': {sorted(value)}")
+        metrics = {k: float(v) for k, v in value.items() if k != "reward" and isinstance(v, (int, float))}
+        value = value["reward"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"the agent returned {value!r}; return a finite number (or a dict with 'reward')")
+    return float(value), metrics
+
+
+def with_agent(generator, spec: AgentSpec, tokenizer, **kwargs) -> AgentGenerator:
+    agent = AgentGenerator(generator, spec, tokenizer, **kwargs)
+    replace_live(generator, agent)
+    return agent

@@ -1,0 +1,307 @@
+"""Agents written as ordinary code (env.agent): the endpoint's contract, token-exact trajectories, and each way an
+agent can go wrong. The model is the tool demo's (builtin:tiny-tools); the agents are in tests/inputs/agents.py
+and grpo_cli/demo/agent.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import replace
+
+import pytest
+import torch
+from agents import INPUTS
+
+from grpo_cli.commands.compose import compose_config
+from grpo_cli.data.tasks import load_data
+from grpo_cli.episodes import environment, generator_for
+from grpo_cli.episodes.endpoint import MAX_BODY
+from grpo_cli.generate.base import generate
+from grpo_cli.models.loading import load_model, load_tokenizer
+from grpo_cli.rewards.exact_match import is_correct
+
+openai = pytest.importorskip("openai", reason="env.agent hands the agent an openai client: pip install openai")
+
+DEMO = ["experiment=tool_use", "trainer.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def tools_model():
+    return load_tokenizer("builtin:tiny-tools"), load_model("builtin:tiny-tools", device="cpu")
+
+
+def chain(overrides: list[str], tools_model, n_prompts: int = 4):
+    """The command's generator chain (in-process tools, or env.agent) and the first training prompts."""
+    tokenizer, _ = tools_model
+    cfg = compose_config("train", DEMO + overrides)
+    cfg.env.fn_dir = str(INPUTS)
+    env = environment(cfg.env)
+    rows = load_data(cfg.data, tokenizer, tools=env.schemas_for)["train"]
+    columns = rows[list(range(n_prompts))]
+    generator = generator_for(cfg, tokenizer, env, precision=None, device="cpu", world_size=1, seed=0)
+    return cfg, generator, columns
+
+
+def episodes_of(overrides, tools_model, *, n_prompts=4, G=4, seed=7, sampling=None):
+    tokenizer, model = tools_model
+    cfg, generator, columns = chain(overrides, tools_model, n_prompts)
+    prompts = columns[cfg.data.prompt_field]
+    try:
+        roll = generate(
+            generator,
+            model,
+            prompts,
+            G,
+            sampling or cfg.sampler,
+            [seed + i for i in range(len(prompts))],
+            columns=columns,
+            with_logprobs=True,
+        )
+    finally:
+        generator.close()
+    return roll, generator, columns
+
+
+AGENT = ["env.tools=[]", "env.agent=grpo_cli.demo.agent:calculator"]
+
+
+def test_the_demo_agent_gives_the_in_process_driver_s_tokens_log_probs_and_rewards(tools_model):
+    """The tool demo written with the openai SDK, served by the endpoint, against env.tools: 8 prompts x 4
+    episodes, sampled with the same seeds. Every token, every action-mask bit, every sampled log-prob and every
+    reward is the same (the agent scores its last reply as exact_match does)."""
+    ours, _, columns = episodes_of([], tools_model, n_prompts=8)
+    theirs, agent, _ = episodes_of(AGENT, tools_model, n_prompts=8)
+    assert torch.equal(ours.tokens, theirs.tokens)
+    assert torch.equal(ours.loss_mask, theirs.loss_mask)
+    assert torch.allclose(ours.sampler_logp, theirs.sampler_logp, atol=1e-6)
+    answers = [a for a in columns["answer"] for _ in range(4)]
+    expected = [float(is_correct(ep.final_text, a)) for ep, a in zip(ours.episodes, answers)]
+    assert [ep.reward for ep in theirs.episodes] == expected
+    assert sum(ep.tool_calls for ep in theirs.episodes) > 0, (
+        "no episode called the tool: nothing multi-turn was compared"
+    )
+    assert all(ep.failed is None and ep.prefix_breaks == 0 for ep in theirs.episodes)
+
+
+def test_every_trained_token_is_one_the_endpoint_sampled_and_every_other_is_context(tools_model):
+    """The records the endpoint keeps (each request's prompt ids and the ids it sampled) rebuild each row: the
+    trained tokens are the sampled ones, in order, and each request's prompt is the row up to it."""
+    roll, agent, _ = episodes_of(AGENT, tools_model)
+    for i, (ep, records) in enumerate(zip(roll.episodes, agent.records)):
+        trained = [t for t, a in zip(ep.ids, ep.action) if a]
+        sampled = [t for r in records for t in r["choices"][0][0]]
+        assert trained == sampled, i
+        whole = ep.prompt_ids + ep.ids
+        for r in records:
+            assert whole[: len(r["prompt_ids"])] == r["prompt_ids"]
+
+
+def wire(
+    url: str, body: dict | None = None, key: str | None = None, method: str | None = None, raw: bytes | None = None
+):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
+    request.add_header("Content-Type", "application/json")
+    if key is not None:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture
+def endpoint_agent(tools_model):
+    """An AgentGenerator whose endpoint is open, with one episode of a live step (its generate runs elsewhere)."""
+    _, generator, _ = chain(AGENT, tools_model)
+    generator.sampling = compose_config("train", DEMO).sampler
+    generator.endpoint.open("e1")
+    yield generator
+    generator.close()
+
+
+def test_the_endpoint_refuses_a_wrong_key_model_route_body_stream_and_a_closed_episode(endpoint_agent):
+    ep = endpoint_agent.endpoint
+    url, key = ep.base_url("e1"), ep.key
+    ok = {"model": "policy", "messages": [{"role": "user", "content": "1+2="}]}
+    assert wire(url + "/models", key=key) == (
+        200,
+        {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "grpo-cli"}]},
+    )
+    cases = [
+        (wire(url + "/chat/completions", ok, key="wrong"), 401, "invalid_api_key"),
+        (wire(url + "/chat/completions", ok), 401, "invalid_api_key"),
+        (wire(url + "/chat/completions", {**ok, "model": "gpt-4o"}, key), 404, "model_not_found"),
+        (wire(url + "/embeddings", ok, key), 404, "not_found"),
+        (wire(url + "/chat/completions", {**ok, "stream": True}, key), 400, "unsupported_parameter"),
+        (wire(url + "/chat/completions", raw=b"{not json", key=key), 400, "invalid_json"),
+        (wire(url + "/chat/completions", raw=b" " * (MAX_BODY + 1), key=key), 413, "body_too_large"),
+        (wire(ep.base_url("e2") + "/chat/completions", ok, key), 410, "episode_closed"),
+    ]
+    for (status, body), want, code in cases:
+        assert (status, body["error"]["code"]) == (want, code), body
+        assert body["error"]["message"].endswith(".")
+
+
+def test_the_endpoint_listens_on_loopback_only(endpoint_agent):
+    server = endpoint_agent.endpoint.server
+    assert server.server_address[0] == "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))  # no packet is sent: this only picks the outward interface
+        outward = probe.getsockname()[0]
+    except OSError:
+        outward = "127.0.0.1"
+    finally:
+        probe.close()
+    if outward.startswith("127."):
+        pytest.skip("this machine has no address but loopback to try the endpoint's port from")
+    with pytest.raises(OSError):
+        socket.create_connection((outward, endpoint_agent.endpoint.port), timeout=5).close()
+
+
+def agent_roll(tools_model, agent: str, *extra, n_prompts=2, G=2, fails=False):
+    if fails:  # the step says how many agents failed, and the first one's error
+        with pytest.warns(RuntimeWarning, match=r"of 4 agents failed this step; the first: "):
+            return agent_roll(tools_model, agent, *extra, n_prompts=n_prompts, G=G)
+    return episodes_of(
+        ["env.tools=[]", f"env.agent=my_agents.py:{agent}", *extra], tools_model, n_prompts=n_prompts, G=G
+    )
+
+
+def test_a_raising_a_hanging_and_a_nan_returning_agent_are_each_an_unscored_episode_not_a_crash(tools_model):
+    for name, why in (
+        ("raises", "RuntimeError: the agent's own bug"),
+        ("returns_nan", "ValueError: the agent returned nan"),
+    ):
+        roll, _, _ = agent_roll(tools_model, name, fails=True)
+        assert all(ep.failed is not None and ep.failed.startswith(why) for ep in roll.episodes), name
+    roll, _, _ = agent_roll(tools_model, "hangs", "env.timeout_s=0.5", fails=True)
+    assert all(ep.failed.startswith("timeout") and ep.timeouts == 1 for ep in roll.episodes)
+    roll, _, _ = agent_roll(tools_model, "hangs_in_a_plain_def", "env.timeout_s=0.5", fails=True)
+    assert all(ep.failed.startswith("timeout") for ep in roll.episodes)
+
+
+def test_a_failed_agent_s_episode_gets_no_reward_and_is_left_out_of_the_group(tools_model):
+    from grpo_cli.rewards import reward_with
+
+    cfg = compose_config("train", DEMO + ["env.tools=[]", "env.agent=my_agents.py:raises"])
+    cfg.env.fn_dir = str(INPUTS)
+    env = environment(cfg.env)
+    reward = reward_with(cfg.reward, env)
+    roll, _, _ = agent_roll(tools_model, "raises", fails=True)
+    scores = reward.terms["agent"](type("B", (), {"episodes": roll.episodes})())
+    assert scores == [None] * len(roll.episodes)
+
+
+def test_a_plain_def_agent_and_a_dict_with_metrics_train_as_a_coroutine_does(tools_model):
+    roll, _, _ = agent_roll(tools_model, "plain_with_metrics")
+    assert all(ep.failed is None and ep.reward in (0.0, 1.0) for ep in roll.episodes)
+    assert all(ep.metrics == {"replies": 1.0} for ep in roll.episodes)
+
+
+def test_a_prefix_breaking_agent_trains_its_last_chain_and_is_counted(tools_model):
+    """The agent asks, then asks again with its history rewritten (a summary instead of the first turn): the
+    second request starts a new chain; the row is that chain, and the first chain's tokens are counted out."""
+    roll, agent, _ = agent_roll(tools_model, "rewrites_history")
+    for ep, records in zip(roll.episodes, agent.records):
+        assert ep.prefix_breaks == 1 and ep.requests == 2
+        assert ep.prompt_ids == records[1]["prompt_ids"]
+        assert [t for t, a in zip(ep.ids, ep.action) if a] == records[1]["choices"][0][0]
+        assert ep.dropped_tokens == len(records[0]["choices"][0][0])
+
+
+def test_n_choices_sample_apart_and_the_one_the_agent_goes_on_with_is_trained(tools_model):
+    """n=3: three samples of one prompt, each under its own seed; the agent answers with the last choice's
+    message, and that choice's ids are the ones trained."""
+    roll, agent, _ = agent_roll(tools_model, "picks_the_last_of_three", "env.max_turns=3")
+    for ep, records in zip(roll.episodes, agent.records):
+        choices = [ids for ids, _ in records[0]["choices"]]
+        assert len(choices) == 3 and len({tuple(c) for c in choices}) > 1
+        trained = [t for t, a in zip(ep.ids, ep.action) if a]
+        assert trained[: len(choices[2])] == choices[2]
+
+
+def test_parallel_calls_from_one_agent_each_get_an_answer_and_one_chain_is_trained(tools_model):
+    roll, agent, _ = agent_roll(tools_model, "asks_twice_at_once")
+    for ep, records in zip(roll.episodes, agent.records):
+        assert ep.failed is None and ep.reward == 2.0  # both answers reached the agent
+        assert len(records) == 2 and ep.prefix_breaks == 1
+        assert [t for t, a in zip(ep.ids, ep.action) if a] == records[1]["choices"][0][0]
+
+
+def test_an_answer_the_agent_never_read_is_not_trained(tools_model):
+    """The agent's client gives up on its request before the answer: that answer is left out of the row."""
+    roll, agent, _ = agent_roll(tools_model, "gives_up_on_its_request", "env.timeout_s=5")
+    for ep, records in zip(roll.episodes, agent.records):
+        assert ep.unanswered == 1 and ep.requests == 1 and ep.failed is None and ep.reward == 1.0
+        assert len(records[0]["choices"][0][0]) > 1  # sampled, and left out:
+        assert ep.ids == [roll.episodes[0].ids[0]] and ep.action == [1]  # one EOS, as an episode with no reply
+
+
+def test_the_completions_route_continues_a_text_chain(tools_model):
+    """completions: the second prompt is the first plus the reply plus new text; the row is one chain whose
+    trained tokens are both replies'."""
+    roll, agent, _ = agent_roll(tools_model, "completes_text")
+    for ep, records in zip(roll.episodes, agent.records):
+        assert ep.prefix_breaks == 0 and len(records) == 2
+        assert [t for t, a in zip(ep.ids, ep.action) if a] == records[0]["choices"][0][0] + records[1]["choices"][0][0]
+        assert math.isfinite(ep.reward)
+
+
+def test_env_agent_with_tools_or_workers_or_plain_prompts_is_one_sentence():
+    from helpers import refusal
+
+    agent = "env.agent=grpo_cli.demo.agent:calculator"
+    assert "keep one of them" in refusal(compose_config("train", DEMO + [agent]))
+    assert "env.workers=0" in refusal(compose_config("train", DEMO + [agent, "env.tools=[]", "env.workers=2"]))
+    assert "data.chat_template=true" in refusal(
+        compose_config("train", DEMO + [agent, "env.tools=[]", "data.chat_template=false"])
+    )
+    assert refusal(compose_config("train", DEMO + [agent, "env.tools=[]"])) == ""
+
+
+def test_greedy_held_out_scoring_runs_through_the_agent(tools_model):
+    cfg = compose_config("train", DEMO)
+    roll, _, _ = episodes_of(AGENT, tools_model, n_prompts=2, G=1, sampling=replace(cfg.sampler, temperature=0.0))
+    assert all(ep.failed is None for ep in roll.episodes)
+
+
+AGENT_RUN = [
+    "experiment=tool_agent",
+    "trainer.prompts_per_step=4",
+    "sampler.group_size=4",
+    "trainer.micro_batch_size=8",
+    "trainer.eval_before_after=false",
+    "trainer.eval_every=0",
+    "trainer.progress=false",
+    "trainer.log_completions_every=1",
+    "trainer.threads=1",
+]
+
+
+def test_the_agent_demo_trains_resumes_bitwise_and_logs_what_the_agent_did(tmp_path):
+    """4 steps straight == 2 steps then resume=auto to 4, through `grpo train`; the rows log the agent's episodes
+    (tool calls, requests, no failures) and completions.jsonl their transcripts as the model read them."""
+    from safetensors.torch import load_file
+
+    from helpers import grpo, metric_rows, read_jsonl
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert grpo("train", f"output_dir={straight}", "trainer.steps=4", *AGENT_RUN) == 0
+    assert grpo("train", f"output_dir={resumed}", "trainer.steps=2", *AGENT_RUN) == 0
+    assert grpo("train", f"output_dir={resumed}", "trainer.steps=4", "resume=auto", *AGENT_RUN) == 0
+    a, b = load_file(straight / "final" / "model.safetensors"), load_file(resumed / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = metric_rows(straight, timing=False)
+    assert rows == metric_rows(resumed, timing=False)
+    assert all(r["agent/failed_frac"] == 0 and r["agent/requests"] >= 1 and "reward/agent" in r for r in rows)
+    assert any(r["env/tool_calls"] > 0 for r in rows)
+    logged = read_jsonl(straight / "completions.jsonl")
+    called = [r for r in logged if r["tool_calls"]]
+    assert called and all(r["messages"][1]["role"] == "tool" for r in called)
+    assert all("<tool_call>" in "".join(t["text"] for t in r["rendered"]["turns"]) for r in called)
