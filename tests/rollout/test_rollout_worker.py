@@ -39,6 +39,7 @@ WORKLOADS = {  # each trains the same steps in this process and in a worker at s
     "full": [],
     "lora": ["model.lora.r=4", "optimizer.lr=3e-3"],
     "tool_use": ["experiment=tool_use", "trainer.prompts_per_step=4", "sampler.group_size=4"],
+    "agent": ["experiment=tool_agent", "trainer.prompts_per_step=4", "sampler.group_size=4"],  # its endpoint there
     "dynamic_sampling": ["algo=dapo", "algo.max_refill_rounds=2"],
     "frozen_behaviour": ["algo.behaviour=frozen"],
     "lagged_behaviour": ["algo.behaviour=lagged", "algo.behaviour_refresh=2"],
