@@ -18,7 +18,7 @@ TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 # What `make setup` installs is pinned by requirements/lock.txt (pip-tools: `make lock` rewrites it from
 # pyproject.toml's ranges), used as constraints so each extra installed later gets the tested version too.
 LOCK    := requirements/lock.txt
-EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps,lint,agent
+EXTRAS  := test,docs,plot,math,tensorboard,peft,sweeps,lint,agent,reasoning-gym,openenv,verifiers
 PIN     := -c $(LOCK)
 
 .PHONY: gpu-wheels gpu-check setup lock lint docs test-lowest test-newest test-next train demo test test-fast slow-list test-slow test-real test-trackers test-trl test-timing test-vllm vllm-env ci smollm2 bench compare plot clean
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml $(LOCK)
 lock: $(STAMP)
 	$(BIN)/pip install -q "pip-tools>=7.5"
 	$(BIN)/pip-compile -q --strip-extras --annotation-style line --no-emit-index-url --no-emit-find-links \
-		-c requirements/torch-cpu.txt $(foreach e,test docs plot bench math tensorboard wandb mlflow trackio real peft sweeps compare agent,--extra $(e)) \
+		-c requirements/torch-cpu.txt $(foreach e,test docs plot bench math tensorboard wandb mlflow trackio real peft sweeps compare agent reasoning-gym openenv verifiers,--extra $(e)) \
 		-o $(LOCK) $(ARGS) pyproject.toml
 
 # ruff's lint and format check (120 columns) on the code, and mypy on the package (pyproject.toml configures both).

@@ -45,16 +45,16 @@ def chat_dir(tiny_dir, tmp_path):
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
     """The agent tests' model: a random 2-layer Llama with a character tokenizer, Qwen's special and added tokens
-    and its template (tests/episodes/agents.py)."""
-    from agents import build_qwen_dir
+    and its template (tests/episodes/episode_kit.py)."""
+    from episode_kit import build_qwen_dir
 
     return build_qwen_dir(tmp_path_factory.mktemp("qwen_tools"))
 
 
 @pytest.fixture
 def scripted():
-    """The scripted generator (tests/episodes/agents.py), registered as generator=scripted for one test."""
-    from agents import Scripted
+    """The scripted generator (tests/episodes/episode_kit.py), registered as generator=scripted for one test."""
+    from episode_kit import Scripted
 
     from grpo_cli.generate.base import register_generator
     from helpers import forget_generator

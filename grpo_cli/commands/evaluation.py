@@ -148,7 +148,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: Sequence[str] = ()) -> 
     writable_dir(out_dir, "output_dir")
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     env = environment(cfg.env)  # the tools the model was trained with (saved with the run)
-    reward_fn = reward_with(cfg.reward, env)
+    reward_fn = reward_with(cfg.reward, env, cfg.data.name)
     judge, ks = Judge(cfg.reward, reward_fn), sorted(set(cfg.k)) if cfg.samples else []
     # Prompts depend on the tokenizer only through the chat template and the length filter.
     per_model_data = cfg.data.chat_template or cfg.data.max_prompt_length is not None

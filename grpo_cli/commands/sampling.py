@@ -71,7 +71,7 @@ def run_sample(cfg, console, overrides: Sequence[str] = ()) -> list[dict]:
     check(cfg)  # again: the saved settings may have replaced groups
     s = cfg.sampler
     env = environment(cfg.env)  # the tools the model was trained with: each sample is an episode
-    reward = reward_with(cfg.reward, env) if any(r.get("answer") is not None for r in inputs) else None
+    reward = reward_with(cfg.reward, env, cfg.data.name) if any(r.get("answer") is not None for r in inputs) else None
     if cfg.output:
         writable_dir(Path(cfg.output).expanduser().parent, "output")
     prepare_process(cfg.threads, resolve_device(cfg.model.device))

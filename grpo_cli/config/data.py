@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from grpo_cli.config.declare import rule, setting
 
-SOURCES = ("arithmetic", "long_addition", "links", "code", "files", "hub", "none")
+SOURCES = ("arithmetic", "long_addition", "links", "code", "files", "hub", "reasoning_gym", "none")
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # data=files, by suffix
 ANSWER_EXTRACTS = ("hash", "boxed", "last_number")  # the reference answer inside a worked solution
 
@@ -55,6 +56,15 @@ class DataConfig:
     num_train: int = setting(
         10000, "training problems (long_addition, links, none)", low=1, when=source("long_addition", "links", "none")
     )
+    task: Optional[str] = setting(
+        None, "reasoning_gym: the task, e.g. basic_arithmetic (docs/how-to/ecosystem.md)", when=source("reasoning_gym")
+    )
+    size: int = setting(1000, "reasoning_gym: problems generated to train on", low=1, when=source("reasoning_gym"))
+    options: Any = setting(
+        None,
+        "reasoning_gym: the task's own options, {name: value, ...} (its config's fields)",
+        when=source("reasoning_gym"),
+    )
     train_file: Optional[str] = setting(
         None, "files: path of the training rows (required)", check=_data_file("train_file"), when=source("files")
     )
@@ -95,7 +105,7 @@ def _sizes(p, c) -> None:
             f"data.num_test={d.num_test} must be between 1 and "
             f"{(d.max_operand + 1) ** 2 - 1} for data.max_operand={d.max_operand}",
         )
-    if d.name in ("none", "links", "long_addition"):
+    if d.name in ("none", "links", "long_addition", "reasoning_gym"):
         p.need(d.num_test >= 1, f"data.num_test={d.num_test} must be >= 1")
     if d.name == "long_addition":
         signs = str(d.signs)
@@ -116,13 +126,19 @@ def _sizes(p, c) -> None:
         )
 
 
-@rule("data.name", "data.train_file", "data.hub_name")
+@rule("data.name", "data.train_file", "data.hub_name", "data.task", "data.options")
 def _source_needs(p, c) -> None:
     d = c.data
     if d.name == "files":
         p.need(bool(d.train_file), "data=files needs data.train_file=PATH (a .jsonl, .json, .csv or .parquet file)")
     if d.name == "hub":
         p.need(bool(d.hub_name), "data=hub needs data.hub_name, a dataset name such as openai/gsm8k")
+    if d.name == "reasoning_gym":
+        p.need(bool(d.task), "data=reasoning_gym needs data.task, a reasoning-gym task such as basic_arithmetic")
+        p.need(
+            d.options is None or isinstance(d.options, Mapping),
+            f"data.options={d.options!r} must be a mapping of the task's options, e.g. data.options={{min_terms:2}}",
+        )
 
 
 @rule("data.system_prompt", "data.chat_template", "data.prompt_field", "data.answer_field")

@@ -34,6 +34,18 @@ class EnvConfig:
         "your agent as ordinary code, FILE.py:FUNC or mod:FUNC: async def FUNC(client, model, row) -> reward, "
         "calling the run's OpenAI-compatible endpoint through client (docs/how-to/agents.md)",
     )
+    verifiers: Optional[str] = setting(
+        None,
+        "a verifiers environment as the agent: FILE.py:load_environment, mod:fn, or an installed environment's id "
+        "(docs/how-to/ecosystem.md)",
+    )
+    verifiers_args: Any = setting(None, "env.verifiers: its loader's arguments, {name: value, ...}")
+    openenv: Optional[str] = setting(
+        None,
+        "an OpenEnv environment server, http://127.0.0.1:PORT: each episode a session of it, a step environment "
+        "(docs/how-to/ecosystem.md)",
+    )
+    openenv_action: str = setting("message", "env.openenv: the action's field that holds the model's turn")
     fn_dir: Optional[str] = setting(
         None, "where relative tool files and modules are found; grpo train sets it to the directory it runs in"
     )
@@ -67,7 +79,7 @@ class EnvConfig:
     @property
     def active(self) -> bool:
         """Whether samples are multi-turn episodes: tools or an environment are named."""
-        return bool(self.tools) or bool(self.factory) or bool(self.agent)
+        return any(bool(x) for x in (self.tools, self.factory, self.agent, self.openenv, self.verifiers))
 
     def specs(self) -> list[tuple[str, str]]:
         """(key, spec) of every tool and environment named."""
@@ -101,11 +113,12 @@ def _env(p, c) -> None:
             )
 
 
-@rule("env.agent", "env.tools", "env.factory", "env.workers", "data.chat_template")
+@rule("env.agent", "env.verifiers", "env.tools", "env.factory", "env.workers", "data.chat_template")
 def _agent(p, c) -> None:
     env = c.env
-    if not env.agent:
+    if not (env.agent or env.verifiers):
         return
+    p.need(not (env.agent and env.verifiers), "env.verifiers is the agent, and env.agent is set too; keep one")
     p.need(
         not (env.tools or env.factory),
         "env.agent runs your agent's own tools and loop, and env.tools or env.factory is set too; keep one of them",
@@ -117,6 +130,21 @@ def _agent(p, c) -> None:
     p.need(
         c.data.chat_template,
         "env.agent's endpoint renders each request with the chat template; set data.chat_template=true",
+    )
+
+
+@rule("env.openenv", "env.tools", "env.factory", "env.agent", "env.workers")
+def _openenv(p, c) -> None:
+    env = c.env
+    if not env.openenv:
+        return
+    p.need(
+        str(env.openenv).startswith(("http://", "https://", "ws://", "wss://")),
+        f"env.openenv={env.openenv} is not a server's URL; give it as http://127.0.0.1:PORT",
+    )
+    p.need(
+        not (env.tools or env.factory or env.agent or env.workers),
+        "env.openenv is the environment, and env.tools, env.factory, env.agent or env.workers is set too; keep one",
     )
 
 

@@ -363,6 +363,10 @@ def load_data(
         data = read_files(cfg)
     elif cfg.name == "hub":
         data = read_hub(cfg)
+    elif cfg.name == "reasoning_gym":
+        from grpo_cli.data.reasoning_gym import reasoning_gym_problems
+
+        data = reasoning_gym_problems(cfg)
     else:
         raise ValueError(f"unknown data source {cfg.name!r} (checks.check_data lists them).")
     return {name: prepare(split, name, cfg, tokenizer, log, tools) for name, split in data.items()}

@@ -6,10 +6,23 @@ A single-turn run imports none of it: the functions here load the rest only when
 
 def environment(cfg, schemas: bool = True):
     """The env group's tools and environment (environments.EnvSpec), or None when single-turn."""
-    if getattr(cfg, "agent", None):
+    if getattr(cfg, "agent", None) or getattr(cfg, "verifiers", None):
         from grpo_cli.episodes.agent import AgentSpec
 
         return AgentSpec(cfg)
+    if getattr(cfg, "openenv", None):  # an OpenEnv server: each episode a session of it
+        import copy
+        import functools
+
+        from grpo_cli.episodes.environments import EnvSpec
+        from grpo_cli.episodes.openenv import OpenEnv, client_class
+
+        client_class()
+        named = copy.copy(cfg)
+        named.factory = "grpo_cli.episodes.openenv:OpenEnv"
+        spec = EnvSpec(named, cfg.fn_dir, schemas)
+        spec.factory = functools.partial(OpenEnv, cfg.openenv, cfg.openenv_action)
+        return spec
     if not (cfg.tools or cfg.factory):
         return None
     from grpo_cli.episodes.environments import environment as load

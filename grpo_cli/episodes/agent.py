@@ -61,7 +61,12 @@ class AgentSpec:
             ) from None
         thread_generators()  # before the agent's module is imported, so its random functions follow the episode
         self.cfg = cfg
-        self.fn = load_function(str(cfg.agent), cfg.fn_dir, key="env.agent")
+        if getattr(cfg, "verifiers", None):  # a verifiers environment's rollout is the agent
+            from grpo_cli.episodes.verifiers_env import verifiers_agent
+
+            self.fn = verifiers_agent(cfg)
+        else:
+            self.fn = load_function(str(cfg.agent), cfg.fn_dir, key="env.agent")
         self.is_async = inspect.iscoroutinefunction(self.fn)
         self.shared_draws = bound_globally([self.fn])
 

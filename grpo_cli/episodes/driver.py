@@ -60,6 +60,7 @@ class EpisodeGenerator:
         self.concurrency = 1 if spec.shared_draws and spec.workers is None else self.cfg.concurrency
         self._pool = ThreadPoolExecutor(self.concurrency, "grpo-episode") if self.concurrency > 1 else None
         self.tokenizing = threading.Lock()  # a fast tokenizer is not to be used from two threads at once
+        self.opened: list = []  # the last call's environments, closed once they are scored
         if not callable(getattr(base, "complete", None)):
             raise GrpoError(
                 f"The generator {type(base).__name__} cannot continue an episode from its token ids (it has "
@@ -76,7 +77,16 @@ class EpisodeGenerator:
     def sleep(self) -> None:
         self.base.sleep()
 
+    def close_environments(self) -> None:
+        """The last call's episodes are scored: an environment with a close() (an OpenEnv session) is closed."""
+        opened, self.opened = self.opened, []
+        for environment in opened:
+            close = getattr(environment, "close", None)
+            if callable(close):
+                close()
+
     def close(self) -> None:
+        self.close_environments()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self.spec.workers is not None:
@@ -190,7 +200,8 @@ class EpisodeGenerator:
         rows = [{k: v[i] for k, v in columns.items()} for i in range(len(prompts))]
         eos = eos_token_ids(model, self.tokenizer)
         env_tokens = EnvTokens(self.tokenizer, eos, self.chat_template)
-        if self.spec.workers is not None:  # the last call's episodes are scored: their environments can go
+        self.close_environments()  # the last call's episodes are scored: their environments can go
+        if self.spec.workers is not None:
             self.spec.workers.release()
         t_env = time.perf_counter()
         starts = [
@@ -199,6 +210,7 @@ class EpisodeGenerator:
             for j in range(G)
         ]
         episodes = self._each(self._start, starts)
+        self.opened = [ep.environment for ep in episodes if ep.environment is not None]
         live, env_wall = list(episodes), time.perf_counter() - t_env
         session = getattr(self.base, "session", None)  # hf: each turn starts from the last one's keys and values
         with session() if session is not None else nullcontext():

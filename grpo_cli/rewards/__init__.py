@@ -29,13 +29,14 @@ BUILDERS: dict[str, Callable | str] = {
     "model": "grpo_cli.rewards.reward_model:build",
     "python": "grpo_cli.rewards.python_fn:build",
     "code": "grpo_cli.rewards.code:build",
+    "reasoning_gym": "grpo_cli.rewards.reasoning_gym:build",
 }
 # reward.name's other values: auto (the environment's own reward when it scores, else exact_match) and none
 # (the environment's alone); `resolved` turns them into the terms they stand for.
 PROMPT_MESSAGES = "_prompt_messages"  # the dataset column holding conversational prompts' messages (data.py)
 # The largest value each built-in term can give: a completion reaching the reward's maximum is "correct".
 # reward=python: the function's `max_reward` attribute, else 1.0; reward=model has none (no bound).
-MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0, "code": 1.0}
+MAX_VALUE = {"exact_match": 1.0, "math": 1.0, "format": 1.0, "length": 0.0, "code": 1.0, "reasoning_gym": 1.0}
 
 
 def register_reward(name: str, build: Callable, max_value: float | None = None) -> None:
@@ -238,16 +239,17 @@ def check_reward_columns(cfg, rows, split: str = "train") -> None:
         Sandbox(cfg.code_cpu_s, cfg.code_memory_mib, cfg.code_output_kib, cfg.code_processes, cfg.sandbox).check()
 
 
-def resolved(cfg, environment_scores: bool):
+def resolved(cfg, environment_scores: bool, data: str | None = None):
     """The reward config with reward=auto as what it stands for: the environment's own reward alone when
-    it scores episodes (TRL's GRPOTrainer with an environment_factory and no reward_funcs), else
-    exact_match. An answer column never adds a term by itself: naming a reward does."""
+    it scores episodes (TRL's GRPOTrainer with an environment_factory and no reward_funcs), else the data's own
+    scorer where it has one (data=reasoning_gym), else exact_match. An answer column never adds a term by
+    itself: naming a reward does."""
     if cfg.name != "auto":
         return cfg
     import copy
 
     out = copy.copy(cfg)
-    out.name = "none" if environment_scores else "exact_match"
+    out.name = "none" if environment_scores else "reasoning_gym" if data == "reasoning_gym" else "exact_match"
     return out
 
 
@@ -281,14 +283,14 @@ def build_reward(cfg, workers: bool = True) -> Reward:
     )
 
 
-def reward_with(reward_cfg, spec):
+def reward_with(reward_cfg, spec, data: str | None = None):
     """The reward group's Reward for this environment (an episodes.environments.EnvSpec, or None): an environment
     that scores episodes (get_reward(),
     or a step environment's rewards) is one more term (rewards.Reward.add_environment_term), and with
     reward=auto the only one, as TRL's GRPOTrainer scores with an environment and no reward_funcs. A
     reward that would score nothing is one sentence."""
     scores = spec is not None and spec.reward_name is not None
-    reward = build_reward(resolved(reward_cfg, scores))
+    reward = build_reward(resolved(reward_cfg, scores, data))
     if scores:
         spec.score_with(reward)
     if not reward.terms:

@@ -43,6 +43,7 @@ class WorkerSpec:
     chat_template: bool
     system_prompt: str | None
     reward: Any  # config.RewardConfig (its files found through reward.fn_dir)
+    data: str  # data.name: what reward=auto stands for can depend on it
     env: Any  # config.EnvConfig (its files found through env.fn_dir)
     settings: Any  # step.StepSettings without its judge (built there, with the worker's reward)
     behaviour: str  # algo.behaviour: "current" (the policy), "frozen" or "lagged"
@@ -64,6 +65,7 @@ class WorkerSpec:
             chat_template=cfg.data.chat_template,
             system_prompt=cfg.data.system_prompt,
             reward=cfg.reward,
+            data=cfg.data.name,
             env=cfg.env,
             settings=replace(settings, judge=None),
             behaviour=behaviour,
@@ -251,7 +253,7 @@ def _chain(spec: WorkerSpec, model, tokenizer, prompts, precision, device):
     from grpo_cli.rollout.source import LocalSource
 
     env = environment(spec.env)
-    reward_fn = reward_with(spec.reward, env)  # an environment that scores episodes is one more reward term
+    reward_fn = reward_with(spec.reward, env, spec.data)  # an environment that scores episodes is one more reward term
     generator = with_env(
         make_generator(
             spec.generator,

@@ -206,7 +206,9 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
     warn_env(cfg, env, unwrap(policy), tokenizer, train_rows[cfg.data.prompt_field], console)
     answers = (cfg.data.prompt_field, answer_column(train_rows.column_names, cfg.data))
     prompts = PromptOrder(len(train_rows), t.prompts_per_step, t.seed, dist.rank, dist.world_size, train_rows, answers)
-    reward_fn = reward_with(cfg.reward, env)  # an environment that scores episodes is one more reward term
+    reward_fn = reward_with(
+        cfg.reward, env, cfg.data.name
+    )  # an environment that scores episodes is one more reward term
     check_answers(train_rows.column_names, cfg.data, reward_fn, cfg.reward.correct)
     optimizer, scheduler = build_optimizer(policy, cfg.optimizer, t.steps)
     metrics, samples_log = open_logs(cfg, run_dir, trackers, state, dist)

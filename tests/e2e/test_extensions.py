@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agents import QWEN_TEMPLATE, Scripted, build_qwen_dir, small_cfg
+from episode_kit import QWEN_TEMPLATE, Scripted, build_qwen_dir, small_cfg
 
 from grpo_cli.config import TrainConfig
 from grpo_cli.run.console import Console

@@ -1,5 +1,5 @@
 """Agents written as ordinary code (env.agent): the endpoint's contract, token-exact trajectories, and each way an
-agent can go wrong. The model is the tool demo's (builtin:tiny-tools); the agents are in tests/inputs/agents.py
+agent can go wrong. The model is the tool demo's (builtin:tiny-tools); the agents are in tests/inputs/my_agents.py
 and grpo_cli/demo/agent.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from agents import INPUTS
+from episode_kit import INPUTS
 
 from grpo_cli.commands.compose import compose_config
 from grpo_cli.data.tasks import load_data
@@ -305,3 +305,22 @@ def test_the_agent_demo_trains_resumes_bitwise_and_logs_what_the_agent_did(tmp_p
     called = [r for r in logged if r["tool_calls"]]
     assert called and all(r["messages"][1]["role"] == "tool" for r in called)
     assert all("<tool_call>" in "".join(t["text"] for t in r["rendered"]["turns"]) for r in called)
+
+
+def test_a_verifiers_environment_runs_through_the_endpoint_and_its_rubric_is_the_reward(tools_model):
+    """A verifiers SingleTurnEnv (tests/inputs/vf_env.py) as the agent: its rollout's request is served by the
+    endpoint, and each episode's reward is its rubric's score of the very reply the endpoint sampled."""
+    pytest.importorskip("verifiers", reason="env.verifiers needs the verifiers package: pip install verifiers")
+
+    roll, agent, columns = episodes_of(
+        ["env.tools=[]", "env.verifiers=vf_env.py:load_environment", "env.verifiers_args={weight:2.0}"],
+        tools_model,
+        n_prompts=2,
+        G=2,
+    )
+    answers = [a for a in columns["answer"] for _ in range(2)]
+    for ep, records, answer in zip(roll.episodes, agent.records, answers):
+        assert ep.failed is None and len(records) == 1
+        assert ep.reward == 2.0 * float(answer in ep.final_text)
+        assert ep.metrics["replies"] == 1.0
+        assert [t for t, a in zip(ep.ids, ep.action) if a] == records[0]["choices"][0][0]

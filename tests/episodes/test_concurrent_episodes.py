@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from agents import INPUTS, Scripted, call, episode_generator, small_cfg
+from episode_kit import INPUTS, Scripted, call, episode_generator, small_cfg
 
 from grpo_cli.config import EnvConfig, SamplerConfig
 from grpo_cli.episodes.environments import EnvSpec

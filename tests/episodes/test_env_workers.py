@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agents import INPUTS, Scripted, call, small_cfg
+from episode_kit import INPUTS, Scripted, call, small_cfg
 
 from grpo_cli.config import EnvConfig, SamplerConfig
 from grpo_cli.episodes import environments

@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from agents import INPUTS, Scripted, call, char_ids, episode_generator, small_cfg
+from episode_kit import INPUTS, Scripted, call, char_ids, episode_generator, small_cfg
 
 from grpo_cli.algo.objective import policy_loss
 from grpo_cli.config import EnvConfig, SamplerConfig, TrainConfig

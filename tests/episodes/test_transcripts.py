@@ -6,7 +6,7 @@ with data=none the observation reset() wrote as the prompt."""
 from __future__ import annotations
 
 import pytest
-from agents import Scripted, call, small_cfg
+from episode_kit import Scripted, call, small_cfg
 
 from grpo_cli.models.loading import load_tokenizer
 from grpo_cli.run import observers

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from agents import INPUTS, QWEN_TEMPLATE, Scripted, call, episode_generator, small_cfg
+from episode_kit import INPUTS, QWEN_TEMPLATE, Scripted, call, episode_generator, small_cfg
 
 from grpo_cli.config import EnvConfig, SamplerConfig
 from grpo_cli.episodes.episode import Episode
