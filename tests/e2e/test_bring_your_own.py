@@ -449,8 +449,19 @@ def test_the_reward_and_data_groups_offer_every_option():
         "model",
         "none",
         "python",
+        "reasoning_gym",
     ]
-    assert group_options("data") == ["arithmetic", "code", "files", "gsm8k", "hub", "links", "long_addition", "none"]
+    assert group_options("data") == [
+        "arithmetic",
+        "code",
+        "files",
+        "gsm8k",
+        "hub",
+        "links",
+        "long_addition",
+        "none",
+        "reasoning_gym",
+    ]
 
 
 @pytest.mark.parametrize("group", ["reward", "data"])

@@ -356,6 +356,52 @@ def test_tool_episodes_of_hf_and_vllm_are_the_same_greedy_transcripts_and_ids():
     assert all(ep.turns == 2 and ep.messages[1]["role"] == "tool" for ep in hf[: len(calling)])
 
 
+def test_the_demo_agent_behind_the_endpoint_on_vllm_gives_the_in_process_driver_s_greedy_episodes():
+    """env.agent on generator=vllm: the endpoint's decode batches go to the vLLM engine; sampled with the same
+    seeds, the agent's episodes are the in-process tool driver's on the same engine, token for token, tool calls
+    included."""
+    pytest.importorskip("openai", reason="env.agent hands the agent an openai client: pip install openai")
+    from grpo_cli.config import EnvConfig
+    from grpo_cli.data.prompts import USER_PROMPT
+    from grpo_cli.data.tasks import long_addition_problems
+    from grpo_cli.episodes import environment, with_env
+    from grpo_cli.generate.base import generate, make_generator
+
+    tokenizer = load_tokenizer("builtin:tiny-tools")
+    model = load_model("builtin:tiny-tools", device="cpu")
+    users = long_addition_problems(3, 10000, 200, 0)["train"]["prompt"][:64]
+    answers = long_addition_problems(3, 10000, 200, 0)["train"]["answer"][:64]
+
+    def episodes(env_cfg):
+        env = environment(env_cfg)
+        prompts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], tools=env.schemas or None, tokenize=False, add_generation_prompt=True
+            )
+            for p in users
+        ]
+        base = make_generator(
+            VLLMGeneratorConfig(kv_cache_gib=0.0625),
+            tokenizer,
+            chat_template=True,
+            precision=Precision("fp32"),
+            device="cpu",
+        )
+        gen = with_env(base, env, tokenizer, chat_template=True)
+        columns = {USER_PROMPT: users, "answer": answers}
+        try:
+            seeds = list(range(len(prompts)))
+            return generate(gen, model, prompts, 1, SamplerConfig(80), seeds, columns=columns).episodes
+        finally:
+            gen.close()
+
+    tools = episodes(EnvConfig(tools=["grpo_cli.demo.tools:add"], max_turns=3, max_tokens=160))
+    agent = episodes(EnvConfig(agent="grpo_cli.demo.agent:calculator", max_turns=3, max_tokens=160, concurrency=64))
+    assert [ep.ids for ep in tools] == [ep.ids for ep in agent]
+    assert [ep.action for ep in tools] == [ep.action for ep in agent]
+    assert all(ep.failed is None for ep in agent) and any(ep.tool_calls for ep in agent)
+
+
 def test_a_vllm_engine_in_the_generation_worker_samples_ahead_with_the_pushed_weights(tmp_path):
     """generator=vllm in the worker process (rollout/worker.py): at max_staleness=0 the engine there gives
     the completions the engine in the trainer's process gives (equal rewards every step); at 1 each
