@@ -34,8 +34,6 @@ from grpo_cli.generate.turn_cache import count_prefill
 from grpo_cli.samples.rollout import Rollout, group_seed
 
 MODEL_NAME = "policy"  # the model name the endpoint answers to
-GATHER_S = 0.05  # a decode batch waits while requests keep coming at most this far apart
-MAX_GATHER_S = 0.5  # and no longer than this after its first request
 CLIENT_TIMEOUT_S = 3600.0  # the client's own limit on one call: generation may queue behind a long batch
 # loopback HTTP: no TLS set-up (20 ms a client), none of the environment's proxies
 PLAIN_HTTP: dict = dict(verify=False, trust_env=False, timeout=CLIENT_TIMEOUT_S)
@@ -103,7 +101,6 @@ class AgentGenerator:
         self.runs: dict[str, Run] = {}
         self.cond = threading.Condition()
         self.queue: list[Request] = []
-        self.arrived = 0.0  # when the last request joined the queue
         self.loop: asyncio.AbstractEventLoop | None = None  # async agents' event loop, on its own thread
         self.http: Any = None  # their connections (openai's httpx client), made on that loop
         self.records: list[list[dict]] = []  # the last generate's requests, per episode (for tests and debugging)
@@ -246,9 +243,10 @@ class AgentGenerator:
 
     # -- the decode batches -----------------------------------------------------------------------------
     def serve(self, model, runs: list[Run]) -> None:
-        """Decode batches of the waiting requests until every episode is done: a batch goes once every running
-        agent waits on a request; or once none is on its way (being read, or an agent's first) and none came for
-        GATHER_S; or once its first request has waited MAX_GATHER_S."""
+        """Decode batches of the waiting requests until every episode is done. A batch goes once every agent that
+        runs (or has a free slot to start in) waits on a request, as the in-process driver's turn waits for every
+        episode: so the batches, and the bits each row gets, do not depend on timing. An agent whose own work
+        holds a batch past env.timeout_s is timed out (_watch), and the batch goes without it."""
         while True:
             with self.cond:
                 batch = self._gather(runs)
@@ -261,15 +259,14 @@ class AgentGenerator:
         while True:
             self._watch(runs)
             running = [r for r in runs if r.admitted and not r.done]
-            if not self.queue and all(r.done for r in runs):
+            if not self.queue and all(r.done and not r.unsent for r in runs):
                 return None
             if self.queue:
                 now = time.monotonic()
                 first = first or now
-                others = [r for r in running if not r.queued]
-                starting = any(r.in_request or not r.turn for r in others)  # a request on its way, or a first one
-                quiet = not starting and now - self.arrived >= GATHER_S
-                if not others or quiet or now - first >= MAX_GATHER_S:
+                starting = len(running) < self.cfg.concurrency and any(not (r.admitted or r.done) for r in runs)
+                waiting = all(r.queued for r in running) and not starting
+                if waiting or now - first >= self.cfg.timeout_s:
                     batch, self.queue = self.queue, []
                     return batch
             self.cond.wait(timeout=0.005 if self.queue else 0.05)
@@ -310,11 +307,14 @@ class AgentGenerator:
                 q.event.set()
 
     # -- one request (on the endpoint's threads) -------------------------------------------------------
-    def sent(self, key: str) -> None:
+    def sent(self, key: str, reached: bool) -> None:
+        """An answer was written (`reached`: to an agent still waiting for it). Until then the step does not end:
+        whether the reply joins the chain must not depend on which thread runs first."""
         run = self.runs.get(key)
         if run is not None:
             with self.cond:
-                run.delivered, run.since = True, time.monotonic()
+                run.unsent, run.delivered, run.since = False, reached, time.monotonic()
+                self.cond.notify_all()
 
     def answer(self, key: str, route: str, body: dict) -> dict:
         run = self.runs.get(key)
@@ -340,7 +340,6 @@ class AgentGenerator:
         with self.cond:
             run.queued, run.delivered = True, False
             self.queue.append(request)
-            self.arrived = time.monotonic()
             self.cond.notify_all()
         request.event.wait()
         if isinstance(request.result, Refusal):
@@ -349,6 +348,8 @@ class AgentGenerator:
         run.turn += 1
         run.ep.requests += 1
         out = self.chains.answer(run, route, body, request.result)
+        with self.cond:
+            run.unsent = True  # until the endpoint has written it (sent)
         run.records.append({"prompt_ids": context, "choices": [(ids, logps) for ids, logps, _ in request.result]})
         return out
 

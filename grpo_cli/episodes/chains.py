@@ -37,6 +37,7 @@ class Run:
     text: str | None = None  # completions: the chain's text so far, before the pending reply
     replies: list[Choice] = field(default_factory=list)  # the last answer's choices, not yet part of the chain
     delivered: bool = False  # the last answer reached the agent
+    unsent: bool = False  # an answer is made and not yet written
     turn: int = 0  # requests answered, all chains
     calls: int = 0  # tool calls taken into the chain
     since: float = 0.0  # when the agent last had control: its start, or its last answer's delivery

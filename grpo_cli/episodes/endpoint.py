@@ -37,10 +37,11 @@ class Refusal(Exception):
 
 class Endpoint:
     """The HTTP server of one run. `answer(episode, route, body) -> dict` serves a checked request (raising
-    Refusal for what it refuses); `sent(episode)` hears that the answer reached the agent (an answer whose
-    connection closed first never did); `episodes` holds the ids whose paths are open."""
+    Refusal for what it refuses); `sent(episode, reached)` hears that a completion's answer was written, and
+    whether it reached the agent (an answer whose connection closed first never did); `episodes` holds the ids
+    whose paths are open."""
 
-    def __init__(self, answer: Callable[[str, str, dict], dict], model: str, sent: Callable[[str], None]):
+    def __init__(self, answer: Callable[[str, str, dict], dict], model: str, sent: Callable[[str, bool], None]):
         self.answer, self.sent, self.model, self.key = answer, sent, model, secrets.token_urlsafe(24)
         self.episodes: set[str] = set()
         self.lock = threading.Lock()
@@ -145,17 +146,19 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 413:
             self.send_header("Connection", "close")
             self.close_connection = True
+        reached = False
         try:
             if episode is not None and self._peer_gone():
                 raise BrokenPipeError
             self.end_headers()
             self.wfile.write(data)
             self.wfile.flush()
+            reached = True
         except (BrokenPipeError, ConnectionResetError):  # the agent stopped waiting: the answer never reached it
             self.close_connection = True
-            return
-        if episode is not None:
-            endpoint.sent(episode)
+        finally:
+            if episode is not None:
+                endpoint.sent(episode, reached)
 
     def _peer_gone(self) -> bool:
         """The client closed its side while its request was served (it gave up waiting)."""
