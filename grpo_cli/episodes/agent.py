@@ -94,7 +94,7 @@ class AgentGenerator:
 
     def __init__(self, base, spec: AgentSpec, tokenizer, *, chat_template: bool, system_prompt: str | None = None):
         self.base, self.spec, self.cfg, self.tokenizer = base, spec, spec.cfg, tokenizer
-        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.system_prompt = system_prompt  # chat_template: always on (a rule refuses env.agent without it)
         self.returns_logprobs, self.needs_weights = base.returns_logprobs, base.needs_weights
         self.chains = Chains(tokenizer, self.cfg, MODEL_NAME)
         self.endpoint = Endpoint(self.answer, MODEL_NAME, self.sent)
@@ -357,10 +357,10 @@ class AgentGenerator:
     def _rollout(self, model, prompts, G: int, runs: list[Run], with_logprobs: bool) -> Rollout:
         """Each episode's last chain, its delivered last reply joined (the first choice), as a Rollout row."""
         failed = [r.ep.failed for r in runs if r.ep.failed]
-        for r in runs:
+        for i, r in enumerate(runs):
             self.chains.finish(r)
             if not r.ep.prompt_ids:  # the agent made no request: its row's prompt, one EOS
-                r.ep.prompt_ids = self.base.encode([prompts[runs.index(r) // G]])[0]
+                r.ep.prompt_ids = self.base.encode([prompts[i // G]])[0]
         self.records = [r.records for r in runs]
         if failed:
             warnings.warn(
