@@ -22,9 +22,10 @@ MAX_LOOP_LINES = 30
 # added its 1,040 in rooms of their own, loaded only with env.agent set: 18,791; reasoning-gym, OpenEnv and
 # verifiers 290 more, each loaded only when named: 19,081 (their settings, in config/, are on every run's path). A
 # default one-step run imports 11,349 lines in 73 modules once the machine's peaks are cached (the probe, 75 more,
-# runs on a machine's first run). Lower them when the code shrinks; a change that grows past them needs a room of
-# its own, or a lazy import.
-MAX_PACKAGE_LINES = 19_090
+# runs on a machine's first run). Then agents in helper processes and confined (episodes/agent_host.py,
+# agent_workers.py, moved out of agent.py and grown by 340), loaded only with env.agent: 19,431. Lower them when the
+# code shrinks; a change that grows past them needs a room of its own, or a lazy import.
+MAX_PACKAGE_LINES = 19_435
 MAX_DEFAULT_RUN_IMPORT_LINES = 11_350
 # The stages, bottom up: a package imports only from those before it and from the shared root modules.
 STAGES = (

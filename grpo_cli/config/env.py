@@ -65,7 +65,7 @@ class EnvConfig:
         "episodes whose environment calls run at once; 1 = one at a time (the transcripts are the same either way)",
         low=1,
     )
-    workers: int = setting(0, "run the environments and tools in N helper processes (0 = in this process)", low=0)
+    workers: int = setting(0, "run the environments, tools or agents in N helper processes (0 = this one)", low=0)
     worker_memory_gib: float = setting(4.0, "workers: each one's address-space limit, GiB (0 = none)", low=0)
     sandbox: str = setting(
         "none",
@@ -122,10 +122,6 @@ def _agent(p, c) -> None:
     p.need(
         not (env.tools or env.factory),
         "env.agent runs your agent's own tools and loop, and env.tools or env.factory is set too; keep one of them",
-    )
-    p.need(
-        not env.workers,
-        "env.agent runs in this process for now, and env.workers is set; set env.workers=0 (env.sandbox=none)",
     )
     p.need(
         c.data.chat_template,

@@ -12,21 +12,18 @@ Requests from all episodes are gathered into decode batches (`AgentGenerator.ser
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import inspect
-import math
 import threading
 import time
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpo_cli.episodes.agent_host import AgentHost, load_agent
 from grpo_cli.episodes.chains import Chains, Run, cut
 from grpo_cli.episodes.endpoint import Endpoint, Refusal, request_options
 from grpo_cli.episodes.episode import Episode, episodes_rollout, unseeded
-from grpo_cli.episodes.rng import bound_globally, episode_generators, thread_generators
+from grpo_cli.episodes.rng import bound_globally
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.base import replace_live
 from grpo_cli.generate.hf import eos_token_ids
@@ -34,9 +31,6 @@ from grpo_cli.generate.turn_cache import count_prefill
 from grpo_cli.samples.rollout import Rollout, group_seed
 
 MODEL_NAME = "policy"  # the model name the endpoint answers to
-CLIENT_TIMEOUT_S = 3600.0  # the client's own limit on one call: generation may queue behind a long batch
-# loopback HTTP: no TLS set-up (20 ms a client), none of the environment's proxies
-PLAIN_HTTP: dict = dict(verify=False, trust_env=False, timeout=CLIENT_TIMEOUT_S)
 
 
 class AgentSpec:
@@ -48,8 +42,6 @@ class AgentSpec:
     reward_name = "agent"  # its returned reward is the reward term `agent`
 
     def __init__(self, cfg):
-        from grpo_cli.registry import load_function
-
         try:
             import openai  # noqa: F401 - the client handed to the agent
         except ImportError:
@@ -57,22 +49,22 @@ class AgentSpec:
                 "env.agent needs the openai package for the client it hands the agent; "
                 "pip install 'grpo-cli[agent]' (or pip install openai)."
             ) from None
-        thread_generators()  # before the agent's module is imported, so its random functions follow the episode
         self.cfg = cfg
-        if getattr(cfg, "verifiers", None):  # a verifiers environment's rollout is the agent
-            from grpo_cli.episodes.verifiers_env import verifiers_agent
+        if getattr(cfg, "workers", 0):  # the agents run in helper processes: this one never imports them
+            from grpo_cli.episodes.agent_workers import AgentWorkers
 
-            self.fn = verifiers_agent(cfg)
-        else:
-            self.fn = load_function(str(cfg.agent), cfg.fn_dir, key="env.agent")
-        self.is_async = inspect.iscoroutinefunction(self.fn)
+            self.workers = AgentWorkers(cfg)
+            self.fn, self.max_reward, self.shared_draws = None, self.workers.max_reward, []
+            return
+        self.fn = load_agent(cfg)
+        self.max_reward = float(getattr(self.fn, "max_reward", 1.0))
         self.shared_draws = bound_globally([self.fn])
 
     def schemas_for(self, row: dict) -> list[dict]:
         return []  # the agent sends its own tools with each request
 
     def score_with(self, reward) -> None:
-        reward.add_environment_term(self.reward_name, getattr(self.fn, "max_reward", 1.0))
+        reward.add_environment_term(self.reward_name, self.max_reward)
 
 
 @dataclass
@@ -98,11 +90,13 @@ class AgentGenerator:
         self.returns_logprobs, self.needs_weights = base.returns_logprobs, base.needs_weights
         self.chains = Chains(tokenizer, self.cfg, MODEL_NAME)
         self.endpoint = Endpoint(self.answer, MODEL_NAME, self.sent)
+        self.host: Any = spec.workers or AgentHost(spec.fn, self.report)  # where the agents run
+        if spec.workers is not None:
+            spec.workers.bind(self.report, self.endpoint)
+        self.stopped = threading.Event()  # the step ended: no more of its agents start
         self.runs: dict[str, Run] = {}
         self.cond = threading.Condition()
         self.queue: list[Request] = []
-        self.loop: asyncio.AbstractEventLoop | None = None  # async agents' event loop, on its own thread
-        self.http: Any = None  # their connections (openai's httpx client), made on that loop
         self.records: list[list[dict]] = []  # the last generate's requests, per episode (for tests and debugging)
 
     def update(self, model) -> None:
@@ -112,11 +106,8 @@ class AgentGenerator:
         self.base.sleep()
 
     def close(self) -> None:
-        if self.loop is not None:
-            if self.http is not None:
-                asyncio.run_coroutine_threadsafe(self.http.aclose(), self.loop).result(timeout=10)
-            self.loop.call_soon_threadsafe(self.loop.stop)
         self.endpoint.close()
+        self.host.close()
         self.base.close()
 
     # -- one step's episodes ---------------------------------------------------------------------------
@@ -137,7 +128,10 @@ class AgentGenerator:
         self.runs = {r.key: r for r in runs}
         for r in runs:
             self.endpoint.open(r.key)
-        self._agents(runs)
+        if self.spec.workers is not None:
+            self.spec.workers.revive()
+        self.stopped = stopped = threading.Event()
+        threading.Thread(target=self._admit, args=(runs, stopped), name="grpo-agent-admit", daemon=True).start()
         session = getattr(self.base, "session", None)
         try:
             if session is None:
@@ -150,6 +144,8 @@ class AgentGenerator:
             for r in runs:
                 self.endpoint.close_episode(r.key)
             with self.cond:
+                self.stopped.set()
+                self.cond.notify_all()
                 for request in self.queue:  # the step ended (a failure of its own) with requests unanswered
                     request.result = Refusal(410, "The step ended before this request was served.", "episode_closed")
                     request.event.set()
@@ -166,80 +162,38 @@ class AgentGenerator:
         out["prompt"] = chat_messages(value, self.system_prompt) if value is not None else []
         return out
 
-    def _agents(self, runs: list[Run]) -> None:
-        """Start every episode's agent: coroutines as tasks of one event loop on one thread, kept for the run
-        with its connections (a blocking call in one stalls the others: blocking code belongs in a plain def);
-        a plain def each on its own thread."""
-        if not self.spec.is_async:
-            for r in runs:
-                threading.Thread(target=self._sync_agent, args=(r, runs), name="grpo-agent", daemon=True).start()
-            return
-        if self.loop is None:
-            self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self.loop.run_forever, name="grpo-agents", daemon=True).start()
-        asyncio.run_coroutine_threadsafe(self._async_agents(runs), self.loop)
-
-    async def _async_agents(self, runs: list[Run]) -> None:
-        import openai
-
-        if self.http is None:  # a connection kept per concurrent episode, for the run
-            self.http = openai.DefaultAsyncHttpxClient(**PLAIN_HTTP, transport=transport(asynchronous=True))
-        http = self.http
-        loop, limit = asyncio.get_running_loop(), asyncio.Semaphore(self.cfg.concurrency)
-
-        async def one(run: Run) -> None:
-            async with limit:
-                task = asyncio.current_task()
-                assert task is not None
-                run.cancel = lambda: loop.call_soon_threadsafe(task.cancel)
-                client = openai.AsyncOpenAI(**self._client_args(run), http_client=http)
-                with self._episode(run) as row:
-                    row["value"] = await self.spec.fn(client, MODEL_NAME, row["row"])
-
-        await asyncio.gather(*(one(r) for r in runs), return_exceptions=True)
-
-    def _sync_agent(self, run: Run, runs: list[Run]) -> None:
-        import openai
-
-        with self.cond:  # a timed-out agent that never returns stops counting: its thread cannot be stopped
-            self.cond.wait_for(lambda: sum(r.admitted and not r.done for r in runs) < self.cfg.concurrency)
-        with openai.OpenAI(
-            **self._client_args(run), http_client=openai.DefaultHttpxClient(**PLAIN_HTTP, transport=transport())
-        ) as client:
-            with self._episode(run) as row:
-                value = self.spec.fn(client, MODEL_NAME, row["row"])
-                row["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value
-
-    @contextmanager
-    def _episode(self, run: Run):
-        """Around one agent's call: its admission, its own seeded generators, its row, and after it its reward,
-        or why it failed (the agent's own failure leaves the episode unscored; the run goes on)."""
-        ep = run.ep
-        with self.cond:
-            run.admitted, run.since = True, time.monotonic()
-            self.cond.notify_all()
-        box = {"row": {**copy.deepcopy(run.row), "_endpoint": self._where(run)}}
-        try:
-            with episode_generators(group_seed(ep.seed, "rng")):
-                yield box
-            reward, metrics = returned(box["value"])
-            if not run.done:
-                ep.reward, ep.metrics = reward, metrics
-        except BaseException as e:
-            if not run.done:
-                ep.failed = f"{type(e).__name__}: {e}"[:500]
-        finally:
+    def _admit(self, runs: list[Run], stopped: threading.Event) -> None:
+        """Start the episodes' agents in order, each once fewer than env.concurrency run (on the host: this
+        process, or the agent workers)."""
+        for r in runs:
             with self.cond:
-                run.done = True
+                self.cond.wait_for(
+                    lambda: stopped.is_set() or sum(x.admitted and not x.done for x in runs) < self.cfg.concurrency
+                )
+                if stopped.is_set():
+                    return
+                r.admitted, r.since = True, time.monotonic()
                 self.cond.notify_all()
+            where = self._where(r)
+            row = {**copy.deepcopy(r.row), "_endpoint": where}
+            r.cancel = self.host.start(r.key, row, group_seed(r.ep.seed, "rng"), where)
+
+    def report(self, key: str, reward: float | None, metrics: dict, failed: str | None) -> None:
+        """An agent ended: its reward and metrics, or why it failed (the episode then goes unscored; the run goes
+        on). One that was timed out already stays so."""
+        with self.cond:
+            run = self.runs.get(key)
+            if run is None or run.done:
+                return
+            if failed is None and reward is not None:
+                run.ep.reward, run.ep.metrics = reward, metrics
+            else:
+                run.ep.failed = failed or "the agent returned no reward"
+            run.done = True
+            self.cond.notify_all()
 
     def _where(self, run: Run) -> dict:
         return {"base_url": self.endpoint.base_url(run.key), "api_key": self.endpoint.key, "model": MODEL_NAME}
-
-    def _client_args(self, run: Run) -> dict:
-        """No retries (a refusal is the agent's to see), and no limit of the client's own on a call's wait."""
-        where = self._where(run)
-        return dict(base_url=where["base_url"], api_key=where["api_key"], max_retries=0, timeout=CLIENT_TIMEOUT_S)
 
     # -- the decode batches -----------------------------------------------------------------------------
     def serve(self, model, runs: list[Run]) -> None:
@@ -369,37 +323,6 @@ class AgentGenerator:
                 stacklevel=2,
             )
         return episodes_rollout(prompts, G, [r.ep for r in runs], with_logprobs, self.eos, model, self.tokenizer)
-
-
-def transport(asynchronous: bool = False):
-    """The clients' transport, from the httpx library openai's client is built on (httpx, or httpx2): no TLS,
-    no cap on connections, and TCP_NODELAY, without which a kept connection's request waits 40 ms for the
-    endpoint's delayed ACK of its headers before it sends its body."""
-    import importlib
-    import socket
-
-    import openai
-
-    library = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
-    kind = library.AsyncHTTPTransport if asynchronous else library.HTTPTransport
-    return kind(
-        verify=False,
-        limits=library.Limits(max_connections=None, max_keepalive_connections=None),
-        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
-    )
-
-
-def returned(value) -> tuple[float, dict]:
-    """The agent's return: a finite reward, or a dict with one and metrics to log (one sentence otherwise)."""
-    metrics = {}
-    if isinstance(value, dict):
-        if "reward" not in value:
-            raise ValueError(f"the agent returned a dict without 'reward': {sorted(value)}")
-        metrics = {k: float(v) for k, v in value.items() if k != "reward" and isinstance(v, (int, float))}
-        value = value["reward"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"the agent returned {value!r}; return a finite number (or a dict with 'reward')")
-    return float(value), metrics
 
 
 def with_agent(generator, spec: AgentSpec, tokenizer, **kwargs) -> AgentGenerator:

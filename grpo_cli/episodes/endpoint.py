@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
 import select
 import socket
+import socketserver
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,8 +52,16 @@ class Endpoint:
         self.server.daemon_threads = True
         self.server.endpoint = self  # type: ignore[attr-defined]
         self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, name="grpo-endpoint", daemon=True)
-        self._thread.start()
+        self.servers: list[socketserver.BaseServer] = [self.server]
+        threading.Thread(target=self.server.serve_forever, name="grpo-endpoint", daemon=True).start()
+
+    def serve_unix(self, path: str) -> None:
+        """Serve on the Unix socket `path` too (for confined agent workers: episodes/agent_workers.py)."""
+        server = _UnixServer(path, _UnixHandler)
+        os.chmod(path, 0o666)  # a confined worker runs as a user id of its own
+        server.endpoint = self  # type: ignore[attr-defined]
+        self.servers.append(server)
+        threading.Thread(target=server.serve_forever, name="grpo-endpoint-unix", daemon=True).start()
 
     def base_url(self, episode: str) -> str:
         return f"http://127.0.0.1:{self.port}/e/{episode}/v1"
@@ -68,8 +79,11 @@ class Endpoint:
             return episode in self.episodes
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in self.servers:
+            server.shutdown()
+            server.server_close()
+            if isinstance(server, _UnixServer):
+                os.unlink(str(server.server_address))
 
     def route(self, method: str, path: str, headers, body: bytes | None) -> tuple[str | None, dict]:
         """A request checked in order (key, path, episode, body, model), then answered: (the episode whose
@@ -112,8 +126,20 @@ class Endpoint:
         return episode, self.answer(episode, route, request)
 
 
-class _Server(ThreadingHTTPServer):
+class _Quiet:
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (its agent's process ended) is no error of the run's; anything else is."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # type: ignore[misc]
+
+
+class _Server(_Quiet, ThreadingHTTPServer):
     request_queue_size = 4096  # connections waiting to be accepted: every episode of a step may connect at once
+
+
+class _UnixServer(_Quiet, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    request_queue_size = 4096
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -175,6 +201,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self._serve("POST")
+
+
+class _UnixHandler(_Handler):
+    disable_nagle_algorithm = False  # a Unix socket has no Nagle to disable
+
+    def address_string(self) -> str:
+        return "unix"
 
 
 # ---- OpenAI's wire format -------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ def readable(cfg: dict) -> list[str]:
     paths |= {os.path.realpath(p) for p in sys.path if p and os.path.exists(p) and os.path.realpath(p) != here}
     factory = cfg.get("factory")
     specs = [*cfg.get("tools", []), *(factory.values() if isinstance(factory, dict) else [factory] if factory else [])]
+    specs += [cfg[key] for key in ("agent", "verifiers") if cfg.get(key) and ":" in str(cfg[key])]
     for spec in specs:
         paths |= where(str(spec), cfg.get("fn_dir"))
     for path in paths:
@@ -85,11 +86,13 @@ def where(spec: str, fn_dir: str | None) -> set[str]:
     return {os.path.dirname(os.path.realpath(found.origin))} if found.origin and os.path.isfile(found.origin) else set()
 
 
-def confine(cfg: dict, keep_fd: int) -> None:
+def confine(cfg: dict, keep_fd: int, shown: list[str] = (), loopback: bool = False) -> None:  # type: ignore[assignment]
     """Confine this process (single-threaded, with nothing of the environment imported yet); it goes on
-    as the PID namespace's first process, the process the trainer started waiting for it outside. One
-    sentence where the kernel refuses."""
-    runtime = readable(cfg)
+    as the PID namespace's first process, the process the trainer started waiting for it outside. `shown`:
+    directories shown too (read-only); `loopback`: its network namespace's loopback is up, and TCP sockets are
+    allowed (nothing but loopback exists there: an agent worker's way to the endpoint). One sentence where the
+    kernel refuses."""
+    runtime = readable(cfg) + [os.path.realpath(p) for p in shown]
     sys.path[:] = [
         os.path.realpath(p or ".") for p in sys.path
     ]  # as the view shows them; '' is the trainer's directory
@@ -113,12 +116,14 @@ def confine(cfg: dict, keep_fd: int) -> None:
     try:
         namespaces.namespaces(namespaces.NAMESPACES & ~namespaces.CLONE_NEWPID, user=False)
         namespaces.view(root, work, runtime, os.getuid() if uid is None else uid, SCRATCH_MIB * 2**20)
+        if loopback:
+            namespaces.loopback_up()
         if uid is not None:
             namespaces.become(uid)
             resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
         namespaces.die_with_parent(0)  # a change of user cleared it
         namespaces.drop_capabilities()
-        namespaces.seccomp()
+        namespaces.seccomp(inet=loopback)
     except OSError as e:
         raise refusal(e) from None
     os.environ.update(HOME=work, TMPDIR=work)

@@ -201,7 +201,8 @@ NUMBERS: dict[str, tuple[int, dict, dict]] = {
         {"prlimit64": 261, "clone": 220, "clone3": 435, "socket": 198},
     ),
 }
-AF_UNIX = 1
+AF_UNIX, AF_INET = 1, 2
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -365,6 +366,16 @@ def view(root: str, work: str, runtime: list[str], owner: int, size: int) -> Non
     os.chdir(work)
 
 
+def loopback_up() -> None:
+    """Bring up this network namespace's loopback interface (a new namespace's is down), its only one."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", b"lo", 0)))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
 def drop_capabilities() -> None:
     """Empty every capability set of this process (its user namespace's included), so no mount or limit set
     above can be changed back."""
@@ -373,9 +384,9 @@ def drop_capabilities() -> None:
     _check(_libc.capset(header, data), "capset")
 
 
-def _filter(arch: int, refused: dict, special: dict) -> bytes:
+def _filter(arch: int, refused: dict, special: dict, families: tuple[int, ...] = (AF_UNIX,)) -> bytes:
     """The BPF program: the wrong architecture or an x32 call is refused outright; the calls in `refused`,
-    prlimit on another process, clone with a CLONE_NEW* flag and socket other than AF_UNIX get EPERM;
+    prlimit on another process, clone with a CLONE_NEW* flag and socket of a family not in `families` get EPERM;
     clone3 gets ENOSYS (its flags are out of a filter's reach; the C library then uses clone)."""
     LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
     ALLOW, ERRNO, KILL = 0x7FFF0000, 0x00050000, 0x80000000
@@ -408,24 +419,20 @@ def _filter(arch: int, refused: dict, special: dict) -> bytes:
         (JSET, 0, 1, CLONE_NEW_ANY),
         (RET, 0, 0, ERRNO | EPERM),
     ]
-    prog += [
-        (LD, 0, 0, 0),
-        (JEQ, 0, 3, special["socket"]),
-        (LD, 0, 0, 16),
-        (JEQ, 1, 0, AF_UNIX),
-        (RET, 0, 0, ERRNO | EPERM),
-    ]
+    prog += [(LD, 0, 0, 0), (JEQ, 0, len(families) + 2, special["socket"]), (LD, 0, 0, 16)]
+    prog += [(JEQ, len(families) - i, 0, family) for i, family in enumerate(families)]
+    prog += [(RET, 0, 0, ERRNO | EPERM)]
     prog += [(RET, 0, 0, ALLOW)]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
-def seccomp() -> None:
+def seccomp(inet: bool = False) -> None:
     """no_new_privs (no set-user-ID program can raise privileges again), then the filter; both hold for
-    every process the program starts."""
+    every process the program starts. `inet`: IPv4 sockets allowed too (in a network namespace of loopback only)."""
     machine = os.uname().machine
     if machine not in NUMBERS:
         raise OSError(f"no system call table for {machine}")
-    code = _filter(*NUMBERS[machine])
+    code = _filter(*NUMBERS[machine], families=(AF_UNIX, AF_INET) if inet else (AF_UNIX,))
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     buf = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("HxxxxxxQ", len(code) // 8, ctypes.addressof(buf))

@@ -33,10 +33,10 @@ def tools_model():
     return load_tokenizer("builtin:tiny-tools"), load_model("builtin:tiny-tools", device="cpu")
 
 
-def chain(overrides: list[str], tools_model, n_prompts: int = 4):
+def chain(overrides: list[str], tools_model, n_prompts: int = 4, demo: list[str] = DEMO):
     """The command's generator chain (in-process tools, or env.agent) and the first training prompts."""
     tokenizer, _ = tools_model
-    cfg = compose_config("train", DEMO + overrides)
+    cfg = compose_config("train", demo + overrides)
     cfg.env.fn_dir = str(INPUTS)
     env = environment(cfg.env)
     rows = load_data(cfg.data, tokenizer, tools=env.schemas_for)["train"]
@@ -45,9 +45,9 @@ def chain(overrides: list[str], tools_model, n_prompts: int = 4):
     return cfg, generator, columns
 
 
-def episodes_of(overrides, tools_model, *, n_prompts=4, G=4, seed=7, sampling=None):
+def episodes_of(overrides, tools_model, *, n_prompts=4, G=4, seed=7, sampling=None, demo=DEMO):
     tokenizer, model = tools_model
-    cfg, generator, columns = chain(overrides, tools_model, n_prompts)
+    cfg, generator, columns = chain(overrides, tools_model, n_prompts, demo)
     prompts = columns[cfg.data.prompt_field]
     try:
         roll = generate(
@@ -83,6 +83,24 @@ def test_the_demo_agent_gives_the_in_process_driver_s_tokens_log_probs_and_rewar
     assert sum(ep.tool_calls for ep in theirs.episodes) > 0, (
         "no episode called the tool: nothing multi-turn was compared"
     )
+    assert all(ep.failed is None and ep.prefix_breaks == 0 for ep in theirs.episodes)
+
+
+def test_the_chained_call_demo_agent_gives_the_in_process_environment_s_tokens_and_rewards():
+    """The chained-call demo (env.factory=Links, whose follow() the model calls twice) against its agent, which
+    holds the table and runs follow() itself: the same tokens, mask, log-probs and rewards for the same seeds."""
+    chain_model = load_tokenizer("builtin:tiny-chain"), load_model("builtin:tiny-chain", device="cpu")
+    demo = ["experiment=tool_chain", "trainer.threads=1"]
+    ours, _, columns = episodes_of([], chain_model, n_prompts=8, demo=demo)
+    agent = ["env.factory=null", "env.agent=grpo_cli.demo.agent:links"]
+    theirs, _, _ = episodes_of(agent, chain_model, n_prompts=8, demo=demo)
+    assert torch.equal(ours.tokens, theirs.tokens)
+    assert torch.equal(ours.loss_mask, theirs.loss_mask)
+    assert torch.allclose(ours.sampler_logp, theirs.sampler_logp, atol=1e-6)
+    answers = [a for a in columns["answer"] for _ in range(4)]
+    expected = [float(is_correct(ep.final_text, a, extract="full")) for ep, a in zip(ours.episodes, answers)]
+    assert [ep.reward for ep in theirs.episodes] == expected
+    assert sum(ep.tool_calls for ep in theirs.episodes) >= 8, "too few calls: the chain was hardly compared"
     assert all(ep.failed is None and ep.prefix_breaks == 0 for ep in theirs.episodes)
 
 
@@ -253,16 +271,64 @@ def test_the_completions_route_continues_a_text_chain(tools_model):
         assert math.isfinite(ep.reward)
 
 
-def test_env_agent_with_tools_or_workers_or_plain_prompts_is_one_sentence():
+def test_env_agent_with_tools_or_plain_prompts_is_one_sentence():
     from helpers import refusal
 
     agent = "env.agent=grpo_cli.demo.agent:calculator"
     assert "keep one of them" in refusal(compose_config("train", DEMO + [agent]))
-    assert "env.workers=0" in refusal(compose_config("train", DEMO + [agent, "env.tools=[]", "env.workers=2"]))
+    assert "set env.workers" in refusal(compose_config("train", DEMO + [agent, "env.tools=[]", "env.sandbox=os"]))
+    assert refusal(compose_config("train", DEMO + [agent, "env.tools=[]", "env.workers=2", "env.sandbox=os"])) == ""
     assert "data.chat_template=true" in refusal(
         compose_config("train", DEMO + [agent, "env.tools=[]", "data.chat_template=false"])
     )
     assert refusal(compose_config("train", DEMO + [agent, "env.tools=[]"])) == ""
+
+
+@pytest.mark.parametrize("where", [["env.workers=2"], ["env.workers=2", "env.sandbox=os"]], ids=["workers", "confined"])
+def test_agents_in_workers_and_confined_give_the_in_process_agent_s_tokens_and_rewards(tools_model, where):
+    """env.workers runs the agents in helper processes (the trainer never imports them), env.sandbox=os confines
+    those by the kernel with loopback HTTP to the endpoint the one way out: the same episodes, two steps running
+    (the workers are kept between steps)."""
+    if "env.sandbox=os" in where:
+        from helpers import sandbox_runs_here
+
+        sandbox_runs_here()
+    tokenizer, model = tools_model
+    ours, _, _ = episodes_of(AGENT, tools_model, n_prompts=8)
+    cfg, generator, columns = chain(AGENT + where, tools_model, n_prompts=8)
+    try:
+        prompts = columns[cfg.data.prompt_field]
+        for step in range(2):
+            seeds = [7 + i + step for i in range(len(prompts))]
+            theirs = generate(generator, model, prompts, 4, cfg.sampler, seeds, columns=columns, with_logprobs=True)
+            assert all(ep.failed is None for ep in theirs.episodes), theirs.episodes[0].failed
+            if step == 0:
+                assert torch.equal(ours.tokens, theirs.tokens)
+                assert torch.allclose(ours.sampler_logp, theirs.sampler_logp, atol=1e-6)
+                assert [ep.reward for ep in theirs.episodes] == [ep.reward for ep in ours.episodes]
+        assert all(h is not None and h.alive() for h in generator.spec.workers.helpers)
+    finally:
+        generator.close()
+
+
+def test_an_agent_that_ends_its_worker_fails_its_episodes_and_the_next_step_restarts_it(tools_model):
+    _, model = tools_model
+    cfg, generator, columns = chain(
+        ["env.tools=[]", "env.agent=my_agents.py:ends_its_process", "env.workers=1"], tools_model, n_prompts=2
+    )
+    try:
+        prompts = columns[cfg.data.prompt_field]
+        with pytest.warns(RuntimeWarning, match="4 of 4 agents failed"):
+            first = generate(generator, model, prompts, 2, cfg.sampler, [1, 2], columns=columns)
+        assert all("agent worker 0 exited with code 3" in ep.failed for ep in first.episodes)
+        gone = generator.spec.workers.helpers[0].process
+        gone.wait(5)
+        with pytest.warns(RuntimeWarning, match="4 of 4 agents failed"):
+            second = generate(generator, model, prompts, 2, cfg.sampler, [1, 2], columns=columns)
+        assert all("exited with code 3" in ep.failed for ep in second.episodes), [ep.failed for ep in second.episodes]
+        assert generator.spec.workers.helpers[0].process.pid != gone.pid  # a fresh worker ran them
+    finally:
+        generator.close()
 
 
 def test_greedy_held_out_scoring_runs_through_the_agent(tools_model):

@@ -86,3 +86,11 @@ async def completes_text(client, model, row):
     prompt += first + "\nQ: again\nA:"
     await client.completions.create(model=model, prompt=prompt, max_tokens=6)
     return 0.0
+
+
+async def ends_its_process(client, model, row):
+    """Ends the process it runs in (an agent worker's), as a crash in native code would."""
+    import os
+
+    await client.chat.completions.create(model=model, messages=ask(row))
+    os._exit(3)
