@@ -3,6 +3,7 @@ the in-process tool driver (experiment=tool_use), side by side.
 
     python scripts/bench_agent.py                        # 8 prompts x 8 = 64 episodes a step, 6 steps, 3 rounds
     python scripts/bench_agent.py --prompts 16 --rounds 2
+    python scripts/bench_agent.py --agent-workers 2      # and the agent in 2 helper processes (env.workers=2)
 
 Each round trains both from the same seed, one after the other (interleaved, so a busy machine slows both), one
 torch thread each, without held-out scoring. Prints the median seconds per step and generation seconds per step
@@ -21,8 +22,8 @@ import tempfile
 from pathlib import Path
 
 
-def run(experiment: str, args, out: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "grpo_cli", "train", f"experiment={experiment}", f"output_dir={out}"]
+def run(experiment: str, args, out: Path, extra: list[str]) -> list[dict]:
+    cmd = [sys.executable, "-m", "grpo_cli", "train", f"experiment={experiment}", f"output_dir={out}", *extra]
     cmd += [
         f"trainer.steps={args.steps}",
         f"trainer.prompts_per_step={args.prompts}",
@@ -42,27 +43,28 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="prompts a step (8 episodes each)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--agent-workers", type=int, default=0, help="also the agent in N helper processes")
     args = parser.parse_args()
-    figures: dict[str, dict[str, list[float]]] = {e: {"seconds": [], "gen_s": []} for e in ("tool_agent", "tool_use")}
+    arms = {"in-process driver": ("tool_use", []), "agent via the endpoint": ("tool_agent", [])}
+    if args.agent_workers:
+        arms[f"agent in {args.agent_workers} workers"] = ("tool_agent", [f"env.workers={args.agent_workers}"])
+    figures: dict[str, dict[str, list[float]]] = {label: {"seconds": [], "gen_s": []} for label in arms}
     same = True
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            rows = {}
-            for experiment in ("tool_agent", "tool_use"):
-                rows[experiment] = run(experiment, args, Path(tmp) / f"{experiment}-{r}")
+            rewards = []
+            for i, (label, (experiment, extra)) in enumerate(arms.items()):
+                rows = run(experiment, args, Path(tmp) / f"{i}-{r}", extra)
                 for key in ("seconds", "gen_s"):
-                    figures[experiment][key] += [row[key] for row in rows[experiment][1:]]
-            same &= [x["reward_mean"] for x in rows["tool_agent"]] == [x["reward_mean"] for x in rows["tool_use"]]
+                    figures[label][key] += [row[key] for row in rows[1:]]
+                rewards.append([x["reward_mean"] for x in rows])
+            same &= all(x == rewards[0] for x in rewards)
     print(f"{args.prompts * 8} episodes a step, {args.steps} steps x {args.rounds} rounds (medians of steps 2 on)")
-    print("| | s/step | generation s/step |\n|---|---|---|")
-    for experiment, label in (("tool_use", "in-process driver"), ("tool_agent", "agent via the endpoint")):
-        f = figures[experiment]
-        print(f"| {label} | {statistics.median(f['seconds']):.3f} | {statistics.median(f['gen_s']):.3f} |")
-    ratio = {
-        k: statistics.median(figures["tool_agent"][k]) / statistics.median(figures["tool_use"][k])
-        for k in ("seconds", "gen_s")
-    }
-    print(f"| ratio | {ratio['seconds']:.2f}x | {ratio['gen_s']:.2f}x |")
+    print("| | s/step | generation s/step | step ratio | generation ratio |\n|---|---|---|---|---|")
+    base = {k: statistics.median(figures["in-process driver"][k]) for k in ("seconds", "gen_s")}
+    for label, f in figures.items():
+        step, gen = statistics.median(f["seconds"]), statistics.median(f["gen_s"])
+        print(f"| {label} | {step:.3f} | {gen:.3f} | {step / base['seconds']:.2f}x | {gen / base['gen_s']:.2f}x |")
     print(f"same reward every step: {same}")
 
 

@@ -46,6 +46,12 @@ class EnvConfig:
         "(docs/how-to/ecosystem.md)",
     )
     openenv_action: str = setting("message", "env.openenv: the action's field that holds the model's turn")
+    agent_sampling: str = setting(
+        "run",
+        "env.agent: whose temperature and top_p a request samples with; request: the agent's (off the policy the "
+        "loss assumes: algo.sampler_correction=tis reweights)",
+        choices=("run", "request"),
+    )
     fn_dir: Optional[str] = setting(
         None, "where relative tool files and modules are found; grpo train sets it to the directory it runs in"
     )

@@ -74,8 +74,11 @@ class Request:
     seeds: list[int]
     max_new: int
     logprobs: bool
+    sampling: tuple[float, float]  # temperature, top_p
+    top: int = 0  # top_logprobs: the alternatives asked per token
     event: threading.Event = field(default_factory=threading.Event)
     result: list | Refusal | None = None  # (ids, logps, finished) per choice, or a Refusal
+    tops: list | None = None  # per choice, per token: the `top` most likely (id, log-prob)
 
 
 class AgentGenerator:
@@ -238,9 +241,17 @@ class AgentGenerator:
                     r.cancel()
 
     def _decode(self, model, batch: list[Request]) -> None:
+        """The batch's requests decoded together, those asking other sampling settings (env.agent_sampling=request)
+        in a batch of their own each."""
+        for settings in dict.fromkeys(q.sampling for q in batch):
+            self._decode_alike(model, [q for q in batch if q.sampling == settings], *settings)
+
+    def _decode_alike(self, model, batch: list[Request], temperature: float, top_p: float) -> None:
         contexts = [q.context for q in batch for _ in q.seeds]
         seeds = [s for q in batch for s in q.seeds]
-        sampling = replace(self.sampling, max_new_tokens=max(q.max_new for q in batch))
+        sampling = replace(
+            self.sampling, max_new_tokens=max(q.max_new for q in batch), temperature=temperature, top_p=top_p
+        )
         with_logprobs = self.with_logprobs or any(q.logprobs for q in batch)
         try:
             outs = self.base.complete(
@@ -253,12 +264,29 @@ class AgentGenerator:
             raise
         count_prefill([q.run.ep for q in batch for _ in q.seeds], contexts, getattr(self.base, "turns", None), 0)
         at = 0
+        for q in batch:
+            q.result = [cut(out, q.max_new) for out in outs[at : at + len(q.seeds)]]
+            at += len(q.seeds)
+            if q.top:
+                q.tops = [alternatives(model, q.context, ids, temperature, q.top) for ids, _, _ in q.result]
         with self.cond:
             for q in batch:
-                q.result = [cut(out, q.max_new) for out in outs[at : at + len(q.seeds)]]
-                at += len(q.seeds)
                 q.run.queued = False
                 q.event.set()
+
+    def _sampling(self, body: dict) -> tuple[float, float]:
+        """(temperature, top_p) a request samples with: the run's, or with env.agent_sampling=request the request's
+        where it gives them (held-out scoring stays greedy whatever the agent asks)."""
+        run = (self.sampling.temperature, self.sampling.top_p)
+        if self.cfg.agent_sampling != "request" or self.sampling.greedy:
+            return run
+        temperature, top_p = body.get("temperature"), body.get("top_p")
+        temperature, top_p = run[0] if temperature is None else temperature, run[1] if top_p is None else top_p
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+            raise Refusal(400, "temperature must be a number from 0 to 2.", "invalid_temperature")
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise Refusal(400, "top_p must be a number above 0 and at most 1.", "invalid_top_p")
+        return float(temperature), float(top_p)
 
     # -- one request (on the endpoint's threads) -------------------------------------------------------
     def sent(self, key: str, reached: bool) -> None:
@@ -286,11 +314,12 @@ class AgentGenerator:
     def _answer(self, run: Run, route: str, body: dict) -> dict:
         if run.done:
             raise Refusal(410, "This episode has closed: its agent ran past env.timeout_s.", "episode_closed")
-        n, max_new, logprobs = request_options(body, self.sampling.max_new_tokens)
+        n, max_new, logprobs, top = request_options(body, self.sampling.max_new_tokens)
+        sampling = self._sampling(body)
         context = self.chains.context(run, route, body)
-        room = self.cfg.max_tokens - len(run.ep.ids)
+        room = self.cfg.max_tokens - len(run.ep.ids) - len(run.forced[0])  # a forced call's opening counts
         seeds = [group_seed(run.ep.seed, "turn", run.turn, *(("choice", c) if c else ())) for c in range(n)]
-        request = Request(run, context, seeds, max(1, min(max_new, room)), logprobs)
+        request = Request(run, context, seeds, max(1, min(max_new, room)), logprobs, sampling, top)
         with self.cond:
             run.queued, run.delivered = True, False
             self.queue.append(request)
@@ -301,7 +330,7 @@ class AgentGenerator:
         assert request.result is not None
         run.turn += 1
         run.ep.requests += 1
-        out = self.chains.answer(run, route, body, request.result)
+        out = self.chains.answer(run, route, body, request.result, request.tops)
         with self.cond:
             run.unsent = True  # until the endpoint has written it (sent)
         run.records.append({"prompt_ids": context, "choices": [(ids, logps) for ids, logps, _ in request.result]})
@@ -323,6 +352,27 @@ class AgentGenerator:
                 stacklevel=2,
             )
         return episodes_rollout(prompts, G, [r.ep for r in runs], with_logprobs, self.eos, model, self.tokenizer)
+
+
+def alternatives(model, context: list[int], ids: list[int], temperature: float, k: int) -> list[list[tuple]]:
+    """For each sampled token, the `k` most likely tokens and their log-probs under the tempered policy, read off
+    one forward pass over the context and the reply (top_logprobs; the sampled token's own log-prob is the
+    sampler's)."""
+    import torch
+
+    if not ids:
+        return []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            logits = model(torch.tensor([context + ids], device=device)).logits[0, len(context) - 1 : -1].float()
+    finally:
+        model.train(was_training)
+    logps = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
+    values, tokens = logps.topk(min(k, logps.shape[-1]), dim=-1)
+    return [list(zip(t, v)) for t, v in zip(tokens.tolist(), values.tolist())]
 
 
 def with_agent(generator, spec: AgentSpec, tokenizer, **kwargs) -> AgentGenerator:

@@ -9,6 +9,7 @@ connection to that socket, so `base_url` is the same and any client library reac
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import tempfile
@@ -46,9 +47,10 @@ class AgentWorkers:
         self.settings = ({**settings, "workers": 0}, float(cfg.worker_memory_gib), socket)
         self.helpers: list[Helper | None] = [None] * int(cfg.workers)
         self.locks = [threading.Lock() for _ in self.helpers]
-        self.held: list[set[str]] = [set() for _ in self.helpers]  # the episodes each worker runs
+        self.held: dict[Helper, set[str]] = {}  # the episodes each worker runs
         self.turn = itertools.count()
         self.report: Any = None
+        atexit.register(self.close)  # also where no generator came to close them (the generation worker's run)
         started = [self._launch(slot) for slot in range(len(self.helpers))]  # they import the agent side by side
         self.max_reward = max(self._ready(slot, helper) for slot, helper in enumerate(started))
 
@@ -70,7 +72,7 @@ class AgentWorkers:
         if not (isinstance(ready, dict) and isinstance(ready.get("max_reward"), (int, float))):
             helper.kill()
             raise AgentWorkerLost(f"agent worker {slot} sent a start message of no known shape and was stopped")
-        self.helpers[slot] = helper
+        self.helpers[slot], self.held[helper] = helper, set()
         threading.Thread(target=self._read, args=(slot, helper), name="grpo-agent-worker", daemon=True).start()
         return ready["max_reward"]
 
@@ -87,11 +89,12 @@ class AgentWorkers:
         with self.locks[slot]:
             helper = self.helpers[slot]
             assert helper is not None
-            self.held[slot].add(key)
+            held = self.held.setdefault(helper, set())
+            held.add(key)
             try:
                 helper.send(("start", key, row, rng_seed, where))
             except AgentWorkerLost as e:  # lost this step: its next step restarts it
-                self.held[slot].discard(key)
+                held.discard(key)
                 self.report(key, None, {}, f"AgentWorkerLost: {e}"[:500])
                 return lambda: None
         return lambda: self._send(slot, ("cancel", key))
@@ -111,16 +114,16 @@ class AgentWorkers:
             try:
                 kind, value = helper.receive(None, "running agents")
                 key, reward, metrics, failed = done(kind, value)
-            except (HelperLost, GrpoError, RuntimeError, ValueError) as e:
+            except (HelperLost, GrpoError, RuntimeError, ValueError, OSError, EOFError) as e:
                 with self.locks[slot]:
                     if helper.alive():
                         helper.kill()
-                    keys, self.held[slot] = self.held[slot], set()
+                    keys = self.held.pop(helper, set())
                 for key in keys:
                     self.report(key, None, {}, f"AgentWorkerLost: {e}"[:500])
                 return
             with self.locks[slot]:
-                self.held[slot].discard(key)
+                self.held.get(helper, set()).discard(key)
             self.report(key, reward, metrics, failed)
 
     def close(self) -> None:

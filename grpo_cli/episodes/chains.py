@@ -23,6 +23,7 @@ class Choice:
     ids: list[int]
     logps: list[float] | None
     calls: int  # tool calls in it (they number the next reply's calls)
+    forced: list[int] = field(default_factory=list)  # a forced tool_choice's opening, before `ids`: context
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Run:
     messages: list | None = None  # the chain's last request (chat), normalised
     tools: Any = None
     text: str | None = None  # completions: the chain's text so far, before the pending reply
+    forced: tuple[list[int], str] = ([], "")  # the pending request's forced tool-call opening: ids, text
     replies: list[Choice] = field(default_factory=list)  # the last answer's choices, not yet part of the chain
     delivered: bool = False  # the last answer reached the agent
     unsent: bool = False  # an answer is made and not yet written
@@ -74,16 +76,54 @@ class Chains:
             return self.chat_context(run, body) if route == "chat/completions" else self.text_context(run, body)
 
     def chat_context(self, run: Run, body: dict) -> list[int]:
+        """The ids the model reads for a chat request (_chat_context), then, for a forced tool_choice, the opening
+        of the call the template writes: the reply continues from there."""
+        context = self._chat_context(run, body)
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            run.forced = self.forced(run.messages or [], body.get("tools") or None, choice)
+        return context + run.forced[0]
+
+    def forced(self, messages: list[dict], tools, choice) -> tuple[list[int], str]:
+        """What the reply starts with under tool_choice "required" (the template's text before a call's name) or a
+        named function (that text and the name): the model writes the rest of the call. Its ids are context."""
+        names = [t.get("function", {}).get("name") for t in tools or [] if isinstance(t, dict)]
+        named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if not (choice == "required" or (named is not None and choice.get("type") == "function")):
+            raise Refusal(
+                400, f"tool_choice {choice!r} is none of auto, none, required or a function.", "invalid_tool_choice"
+            )
+        if not names or (named is not None and named not in names):
+            raise Refusal(
+                400,
+                f"tool_choice names {named or 'a call'}, which this request's tools do not hold.",
+                "invalid_tool_choice",
+            )
+        mark = "grpo_forced_call_name"
+        call = {"id": "call0", "type": "function", "function": {"name": mark, "arguments": {}}}
+        try:
+            head = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+            whole = self.tokenizer.apply_chat_template(
+                [*messages, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=tools, tokenize=False
+            )
+        except Exception as e:  # the template's own refusal
+            raise Refusal(
+                400, f"The chat template cannot render a tool call here ({e}).", "invalid_tool_choice"
+            ) from None
+        if not whole.startswith(head) or mark not in whole[len(head) :]:
+            raise Refusal(
+                400,
+                "This model's chat template does not write a tool call right after its generation prompt, so a forced "
+                "tool_choice cannot be served; use auto.",
+                "unsupported_parameter",
+            )
+        text = whole[len(head) : whole.index(mark, len(head))] + (named or "")
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"], text
+
+    def _chat_context(self, run: Run, body: dict) -> list[int]:
         """The ids the model reads for a chat request: the chain continued (its last reply's ids, then the new
         messages as the template renders them between turns), or a new chain rendered whole."""
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise Refusal(
-                400, "tool_choice may be auto or none here (a forced call is not served).", "unsupported_parameter"
-            )
-        if body.get("top_logprobs"):
-            raise Refusal(
-                400, "top_logprobs is not served; ask logprobs=true for the sampled tokens'.", "unsupported_parameter"
-            )
+        run.forced = ([], "")
         messages, tools = [normal(m) for m in body.get("messages") or []], body.get("tools") or None
         if not messages:
             raise Refusal(400, "messages is empty; send the conversation so far.", "invalid_messages")
@@ -177,8 +217,9 @@ class Chains:
     def take(self, run: Run, choice: Choice) -> None:
         """The reply the agent went on with joins the chain: its ids, trained."""
         ep = run.ep
-        ep.ids += choice.ids
-        ep.action += [1] * len(choice.ids)
+        ep.ids += choice.forced + choice.ids
+        ep.action += [0] * len(choice.forced) + [1] * len(choice.ids)
+        ep.logps += [0.0] * len(choice.forced)
         ep.logps += list(choice.logps) if choice.logps is not None else [0.0] * len(choice.ids)
         ep.turns += 1
         ep.tool_calls += choice.calls
@@ -189,15 +230,17 @@ class Chains:
             ep.messages.append({"role": "assistant", "content": choice.message["text"]})
         run.replies = []
 
-    def answer(self, run: Run, route: str, body: dict, outs: list) -> dict:
+    def answer(self, run: Run, route: str, body: dict, outs: list, tops: list | None = None) -> dict:
         """The OpenAI response for `outs` (ids, log-probs, ended per choice), each choice kept to join the chain
         once the agent's next request shows it went on with it."""
         stops = body.get("stop") or []
         stops = [stops] if isinstance(stops, str) else list(stops)
         parse = route == "chat/completions" and bool(body.get("tools")) and body.get("tool_choice") != "none"
         with self.tokenizing:
+            logprobs = bool(body.get("logprobs"))
             made = [
-                self.choice(run, i, out, stops, parse, route, bool(body.get("logprobs"))) for i, out in enumerate(outs)
+                self.choice(run, i, out, stops, parse, route, logprobs, tops[i] if tops else None)
+                for i, out in enumerate(outs)
             ]
         run.replies = [choice for _, choice in made]
         prompt_tokens = len(run.ep.prompt_ids) + len(run.ep.ids)
@@ -205,21 +248,26 @@ class Chains:
         kind = "chat.completion" if route == "chat/completions" else "text_completion"
         return response(kind, f"grpo-{run.key}-{run.turn}", self.model_name, [w for w, _ in made], prompt_tokens, used)
 
-    def choice(self, run: Run, index: int, out: tuple, stops: list[str], parse: bool, route: str, logprobs: bool):
+    def choice(self, run: Run, index: int, out: tuple, stops: list[str], parse: bool, route: str, logprobs: bool, top):
         """One sampled reply: (its wire form, the Choice that joins the chain if the agent goes on with it)."""
         ids, logps, ended = out
         ids, logps, stopped = at_stop(self.tokenizer, ids, logps, stops)
+        forced, opening = run.forced
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if stopped:
             text = text[: min(text.find(s) for s in stops if s in text)]
-        content, calls = parse_turn(self, ids, text, set(self.eos)) if parse else (text, [])
+        read = opening + text if forced else text
+        content, calls = parse_turn(self, forced + ids, read, set(self.eos)) if parse else (text, [])
         good = [c for c in calls if "error" not in c]
         reason = "tool_calls" if good else "stop" if ended or stopped else "length"
-        lp = wire_logprobs([self.tokenizer.decode([t]) for t in ids], logps) if logprobs and logps is not None else None
+        lp = None
+        if logprobs and logps is not None:
+            named = [[(self.tokenizer.decode([t]), v) for t, v in alts] for alts in top[: len(ids)]] if top else None
+            lp = wire_logprobs([self.tokenizer.decode([t]) for t in ids], logps, named)
         if route != "chat/completions":
             return text_choice(index, text, reason, lp), Choice({"text": text}, ids, logps, 0)
         wire = chat_choice(index, content, good, run.calls, reason, lp)
-        return wire, Choice(normal(wire["message"]), ids, logps, len(calls))
+        return wire, Choice(normal(wire["message"]), ids, logps, len(calls), forced)
 
     def finish(self, run: Run) -> None:
         """The step is over: the last answer joins the chain (its first choice) if it reached the agent."""

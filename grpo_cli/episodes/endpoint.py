@@ -85,9 +85,9 @@ class Endpoint:
             if isinstance(server, _UnixServer):
                 os.unlink(str(server.server_address))
 
-    def route(self, method: str, path: str, headers, body: bytes | None) -> tuple[str | None, dict]:
+    def route(self, method: str, path: str, headers, body: bytes | None) -> tuple[str | None, Any]:
         """A request checked in order (key, path, episode, body, model), then answered: (the episode whose
-        completion it is, or None; the JSON to send)."""
+        completion it is, or None; the JSON to send, or with stream=true its Events)."""
         given = headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode()):
             raise Refusal(
@@ -121,9 +121,14 @@ class Endpoint:
             raise Refusal(
                 404, f"The model {request.get('model')!r} does not exist here; use {self.model!r}.", "model_not_found"
             )
-        if request.get("stream"):
-            raise Refusal(400, "stream=true is not served yet; leave stream unset.", "unsupported_parameter")
-        return episode, self.answer(episode, route, request)
+        stream = request.get("stream") or False
+        if not isinstance(stream, bool):
+            raise Refusal(400, "stream must be true or false.", "invalid_stream")
+        out = self.answer(episode, route, request)
+        if stream:
+            usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            return episode, Events(out, usage)
+        return episode, out
 
 
 class _Quiet:
@@ -165,9 +170,10 @@ class _Handler(BaseHTTPRequestHandler):
             status, (episode, out) = 200, endpoint.route(method, self.path, self.headers, body)
         except Refusal as e:
             status, episode, out = e.status, None, e.body()
-        data = json.dumps(out).encode()
+        streamed = isinstance(out, Events)
+        data = out.data() if isinstance(out, Events) else json.dumps(out).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/event-stream" if streamed else "application/json")
         self.send_header("Content-Length", str(len(data)))
         if status == 413:
             self.send_header("Connection", "close")
@@ -211,15 +217,23 @@ class _UnixHandler(_Handler):
 
 
 # ---- OpenAI's wire format -------------------------------------------------------------------------------
-def request_options(body: dict, run_max: int) -> tuple[int, int, bool]:
-    """(n, the reply's token cap, whether log-probs are asked) from a request; the run's cap bounds the request's."""
+def request_options(body: dict, run_max: int) -> tuple[int, int, bool, int]:
+    """(n, the reply's token cap, whether log-probs are asked, how many alternatives per token) from a request;
+    the run's cap bounds the request's."""
     n = body.get("n") or 1
     asked = body.get("max_completion_tokens") or body.get("max_tokens") or run_max
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs") or 0
     if not isinstance(n, int) or not 1 <= n <= 16:
         raise Refusal(400, "n must be a whole number from 1 to 16.", "invalid_n")
     if not isinstance(asked, int) or asked < 1:
         raise Refusal(400, "max_tokens must be a positive whole number.", "invalid_max_tokens")
-    return n, min(asked, run_max), bool(body.get("logprobs"))
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+        raise Refusal(400, "top_logprobs must be a whole number from 0 to 20.", "invalid_top_logprobs")
+    if isinstance(logprobs, int) and not isinstance(logprobs, bool):  # completions: logprobs=K asks K alternatives
+        logprobs, top = logprobs > 0 or bool(top), max(top, min(logprobs, 5))
+    if top and not logprobs:
+        raise Refusal(400, "top_logprobs needs logprobs=true.", "invalid_top_logprobs")
+    return n, min(asked, run_max), bool(logprobs), top
 
 
 def normal(message) -> dict:
@@ -258,10 +272,17 @@ def same_reply(ours: dict, theirs: dict) -> bool:
     return theirs.get("role") == "assistant" and all(ours.get(k) == theirs.get(k) for k in keys)
 
 
-def wire_logprobs(pieces: list[str], logps) -> list[dict]:
-    """The sampled tokens' log-probs as chat completions give them (no alternatives: top_logprobs is not served)."""
+def wire_logprobs(pieces: list[str], logps, tops: list[list[tuple[str, float]]] | None = None) -> list[dict]:
+    """The sampled tokens' log-probs as chat completions give them, each with its alternatives (top_logprobs)."""
+    tops = tops or [[] for _ in pieces]
     return [
-        {"token": p, "logprob": float(v), "bytes": list(p.encode()), "top_logprobs": []} for p, v in zip(pieces, logps)
+        {
+            "token": p,
+            "logprob": float(v),
+            "bytes": list(p.encode()),
+            "top_logprobs": [{"token": t, "logprob": float(w), "bytes": list(t.encode())} for t, w in top],
+        }
+        for p, v, top in zip(pieces, logps, tops)
     ]
 
 
@@ -292,10 +313,45 @@ def text_choice(index: int, text: str, reason: str, lp) -> dict:
         legacy = {
             "tokens": [x["token"] for x in lp],
             "token_logprobs": [x["logprob"] for x in lp],
-            "top_logprobs": None,
+            "top_logprobs": [{t["token"]: t["logprob"] for t in x["top_logprobs"]} for x in lp]
+            if any(x["top_logprobs"] for x in lp)
+            else None,
             "text_offset": [],
         }
     return {"index": index, "text": text, "finish_reason": reason, "logprobs": legacy}
+
+
+class Events:
+    """A whole answer as the server-sent events a streaming client reads (stream=true): per choice its text and
+    tool calls in one delta each, then its finish; the usage when stream_options asks; then [DONE]. A batch samples
+    the whole reply before any of it is sent, so it is sent at once."""
+
+    def __init__(self, out: dict, usage: bool):
+        self.out, self.usage = out, usage
+
+    def data(self) -> bytes:
+        out = self.out
+        chat = out["object"] == "chat.completion"
+        head = {"id": out["id"], "created": out["created"], "model": out["model"]}
+        head["object"] = "chat.completion.chunk" if chat else "text_completion"
+        events = []
+        for c in out["choices"]:
+            if not chat:
+                events.append({**head, "choices": [c]})
+                continue
+            message, index = c["message"], c["index"]
+            first = {"role": "assistant", "content": message.get("content")}
+            opening = {"index": index, "delta": first, "logprobs": c["logprobs"], "finish_reason": None}
+            events.append({**head, "choices": [opening]})
+            if message.get("tool_calls"):
+                calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+                events.append(
+                    {**head, "choices": [{"index": index, "delta": {"tool_calls": calls}, "finish_reason": None}]}
+                )
+            events.append({**head, "choices": [{"index": index, "delta": {}, "finish_reason": c["finish_reason"]}]})
+        if self.usage:
+            events.append({**head, "choices": [], "usage": out["usage"]})
+        return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 def response(kind: str, name: str, model: str, choices: list[dict], prompt_tokens: int, used: int) -> dict:

@@ -104,6 +104,21 @@ def test_the_chained_call_demo_agent_gives_the_in_process_environment_s_tokens_a
     assert all(ep.failed is None and ep.prefix_breaks == 0 for ep in theirs.episodes)
 
 
+def test_a_streaming_agent_reads_the_same_replies_and_trains_the_same_tokens(tools_model):
+    """The demo agent written with stream=true (it reassembles the deltas, usage included): the same tokens, log-probs
+    and rewards as the demo agent without streaming."""
+    plain, _, _ = episodes_of(AGENT, tools_model, n_prompts=8)
+    streamed, _, _ = episodes_of(
+        ["env.tools=[]", "env.agent=my_agents.py:streams_the_calculator"], tools_model, n_prompts=8
+    )
+    assert all(ep.failed is None for ep in streamed.episodes), streamed.episodes[0].failed
+    assert torch.equal(plain.tokens, streamed.tokens)
+    assert torch.allclose(plain.sampler_logp, streamed.sampler_logp, atol=1e-6)
+    assert [ep.reward for ep in plain.episodes] == [ep.reward for ep in streamed.episodes]
+    assert sum(ep.tool_calls for ep in streamed.episodes) > 0
+    assert all(ep.metrics["completion_tokens"] > 0 for ep in streamed.episodes)
+
+
 def test_every_trained_token_is_one_the_endpoint_sampled_and_every_other_is_context(tools_model):
     """The records the endpoint keeps (each request's prompt ids and the ids it sampled) rebuild each row: the
     trained tokens are the sampled ones, in order, and each request's prompt is the row up to it."""
@@ -142,7 +157,7 @@ def endpoint_agent(tools_model):
     generator.close()
 
 
-def test_the_endpoint_refuses_a_wrong_key_model_route_body_stream_and_a_closed_episode(endpoint_agent):
+def test_the_endpoint_refuses_a_wrong_key_model_route_body_and_a_closed_episode(endpoint_agent):
     ep = endpoint_agent.endpoint
     url, key = ep.base_url("e1"), ep.key
     ok = {"model": "policy", "messages": [{"role": "user", "content": "1+2="}]}
@@ -155,7 +170,7 @@ def test_the_endpoint_refuses_a_wrong_key_model_route_body_stream_and_a_closed_e
         (wire(url + "/chat/completions", ok), 401, "invalid_api_key"),
         (wire(url + "/chat/completions", {**ok, "model": "gpt-4o"}, key), 404, "model_not_found"),
         (wire(url + "/embeddings", ok, key), 404, "not_found"),
-        (wire(url + "/chat/completions", {**ok, "stream": True}, key), 400, "unsupported_parameter"),
+        (wire(url + "/chat/completions", {**ok, "stream": "yes"}, key), 400, "invalid_stream"),
         (wire(url + "/chat/completions", raw=b"{not json", key=key), 400, "invalid_json"),
         (wire(url + "/chat/completions", raw=b" " * (MAX_BODY + 1), key=key), 413, "body_too_large"),
         (wire(ep.base_url("e2") + "/chat/completions", ok, key), 410, "episode_closed"),
@@ -242,6 +257,88 @@ def test_n_choices_sample_apart_and_the_one_the_agent_goes_on_with_is_trained(to
         assert len(choices) == 3 and len({tuple(c) for c in choices}) > 1
         trained = [t for t, a in zip(ep.ids, ep.action) if a]
         assert trained[: len(choices[2])] == choices[2]
+
+
+def test_a_forced_tool_choice_opens_the_call_as_context_and_the_model_writes_the_rest(tools_model):
+    """tool_choice naming add: every first reply calls add (the base model calls it in about a quarter of its
+    sampled episodes), the opening the template writes before a call's arguments is context (not trained), and the
+    row is still the requests' prompts and sampled ids."""
+    tokenizer, _ = tools_model
+    roll, agent, _ = episodes_of(["env.tools=[]", "env.agent=my_agents.py:forces_add"], tools_model)
+    assert all(ep.failed is None and ep.metrics["calls"] >= 1 for ep in roll.episodes)
+    for ep, records in zip(roll.episodes, agent.records):
+        first = records[0]
+        opening = first["prompt_ids"][len(ep.prompt_ids) :]  # the context past the rendered prompt: the opening
+        assert tokenizer.decode(opening) == '<tool_call>{"name":"add'
+        sampled = first["choices"][0][0]
+        assert ep.ids[: len(opening) + len(sampled)] == opening + sampled
+        assert ep.action[: len(opening) + len(sampled)] == [0] * len(opening) + [1] * len(sampled)
+        assert [t for t, a in zip(ep.ids, ep.action) if a] == [t for r in records for t in r["choices"][0][0]]
+
+
+def test_a_forced_tool_choice_without_that_tool_or_of_another_shape_is_a_400(endpoint_agent):
+    from grpo_cli.demo.agent import ADD
+    from grpo_cli.episodes.endpoint import Refusal
+
+    messages = [{"role": "user", "content": "1+2="}]
+    for tools, choice in (
+        ([ADD], {"type": "function", "function": {"name": "subtract"}}),
+        (None, "required"),
+        ([ADD], "always"),
+    ):
+        with pytest.raises(Refusal) as refused:
+            endpoint_agent.chains.forced(messages, tools, choice)
+        assert refused.value.status == 400 and str(refused.value).endswith(".")
+
+
+def test_the_run_s_sampling_wins_unless_env_agent_sampling_is_request(tools_model, endpoint_agent):
+    """An agent asking temperature 0: the run's temperature 1 samples each group member apart (the default), and
+    with env.agent_sampling=request every member gets the one greedy reply, the untempered log-probs with it."""
+    from grpo_cli.episodes.endpoint import Refusal
+
+    agent = ["env.tools=[]", "env.agent=my_agents.py:asks_greedy"]
+
+    def replies(roll):
+        return [tuple(ep.ids) for ep in roll.episodes]
+
+    run_wins, _, _ = episodes_of(agent, tools_model)
+    asked, generator, _ = episodes_of([*agent, "env.agent_sampling=request"], tools_model)
+    G = 4
+    assert any(len(set(replies(run_wins)[i : i + G])) > 1 for i in range(0, 16, G))
+    assert all(len(set(replies(asked)[i : i + G])) == 1 for i in range(0, 16, G))
+    tokenizer, model = tools_model
+    ep = asked.episodes[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([ep.prompt_ids + ep.ids])).logits[0, len(ep.prompt_ids) - 1 : -1].double()
+    assert [int(t) for t in logits.argmax(-1)] == ep.ids
+    expected = logits.log_softmax(-1).gather(-1, torch.tensor(ep.ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(ep.logps, dtype=torch.float64), expected, atol=1e-4)
+    endpoint_agent.cfg.agent_sampling = "request"
+    for body in ({"temperature": 5}, {"top_p": 0}, {"temperature": "hot"}):
+        with pytest.raises(Refusal):
+            endpoint_agent._sampling(body)
+    assert endpoint_agent._sampling({"temperature": 0.5}) == (0.5, 1.0)
+
+
+def test_top_logprobs_give_each_token_s_likeliest_alternatives(tools_model):
+    """top_logprobs=3: three alternatives a token, likeliest first, their probabilities summing to at most 1; where
+    the sampled token is among them, the log-prob the one forward pass gives it is the decode's own (to 1e-4)."""
+    _, generator, _ = episodes_of(
+        ["env.tools=[]", "env.agent=my_agents.py:asks_top_logprobs"], tools_model, n_prompts=2
+    )
+    answered = generator.spec.fn.__globals__["SEEN"]  # the agent's module, as the run loaded it
+    assert len(answered) == 8
+    compared = 0
+    for seen in answered:
+        for token in seen["content"]:
+            top = token["top_logprobs"]
+            assert len(top) == 3 and [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+            assert sum(math.exp(t["logprob"]) for t in top) <= 1 + 1e-6
+            same = [t["logprob"] for t in top if t["token"] == token["token"]]
+            if same:
+                assert abs(same[0] - token["logprob"]) < 1e-4
+                compared += 1
+    assert compared >= 8
 
 
 def test_parallel_calls_from_one_agent_each_get_an_answer_and_one_chain_is_trained(tools_model):

@@ -94,3 +94,75 @@ async def ends_its_process(client, model, row):
 
     await client.chat.completions.create(model=model, messages=ask(row))
     os._exit(3)
+
+
+async def forces_add(client, model, row):
+    """Forces a call of add, then of any tool (required), answering each with the sum."""
+    from grpo_cli.demo.agent import ADD
+
+    messages, calls = ask(row), 0
+    for choice in ({"type": "function", "function": {"name": "add"}}, "required"):
+        response = await client.chat.completions.create(model=model, messages=messages, tools=[ADD], tool_choice=choice)
+        reply = response.choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+        calls += len(reply.tool_calls or [])
+        for call in reply.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "0"})
+    return {"reward": 0.0, "calls": float(calls)}
+
+
+async def asks_greedy(client, model, row):
+    """Asks for temperature 0, as an agent tuned for a hosted model might."""
+    await client.chat.completions.create(model=model, messages=ask(row), temperature=0, max_tokens=12)
+    return 0.0
+
+
+SEEN: list = []  # what asks_top_logprobs was answered, for the test to read (the agents run in its process)
+
+
+async def asks_top_logprobs(client, model, row):
+    response = await client.chat.completions.create(
+        model=model, messages=ask(row), logprobs=True, top_logprobs=3, max_tokens=8
+    )
+    SEEN.append(response.choices[0].logprobs.model_dump())
+    return 0.0
+
+
+async def streams_the_calculator(client, model, row):
+    """The demo calculator agent with stream=true: it puts each reply together from the deltas."""
+    from types import SimpleNamespace
+
+    from grpo_cli.demo.agent import ADD, run_tool
+    from grpo_cli.demo.tools import add
+    from grpo_cli.rewards.exact_match import is_correct
+
+    messages, used, final = ask(row), 0, ""
+    for _ in range(3):
+        try:
+            stream = await client.chat.completions.create(
+                model=model, messages=messages, tools=[ADD], stream=True, stream_options={"include_usage": True}
+            )
+        except openai.BadRequestError:
+            break
+        content, calls = "", {}
+        async for chunk in stream:
+            used += chunk.usage.completion_tokens if chunk.usage else 0
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                for c in choice.delta.tool_calls or []:
+                    call = calls.setdefault(
+                        c.index, {"id": c.id, "type": "function", "function": {"name": "", "arguments": ""}}
+                    )
+                    call["function"]["name"] += c.function.name or ""
+                    call["function"]["arguments"] += c.function.arguments or ""
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [calls[k] for k in sorted(calls)]
+        messages.append(message)
+        final = content
+        if not calls:
+            break
+        for call in message["tool_calls"]:
+            function = SimpleNamespace(**call["function"])
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": run_tool({"add": add}, function)})
+    return {"reward": float(is_correct(final, row["answer"])), "completion_tokens": used}
