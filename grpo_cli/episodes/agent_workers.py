@@ -52,7 +52,12 @@ class AgentWorkers:
         self.report: Any = None
         atexit.register(self.close)  # also where no generator came to close them (the generation worker's run)
         started = [self._launch(slot) for slot in range(len(self.helpers))]  # they import the agent side by side
-        self.max_reward = max(self._ready(slot, helper) for slot, helper in enumerate(started))
+        try:
+            self.max_reward = max(self._ready(slot, helper) for slot, helper in enumerate(started))
+        except BaseException:  # one could not start (the agent's import failed): the others go too
+            for helper in started:
+                helper.kill()
+            raise
 
     def bind(self, report, endpoint) -> None:
         """Where reports go, and (confined) the endpoint to serve on the workers' Unix socket too."""

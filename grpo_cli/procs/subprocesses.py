@@ -233,7 +233,15 @@ def serve(handler: Callable[[Channel, object], None], memory_gib: Callable[[Any]
     except (BrokenPipeError, ConnectionResetError, EOFError):  # the trainer ended: no one to answer
         sys.exit(0)
     except GrpoError as e:
-        channel.send(("error", str(e)))
+        _tell(channel, ("error", str(e)))
     except BaseException:  # noqa: BLE001 - sent to the trainer with its trace
-        channel.send(("bug", traceback.format_exc()))
+        _tell(channel, ("bug", traceback.format_exc()))
         raise
+
+
+def _tell(channel: Channel, message) -> None:
+    """Send the helper's last word; a trainer that has already gone (it stopped on another helper's) hears none."""
+    try:
+        channel.send(message)
+    except (BrokenPipeError, ConnectionResetError):
+        sys.exit(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -426,6 +427,38 @@ def test_an_agent_that_ends_its_worker_fails_its_episodes_and_the_next_step_rest
         assert generator.spec.workers.helpers[0].process.pid != gone.pid  # a fresh worker ran them
     finally:
         generator.close()
+
+
+def test_an_agent_that_fails_on_import_in_its_workers_is_one_sentence_and_leaves_no_worker(tmp_path, capfd):
+    from grpo_cli.errors import GrpoError
+
+    (tmp_path / "broken.py").write_text(
+        "import no_such_module_here\n\nasync def solve(client, model, row):\n    return 1.0\n"
+    )
+    cfg = compose_config("train", [*DEMO, "env.tools=[]", "env.agent=broken.py:solve", "env.workers=3"])
+    cfg.env.fn_dir = str(tmp_path)
+    with pytest.raises(GrpoError, match="fails on import .*no_such_module_here.*fix the file"):
+        environment(cfg.env)
+    time.sleep(1)  # the other workers' last words, if any, would reach stderr by now
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [p for p in psutil_children() if "agent_workers" in " ".join(p)]
+
+
+def psutil_children() -> list[list[str]]:
+    """The command lines of this process's live children (from /proc: no psutil needed)."""
+    import os
+
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f.read().decode(errors="replace").split("\0"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return [c for c in out if c != [""]]
 
 
 def test_greedy_held_out_scoring_runs_through_the_agent(tools_model):
