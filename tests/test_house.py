@@ -24,10 +24,10 @@ MAX_LOOP_LINES = 30
 # default one-step run imports 11,349 lines in 73 modules once the machine's peaks are cached (the probe, 75 more,
 # runs on a machine's first run). Then agents in helper processes and confined (episodes/agent_host.py,
 # agent_workers.py, moved out of agent.py and grown by 340) and the endpoint's forced tool_choice, top_logprobs,
-# streaming and env.agent_sampling (+164), loaded only with env.agent: 19,594; the setting env.agent_sampling is on
-# every run's path: 11,351. Lower them when the code shrinks; a change that grows past them needs a room of its
-# own, or a lazy import.
-MAX_PACKAGE_LINES = 19_594
+# streaming, env.agent_sampling and their failures (+176), loaded only with env.agent: 19,607; the setting
+# env.agent_sampling is on every run's path: 11,351. Lower them when the code shrinks; a change that grows past them
+# needs a room of its own, or a lazy import.
+MAX_PACKAGE_LINES = 19_607
 MAX_DEFAULT_RUN_IMPORT_LINES = 11_351
 # The stages, bottom up: a package imports only from those before it and from the shared root modules.
 STAGES = (

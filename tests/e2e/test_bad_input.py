@@ -306,7 +306,7 @@ CASES = [
     (TRAIN + " trainer.steps=many", "trainer.steps=many is not an integer"),
     (TRAIN + " algo.beta=lots", "algo.beta=lots is not a float"),
     (TRAIN + " model=qwn", "model takes instruct, qwen, tiny"),
-    (TRAIN + " experiment=nope", "experiment takes instruct, qwen_gsm8k, smollm2_arithmetic"),
+    (TRAIN + " experiment=nope", "experiment takes chain_agent, instruct, qwen_gsm8k, smollm2_arithmetic"),
     (TRAIN + " trainer.steps=[1", "write overrides as key=value"),
     (TRAIN + " model=instruct", "model.path is empty; give the model with model.path=HUB_ID_OR_DIRECTORY"),
     # files, models, checkpoints, run directories: found when loaded, before any step
