@@ -441,11 +441,11 @@ def test_an_agent_that_fails_on_import_in_its_workers_is_one_sentence_and_leaves
         environment(cfg.env)
     time.sleep(1)  # the other workers' last words, if any, would reach stderr by now
     assert "Traceback" not in capfd.readouterr().err
-    assert not [p for p in psutil_children() if "agent_workers" in " ".join(p)]
+    assert not [p for p in children_command_lines() if "agent_workers" in " ".join(p)]
 
 
-def psutil_children() -> list[list[str]]:
-    """The command lines of this process's live children (from /proc: no psutil needed)."""
+def children_command_lines() -> list[list[str]]:
+    """The command lines of this process's live children, read from /proc."""
     import os
 
     out = []
