@@ -107,8 +107,11 @@ def measure(
         seconds = time.perf_counter() - start
         gen.close()
         return seconds, [(ep.messages, ep.ids) for ep in roll.episodes]
-    finally:
+    finally:  # registered for this measurement only: the registry and the `generator` option it made go
+        from hydra.core.config_store import ConfigStore
+
         GENERATORS.pop("replaying", None)
+        ConfigStore.instance().repo["generator"].pop("replaying.yaml", None)
 
 
 def main(argv: list[str] | None = None) -> None:
