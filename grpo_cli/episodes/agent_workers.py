@@ -170,7 +170,7 @@ def _serve(channel: Channel, settings) -> None:
     if cfg.get("sandbox") == "os":
         from grpo_cli.sandbox.env import confine
 
-        confine(cfg, channel.conn.fileno(), shown=[os.path.dirname(socket)], loopback=True)
+        confine(cfg, channel.conn.fileno(), shown=(os.path.dirname(socket),), loopback=True)
     from grpo_cli.episodes.agent_host import AgentHost, load_agent
 
     fn = load_agent(OmegaConf.create(cfg))

@@ -86,7 +86,7 @@ def where(spec: str, fn_dir: str | None) -> set[str]:
     return {os.path.dirname(os.path.realpath(found.origin))} if found.origin and os.path.isfile(found.origin) else set()
 
 
-def confine(cfg: dict, keep_fd: int, shown: list[str] = (), loopback: bool = False) -> None:  # type: ignore[assignment]
+def confine(cfg: dict, keep_fd: int, shown: tuple[str, ...] = (), loopback: bool = False) -> None:
     """Confine this process (single-threaded, with nothing of the environment imported yet); it goes on
     as the PID namespace's first process, the process the trainer started waiting for it outside. `shown`:
     directories shown too (read-only); `loopback`: its network namespace's loopback is up, and TCP sockets are
