@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
-from grpo_cli.config import check
+from grpo_cli.config import check, freeze
 from grpo_cli.errors import GrpoError
 from grpo_cli.models.paths import is_adapter_dir
 from grpo_cli.rewards import Judge
@@ -137,7 +137,7 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: Sequence[str] = ()) -> 
 
     targets = checkpoints_to_evaluate(cfg.checkpoint, cfg.model.path)
     cfg = with_training_settings(cfg, [path for path, _ in reversed(targets)], list(overrides), console)
-    check(cfg)  # again: the saved settings may have replaced groups
+    check(freeze(cfg))  # again, the saved settings may have replaced groups; fixed from here on
     device = resolve_device(cfg.model.device)
     prepare_process(cfg.threads, device)
     precision = Precision(cfg.precision, device.type)
@@ -158,7 +158,9 @@ def run_evaluate(cfg, out_dir: Path, console, overrides: Sequence[str] = ()) -> 
         console.print(f"model {len(rows) + 1}/{len(targets)}: {path}", highlight=False)
         model = load_model(path, DTYPES[cfg.precision], cfg.model.device, cfg.model.trust_remote_code, key=key)
         tokenizer = load_tokenizer(path, cfg.model.trust_remote_code, key=key)
-        generator = generator_for(cfg, tokenizer, env, precision=precision, device=device, seed=cfg.seed)
+        generator = generator_for(
+            cfg.generator, cfg.data, tokenizer, env, precision=precision, device=device, seed=cfg.seed
+        )
         if split is None or per_model_data:
             split = evaluation_split(cfg, tokenizer, console, env.schemas_for if env else None)
         check_answers(split.column_names, cfg.data, reward_fn, cfg.reward.correct)

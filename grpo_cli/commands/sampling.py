@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_cli.commands.inference import check_model_files, with_training_settings, writable_dir
-from grpo_cli.config import check
+from grpo_cli.config import check, freeze
 from grpo_cli.data.prompts import USER_PROMPT, is_conversation, render_user_prompts, user_text
 from grpo_cli.episodes import environment, generator_for
 from grpo_cli.errors import GrpoError
@@ -68,7 +68,7 @@ def run_sample(cfg, console, overrides: Sequence[str] = ()) -> list[dict]:
     key = "checkpoint" if cfg.checkpoint is not None else "model.path"
     check_model_files(path, key)  # every input checked before the model loads
     cfg = with_training_settings(cfg, [path], list(overrides), console)
-    check(cfg)  # again: the saved settings may have replaced groups
+    check(freeze(cfg))  # again, the saved settings may have replaced groups; fixed from here on
     s = cfg.sampler
     env = environment(cfg.env)  # the tools the model was trained with: each sample is an episode
     reward = reward_with(cfg.reward, env, cfg.data.name) if any(r.get("answer") is not None for r in inputs) else None
@@ -82,7 +82,9 @@ def run_sample(cfg, console, overrides: Sequence[str] = ()) -> list[dict]:
         row["rendered"] = text
     device = resolve_device(cfg.model.device)
     precision = Precision(cfg.precision, device.type)
-    generator = generator_for(cfg, tokenizer, env, precision=precision, device=device, seed=cfg.seed)
+    generator = generator_for(
+        cfg.generator, cfg.data, tokenizer, env, precision=precision, device=device, seed=cfg.seed
+    )
     sampling = replace(s, temperature=0) if cfg.greedy else s
 
     rows, G = [], 1 if sampling.greedy else s.group_size

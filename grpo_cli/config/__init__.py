@@ -13,7 +13,7 @@ from grpo_cli.config.commands import (
     schema_of,
 )
 from grpo_cli.config.data import DataConfig, SamplerConfig
-from grpo_cli.config.declare import check
+from grpo_cli.config.declare import check, freeze
 from grpo_cli.config.env import EnvConfig
 from grpo_cli.config.generator import GeneratorConfig, HFGeneratorConfig, VLLMGeneratorConfig
 from grpo_cli.config.model import LoraConfig, ModelConfig, OptimizerConfig
@@ -39,6 +39,7 @@ __all__ = [
     "TrainerConfig",
     "VLLMGeneratorConfig",
     "check",
+    "freeze",
     "reference_in_worker",
     "register_configs",
     "schema_of",

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from grpo_cli.config.declare import rule, setting
+from grpo_cli.config.declare import Settings, rule, setting
 from grpo_cli.registry import load
 
 
 @dataclass
-class AlgoConfig:
+class AlgoConfig(Settings):
     name: str = setting("grpo", "preset label")
     clip_eps: float = setting(
         0.2,

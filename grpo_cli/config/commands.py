@@ -8,7 +8,7 @@ from typing import Any, List, Optional
 
 from grpo_cli.config.algo import AlgoConfig
 from grpo_cli.config.data import DataConfig, SamplerConfig
-from grpo_cli.config.declare import rule, setting
+from grpo_cli.config.declare import Settings, rule, setting
 from grpo_cli.config.env import EnvConfig
 from grpo_cli.config.generator import GeneratorConfig, HFGeneratorConfig
 from grpo_cli.config.model import ModelConfig, OptimizerConfig
@@ -20,7 +20,7 @@ INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16")  # evaluate and sample: the weig
 
 
 @dataclass
-class Shared:
+class Shared(Settings):
     """The groups every command composes."""
 
     model: ModelConfig = setting(factory=ModelConfig, help="policy, reference and tokenizer")

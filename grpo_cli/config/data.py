@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from grpo_cli.config.declare import rule, setting
+from grpo_cli.config.declare import Settings, rule, setting
 
 SOURCES = ("arithmetic", "long_addition", "links", "code", "files", "hub", "reasoning_gym", "none")
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # data=files, by suffix
@@ -37,7 +37,7 @@ def _template(value) -> str | None:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Settings):
     name: str = setting(
         "arithmetic",
         "the prompts: a built-in task, files, a hub dataset, or none (an environment writes each)",
@@ -152,7 +152,7 @@ def _prompts(p, c) -> None:
 
 
 @dataclass
-class SamplerConfig:
+class SamplerConfig(Settings):
     """How completions are drawn: the `sampler` group, and what a generator is asked to sample with."""
 
     max_new_tokens: int = setting(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import typing
 from collections.abc import Callable, Iterator
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields, is_dataclass, replace
 
 from grpo_cli.errors import GrpoError
 from grpo_cli.registry import import_plugin, load
@@ -79,6 +79,35 @@ class Rule:
 
 
 RULES: list[Rule] = []
+
+
+class Settings:
+    """A config group's base. Hydra needs its groups mutable while it composes; the edge (`grpo train` once its
+    config is checked and its paths made absolute, `evaluate` and `sample` once the saved settings are merged)
+    calls `freeze`, and from then on every builder reads settings that can no longer change under it."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if self.__dict__.get("_frozen"):
+            raise FrozenInstanceError(f"{type(self).__name__}.{name} is frozen: settings are fixed at the edge")
+        object.__setattr__(self, name, value)
+
+
+def freeze(config):
+    """`config` and every group in it, frozen; returns `config`. A list's items stay as saved and compared (a list):
+    the keys holding one are not reassigned either."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if is_dataclass(value):
+            freeze(value)
+    object.__setattr__(config, "_frozen", True)
+    return config
+
+
+def amended(config, **changes):
+    """A copy of `config` with `changes`, frozen when `config` is (a reward term's own `fn`, one environment of a
+    dict of them)."""
+    out = replace(config, **changes)
+    return freeze(out) if config.__dict__.get("_frozen") else out
 
 
 def rule(*keys: str):
@@ -166,7 +195,8 @@ def check(config) -> None:
         d = declared(f)
         if d is None or (value is None and f.default is None) or (d.when is not None and not d.when(config)):
             continue
-        problem = value_problem(key, value, d, kind, f.default)
+        default = f.default_factory() if f.default_factory is not MISSING else f.default  # an empty list's too
+        problem = value_problem(key, value, d, kind, default)
         if problem:
             problems.append(problem)
     groups = {f.name for f in fields(config)}

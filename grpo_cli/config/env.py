@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from grpo_cli.config.declare import MAX_TIMEOUT_S, rule, setting
+from grpo_cli.config.declare import MAX_TIMEOUT_S, Settings, rule, setting
 from grpo_cli.config.reward import user_file
 from grpo_cli.registry import is_file_spec
 
@@ -19,7 +19,7 @@ def tool_formats() -> tuple[str, ...]:
 
 
 @dataclass
-class EnvConfig:
+class EnvConfig(Settings):
     tools: List[str] = setting(
         factory=list,
         help="tool functions the model may call: [mod:fn, file.py:fn] (typed, with docstrings; as TRL's tools)",

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from grpo_cli.config.declare import MAX_TIMEOUT_S, rule, setting
+from grpo_cli.config.declare import MAX_TIMEOUT_S, Settings, rule, setting
 
 
 @dataclass
-class GeneratorConfig:
+class GeneratorConfig(Settings):
     """The keys every back-end has: its name, and the generation worker's (trainer.max_staleness > 0, or
     generator.worker: a process of its own with its own model copy, the policy's weights pushed after each update)."""
 

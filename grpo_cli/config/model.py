@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from grpo_cli.config.declare import rule, setting
+from grpo_cli.config.declare import Settings, rule, setting
 
 # The checkout grpo runs from (make setup installs it editable): the presets' models/... are built there by
 # `make smollm2`, and found from any directory. Installed from a wheel, it is site-packages' parent: no models/.
@@ -45,7 +45,7 @@ def _targets(value) -> str | None:
 
 
 @dataclass
-class LoraConfig:
+class LoraConfig(Settings):
     r: int = setting(0, "adapter rank; 0 = full fine-tuning", low=0)
     alpha: float = setting(
         32.0, "scale: the adapter's update is multiplied by alpha / r", low=0, above=True, when=_lora
@@ -71,7 +71,7 @@ def _recompute(value) -> str | None:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Settings):
     name: str = setting("tiny", "a label for logs")
     path: str = setting(
         "builtin:tiny",
@@ -119,7 +119,7 @@ def _betas(value) -> str | None:
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(Settings):
     name: str = setting("adamw", "the only optimiser for now", choices=("adamw",))
     lr: float = setting(
         3e-4, "peak learning rate (3e-4 suits the tiny model; ~1e-6 for 0.5B+ models)", low=0, above=True

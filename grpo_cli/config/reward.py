@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from grpo_cli.config.declare import MAX_TIMEOUT_S, rule, setting
+from grpo_cli.config.declare import MAX_TIMEOUT_S, Settings, rule, setting
 from grpo_cli.config.model import device_problem
 from grpo_cli.registry import function_name, is_file_spec, load
 
@@ -71,7 +71,7 @@ def _compiles(key: str, flags: int = 0):
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(Settings):
     name: str = setting(
         "auto",
         "the reward: auto (an environment's own, else exact_match), none, combo, or a term",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from grpo_cli.config.declare import rule, setting
+from grpo_cli.config.declare import Settings, rule, setting
 
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16")  # training: models/precision.py (auto picks one of the others)
 
@@ -27,7 +27,7 @@ def _evaluating(c) -> bool:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Settings):
     steps: int = setting(300, "GRPO steps (one rollout batch each)", low=0)
     prompts_per_step: int = setting(32, "n: prompts per step; the batch holds n * G completions", low=1)
     micro_batch_size: int = setting(
@@ -122,7 +122,7 @@ def _eval_prompts(p, c) -> None:
 
 
 @dataclass
-class HubConfig:
+class HubConfig(Settings):
     push: bool = setting(
         False, "true: upload final/ (weights, tokenizer, model card, config.yaml) at the end of the run"
     )

@@ -11,16 +11,14 @@ def environment(cfg, schemas: bool = True):
 
         return AgentSpec(cfg)
     if getattr(cfg, "openenv", None):  # an OpenEnv server: each episode a session of it
-        import copy
         import functools
 
+        from grpo_cli.config.declare import amended
         from grpo_cli.episodes.environments import EnvSpec
         from grpo_cli.episodes.openenv import OpenEnv, client_class
 
         client_class()
-        named = copy.copy(cfg)
-        named.factory = "grpo_cli.episodes.openenv:OpenEnv"
-        spec = EnvSpec(named, cfg.fn_dir, schemas)
+        spec = EnvSpec(amended(cfg, factory="grpo_cli.episodes.openenv:OpenEnv"), cfg.fn_dir, schemas)
         spec.factory = functools.partial(OpenEnv, cfg.openenv, cfg.openenv_action)
         return spec
     if not (cfg.tools or cfg.factory):
@@ -43,21 +41,19 @@ def with_env(generator, env, tokenizer, **kwargs):
     return drive(generator, env, tokenizer, **kwargs)
 
 
-def generator_for(cfg, tokenizer, env, **kwargs):
-    """The command's generator (the generator group; `kwargs`: make_generator's precision, device, world_size,
-    seed) for `tokenizer`, driven through `env` when there is one."""
+def generator_for(generator_cfg, data, tokenizer, env, **kwargs):
+    """The command's generator (the generator group; the data group's chat template and system prompt; `kwargs`:
+    make_generator's precision, device, world_size, seed) for `tokenizer`, driven through `env` when there is one."""
     from grpo_cli.generate.base import make_generator
 
-    generator = make_generator(cfg.generator, tokenizer, chat_template=cfg.data.chat_template, **kwargs)
-    return with_env(
-        generator, env, tokenizer, chat_template=cfg.data.chat_template, system_prompt=cfg.data.system_prompt
-    )
+    generator = make_generator(generator_cfg, tokenizer, chat_template=data.chat_template, **kwargs)
+    return with_env(generator, env, tokenizer, chat_template=data.chat_template, system_prompt=data.system_prompt)
 
 
-def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:
+def env_notes(env_cfg, data, env, model, tokenizer, prompts: list[str]) -> list[str]:
     """The warnings worth giving before training with `env` (notes.py); none without one."""
     if env is None:
         return []
     from grpo_cli.episodes.notes import env_notes as notes
 
-    return notes(cfg, env, model, tokenizer, prompts)
+    return notes(env_cfg, data, env, model, tokenizer, prompts)

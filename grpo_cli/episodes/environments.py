@@ -17,7 +17,6 @@ How it works in detail: docs/internals.md, grpo_cli/episodes/environments.py.
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import itertools
 import threading
@@ -26,6 +25,7 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from typing import Any, Callable
 
+from grpo_cli.config.declare import amended
 from grpo_cli.episodes.kinds import ENV_KINDS, kind_of
 from grpo_cli.episodes.rng import bound_globally, episode_generators, hand_generators, thread_generators
 from grpo_cli.errors import GrpoError
@@ -160,9 +160,7 @@ class EnvChoice:
 
     def __init__(self, cfg, base: str | None = None, schemas: bool = True):
         def one(spec):
-            single = copy.copy(cfg)
-            single.factory = spec
-            return EnvSpec(single, base, schemas)
+            return EnvSpec(amended(cfg, factory=spec), base, schemas)
 
         if not cfg.factory:
             raise GrpoError(

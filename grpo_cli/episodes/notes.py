@@ -7,12 +7,12 @@ from __future__ import annotations
 from grpo_cli.episodes.tool_formats import ignores_tools
 
 
-def env_notes(cfg, env, model, tokenizer, prompts: list[str]) -> list[str]:
-    """The warnings for this run's environment (none without one)."""
+def env_notes(env_cfg, data, env, model, tokenizer, prompts: list[str]) -> list[str]:
+    """The warnings for this run's environment (none without one): the env and data groups' settings."""
     if env is None:
         return []
-    notes = [context_note(cfg.env, model, tokenizer, prompts, cfg.data.chat_template)]
-    if env.shared_draws and cfg.env.concurrency > 1 and not cfg.env.workers:
+    notes = [context_note(env_cfg, model, tokenizer, prompts, data.chat_template)]
+    if env.shared_draws and env_cfg.concurrency > 1 and not env_cfg.workers:
         notes.append(
             f"{', '.join(env.shared_draws)} holds the shared random generator (bound before grpo gave each "
             "episode its own), so concurrent calls would not repeat: the environment is called one episode "

@@ -246,18 +246,18 @@ def resolved(cfg, environment_scores: bool, data: str | None = None):
     itself: naming a reward does."""
     if cfg.name != "auto":
         return cfg
-    import copy
+    from grpo_cli.config.declare import amended
 
-    out = copy.copy(cfg)
-    out.name = "none" if environment_scores else "reasoning_gym" if data == "reasoning_gym" else "exact_match"
-    return out
+    return amended(
+        cfg, name="none" if environment_scores else "reasoning_gym" if data == "reasoning_gym" else "exact_match"
+    )
 
 
 def build_reward(cfg, workers: bool = True) -> Reward:
     """The reward group's `Reward`, every term built (and its options checked) before any work starts;
     with `reward.workers` > 0 (and `workers`) its terms are scored in that many worker processes
     (reward_pool.py), started when first needed. Close it (`reward.pool.close()`) when done."""
-    import copy
+    from grpo_cli.config.declare import amended
 
     specs = term_specs(cfg)  # the terms, checked in checks.check_reward
     weights = list(cfg.weights) or [1.0] * len(specs)
@@ -265,10 +265,7 @@ def build_reward(cfg, workers: bool = True) -> Reward:
         raise ValueError(f"reward terms {specs} with weights {weights}: run checks.check_reward first.")
     terms = {}
     for label, kind, spec in specs:
-        term_cfg = cfg
-        if spec is not None and spec != cfg.fn:
-            term_cfg = copy.copy(cfg)
-            term_cfg.fn = spec
+        term_cfg = amended(cfg, fn=spec) if spec is not None and spec != cfg.fn else cfg
         terms[label] = load(BUILDERS[kind])(term_cfg)
     pool = None
     if workers and getattr(cfg, "workers", 0) > 0:

@@ -70,17 +70,9 @@ class HeldOut:
     `trainer.eval_before_at=end` the scores before training are those of the initial weights loaded again
     after the last step (`initial`), so the first step starts at once: the same weights, drawn the same way."""
 
-    def __init__(self, cfg, rows, source, judge: Judge, dist: Dist, console, metrics):
-        t = cfg.trainer
-        self.rows = rows.select(range(min(t.eval_prompts, len(rows))))
-        self.settings = HeldOutSettings(
-            cfg.data.prompt_field,
-            answer_column(rows.column_names, cfg.data),
-            cfg.sampler,
-            cfg.reward.extract,
-            cfg.reward.pattern,
-            t.seed,
-        )
+    def __init__(self, t, settings: HeldOutSettings, rows, source, judge: Judge, dist: Dist, console, metrics):
+        """`t`: the trainer group; `settings`: how the prompts are read, sampled and judged (`of`)."""
+        self.rows, self.settings = rows.select(range(min(t.eval_prompts, len(rows)))), settings
         self.source, self.judge = source, judge  # the rollout source samples the policy (source.py)
         self.dist, self.console, self.metrics = dist, console, metrics
         self.last: tuple[int, dict] | None = None  # (step, scores) of the latest periodic evaluation
@@ -191,3 +183,8 @@ class HeldOutSettings:
     extract: str  # reward.extract: what maj@k votes on
     pattern: str | None
     seed: int
+
+    @classmethod
+    def of(cls, data, sampler, reward, seed: int, columns) -> "HeldOutSettings":
+        """From the data, sampler and reward groups, for a split with `columns`."""
+        return cls(data.prompt_field, answer_column(columns, data), sampler, reward.extract, reward.pattern, seed)

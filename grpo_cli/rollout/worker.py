@@ -185,20 +185,20 @@ class RolloutWorker:
         self.transport.close()
 
 
-def worker_device(cfg, trainer_device: torch.device, rank: int) -> torch.device:
+def worker_device(generator, trainer_device: torch.device, rank: int) -> torch.device:
     """generator.device: null = the trainer's; a CUDA device cuda:N gives local rank r's worker cuda:N+r (under
     torchrun, `generator.device=cuda:2` on 2 ranks puts the workers on GPUs 2 and 3)."""
     from grpo_cli.models.loading import resolve_device
 
-    if not cfg.generator.device:
+    if not generator.device:
         return trainer_device
-    device = resolve_device(str(cfg.generator.device), key="generator.device")
+    device = resolve_device(str(generator.device), key="generator.device")
     if device.type != "cuda" or not rank:
         return device
     index = (device.index or 0) + rank
     if index >= torch.cuda.device_count():
         raise GrpoError(
-            f"generator.device={cfg.generator.device} puts local rank {rank}'s worker on cuda:{index}, which "
+            f"generator.device={generator.device} puts local rank {rank}'s worker on cuda:{index}, which "
             f"this machine does not have ({torch.cuda.device_count()} GPUs); choose a lower first device."
         )
     return torch.device("cuda", index)

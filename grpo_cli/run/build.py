@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 from rich.markup import escape
 
-from grpo_cli.config import check, reference_in_worker
+from grpo_cli.config import check, freeze, reference_in_worker
 from grpo_cli.config.commands import NO_RESUME
 from grpo_cli.data.prompts import USER_PROMPT, encode_prompts
 from grpo_cli.data.tasks import PromptOrder, answer_column, check_answers, load_data
@@ -30,7 +30,7 @@ from grpo_cli.models.policies import Policies, load_policy
 from grpo_cli.models.precision import Precision, check_pure_bf16_lr, training_precision
 from grpo_cli.models.runtime import prepare_process
 from grpo_cli.rewards import Judge, check_reward_columns, load_user_rewards, reward_with
-from grpo_cli.rollout.held_out import HeldOut
+from grpo_cli.rollout.held_out import HeldOut, HeldOutSettings
 from grpo_cli.rollout.source import LocalSource, RolloutSource
 from grpo_cli.run.checkpoint import (
     CONFIG_FILE,
@@ -45,7 +45,6 @@ from grpo_cli.run.observers import AfterStep
 from grpo_cli.run.plan import planned
 from grpo_cli.run.publish import check_push
 from grpo_cli.run.state import Run
-from grpo_cli.run.trackers import check_trackers, open_trackers
 from grpo_cli.samples.settings import StepSettings
 from grpo_cli.update.schedules import schedule
 
@@ -188,6 +187,7 @@ def start_run(cfg, run_dir: Path, console: Console, dist: Dist, command: str | N
 
     console.phase(f"loaded torch {torch.__version__} and transformers {transformers.__version__}")
     env, strategy = check_run(cfg, console, dist)
+    freeze(cfg)  # the edge: every builder below reads settings that no longer change
     t = cfg.trainer
     device, worker_device, threads, trackers = prepare_machine(cfg, dist)
     open_run_dir(run_dir, dist)
@@ -249,7 +249,10 @@ def prepare_machine(cfg, dist: Dist):
     shared = worker_device is not None and worker_device.type == device.type == "cpu"  # the worker takes half the cores
     threads = prepare_process(t.threads, device, dist.local_world_size * (2 if shared else 1), t.deterministic)
     trackers = list(dict.fromkeys(t.trackers))
-    check_trackers(trackers)  # a missing extra is reported before anything is loaded
+    if trackers:  # their module loads only when asked; a missing extra is reported before anything is loaded
+        from grpo_cli.run.trackers import check_trackers
+
+        check_trackers(trackers)
     check_available(cfg.generator)  # generator=vllm without vLLM: one sentence, before any model loads
     return device, worker_device, threads, trackers
 
@@ -279,7 +282,8 @@ def restored(run: Run, state: dict, test_rows) -> Run:
         raise
     for log in (run.metrics, run.samples_log):  # only now: a checkpoint that fails to load leaves the logs whole
         log.truncate(resumed_at)
-    run.held_out = HeldOut(cfg, test_rows, run.source, run.settings.judge, run.dist, console, run.metrics)
+    settings = HeldOutSettings.of(cfg.data, cfg.sampler, cfg.reward, t.seed, test_rows.column_names)
+    run.held_out = HeldOut(t, settings, test_rows, run.source, run.settings.judge, run.dist, console, run.metrics)
     if t.eval_before_after and not state.get("held_out_before") and not run.held_out.deferred:
         console.phase(f"scoring {min(t.eval_prompts, len(test_rows))} held-out prompts before training")
     run.held_out_before = run.held_out.before(state.get("held_out_before"), t.eval_before_after, first_row=not state)
@@ -295,28 +299,26 @@ def generation_device(cfg, device: torch.device, local_rank: int) -> torch.devic
         return None
     from grpo_cli.rollout.worker import worker_device
 
-    return worker_device(cfg, device, local_rank)
+    return worker_device(cfg.generator, device, local_rank)
 
 
 def warn_env(cfg, env, model, tokenizer, prompts: list[str], console: Console) -> None:
     """Before training with an environment: what episodes/notes.py finds worth a warning."""
-    for note in env_notes(cfg, env, model, tokenizer, prompts):
+    for note in env_notes(cfg.env, cfg.data, env, model, tokenizer, prompts):
         console.warn(note)
 
 
 def open_logs(cfg, run_dir: Path, trackers: list[str], state: dict, dist: Dist) -> tuple[MetricsLog, MetricsLog]:
     """metrics.jsonl (with the trackers) and completions.jsonl, written by rank 0 alone; rows a resumed
     run's checkpoint does not cover are cut once it has loaded (start_run), then redone, not duplicated."""
-    resumed_at, writes = state.get("step", 0), dist.is_main
-    metrics = MetricsLog(
-        run_dir / "metrics.jsonl",
-        enabled=writes,
-        trackers=open_trackers(
+    resumed_at, writes, opened = state.get("step", 0), dist.is_main, None
+    if writes and trackers:
+        from grpo_cli.run.trackers import open_trackers
+
+        opened = open_trackers(
             trackers, run_dir, asdict(cfg), cfg.trainer.tracker_project, resumed_at if state else None
         )
-        if writes
-        else None,
-    )
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=writes, trackers=opened)
     return metrics, MetricsLog(run_dir / "completions.jsonl", enabled=writes)
 
 
@@ -330,7 +332,14 @@ def open_source(run: Run, env, worker_device, threads: int) -> RolloutSource:
     if worker_device is None or cfg.algo.behaviour != "current":
         device = resolve_device(cfg.model.device)
         generator = generator_for(
-            cfg, run.tokenizer, env, precision=run.precision, device=device, world_size=dist.world_size, seed=t.seed
+            cfg.generator,
+            cfg.data,
+            run.tokenizer,
+            env,
+            precision=run.precision,
+            device=device,
+            world_size=dist.world_size,
+            seed=t.seed,
         )
         local = LocalSource(
             generator,

@@ -154,3 +154,28 @@ def test_a_plugin_that_is_not_there_is_one_sentence(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "plugins='no_such_plugin.py': there is no file" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_builder_receives_settings_fixed_at_the_edge(tmp_path):
+    """The run's config is frozen once checked: a reward's builder that tries to change its settings is refused,
+    and so is a change to the run's config after the run."""
+    from dataclasses import FrozenInstanceError
+
+    plugin = tmp_path / "meddling_reward.py"
+    plugin.write_text(
+        "from grpo_cli.rewards import register_reward\n"
+        "SEEN = []\n"
+        "def build(cfg):\n"
+        "    try:\n"
+        "        cfg.weights = [2.0]\n"
+        "    except Exception as e:\n"
+        "        SEEN.append(type(e).__name__)\n"
+        "    return lambda batch: [0.0] * len(batch.completions)\n"
+        "register_reward('meddling', build, max_value=1.0)\n"
+    )
+    cfg = tiny_run(tmp_path / "run", "brevity_reward.py")
+    cfg.plugins, cfg.reward.name = [str(plugin)], "meddling"
+    train(cfg, tmp_path / "run", Console(progress=False))
+    assert module_of(plugin).SEEN == ["FrozenInstanceError"]
+    with pytest.raises(FrozenInstanceError):
+        cfg.trainer.steps = 2

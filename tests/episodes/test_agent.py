@@ -42,7 +42,9 @@ def chain(overrides: list[str], tools_model, n_prompts: int = 4, demo: list[str]
     env = environment(cfg.env)
     rows = load_data(cfg.data, tokenizer, tools=env.schemas_for)["train"]
     columns = rows[list(range(n_prompts))]
-    generator = generator_for(cfg, tokenizer, env, precision=None, device="cpu", world_size=1, seed=0)
+    generator = generator_for(
+        cfg.generator, cfg.data, tokenizer, env, precision=None, device="cpu", world_size=1, seed=0
+    )
     return cfg, generator, columns
 
 

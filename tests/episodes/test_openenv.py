@@ -32,7 +32,9 @@ def run_episodes(url: str, *extra: str, prompts: int = 4, G: int = 4):
     tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path, device="cpu")
     env = environment(cfg.env)
     columns = load_data(cfg.data, tokenizer, tools=env.schemas_for)["train"][list(range(prompts))]
-    generator = generator_for(cfg, tokenizer, env, precision=None, device="cpu", world_size=1, seed=0)
+    generator = generator_for(
+        cfg.generator, cfg.data, tokenizer, env, precision=None, device="cpu", world_size=1, seed=0
+    )
     roll = generate(
         generator, model, columns[cfg.data.prompt_field], G, cfg.sampler, list(range(prompts)), columns=columns
     )
