@@ -1,4 +1,5 @@
-"""Decode speed against its memory floor: eager steps against static-cache steps (CUDA graphs on CUDA).
+"""Decode speed against its memory floor: eager steps against static-cache steps (CUDA graphs on CUDA), and
+those with their kernels fused by torch.compile (generator.decode=compiled).
 
     python scripts/bench_decode.py --device cuda                       # Qwen2.5-0.5B's shape, bf16, batch 1/16/64
     python scripts/bench_decode.py --device cpu --shape small --batch 1 4 --new-tokens 16   # a smoke run
@@ -12,8 +13,10 @@ bandwidth is the larger of the device's rated HBM bandwidth (where known: H100 S
 and a measured device-to-device copy. The marginal time per token is measured as (t(T) - t(T/2)) / (T/2): decoding T
 and T/2 new tokens from the same prompts, so the prefill and the one-time captures cancel. Rows never
 stop (no EOS: the end id is out of the vocabulary), so every step runs the whole batch. Each case is the
-median of --repeats runs, eager and static interleaved. "step alone" is the model's part of a static step
-without the sampling around it: one graph replay, timed back to back. Prints a table, and JSON with --json.
+median of --repeats runs, the kinds interleaved; the compiled steps are compiled in a warm-up first (two widths,
+so the compile that follows a new shape happens there too). "step alone" is the model's part of a static or
+compiled step without the sampling around it: one graph replay, timed back to back. Prints a table, and JSON
+with --json.
 """
 
 from __future__ import annotations
@@ -107,14 +110,14 @@ def timed_decode(model, prompts, new_tokens: int, kind: str, device: str, eos: i
 
 
 @torch.no_grad()
-def step_ms(model, prompts, device: str, steps: int = 32) -> float:
+def step_ms(model, prompts, device: str, kind: str = "static", steps: int = 32) -> float:
     """The model's part of a static decode step alone: ms per graph replay (a static-cache forward on a CPU),
     with none of the host's sampling work around it."""
     from grpo_cli.generate.hf import prefill_rows
     from grpo_cli.generate.steps import decode_steps
 
     cache, _, mask, position, source = prefill_rows(model, prompts, 1, 0)
-    stepper = decode_steps(model, cache, mask, position, 2 * steps + 2, "static", source)
+    stepper = decode_steps(model, cache, mask, position, 2 * steps + 2, kind, source)
     ids = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
     run = stepper.graph.replay if stepper.graph is not None else (lambda: stepper.step(ids))
     run()
@@ -133,23 +136,25 @@ def kv_bytes_per_token(model) -> int:
 
 
 def case(model, batch: int, args, bw: float, flops: float) -> dict:
-    """One batch size: marginal ms per token for eager and static, and the floor."""
+    """One batch size: marginal ms per token for each kind of steps, and the floor."""
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(1, vocab, (batch, args.prompt_len), generator=g).tolist()
     half = args.new_tokens // 2
-    runs = {kind: {half: [], args.new_tokens: []} for kind in ("eager", "static")}
-    same = None
-    for kind in ("eager", "static"):  # warm-up: CUDA context, kernels, allocator
-        timed_decode(model, prompts, 4, kind, args.device, vocab)
+    runs: dict = {kind: {half: [], args.new_tokens: []} for kind in args.kinds}
+    tokens_of: dict = {}
+    out: dict = {"batch": batch}
+    for kind in args.kinds:  # warm-up: CUDA context, kernels, allocator; the compiled steps' compiles (two widths)
+        t0 = time.perf_counter()
+        for n in (4, 8) if kind == "compiled" else (4,):
+            timed_decode(model, prompts, n, kind, args.device, vocab)
+        out[f"{kind}_warmup_s"] = time.perf_counter() - t0
     for _ in range(args.repeats):
-        for kind in ("eager", "static"):
+        for kind in args.kinds:
             for n in (half, args.new_tokens):
                 seconds, tokens = timed_decode(model, prompts, n, kind, args.device, vocab)
                 runs[kind][n].append(seconds)
-                if n == args.new_tokens:
-                    same = tokens if kind == "eager" else float((same == tokens).float().mean())
-    out = {"batch": batch}
+                tokens_of[kind] = tokens
     for kind, by_n in runs.items():
         full, part = statistics.median(by_n[args.new_tokens]), statistics.median(by_n[half])
         out[f"{kind}_ms"] = 1e3 * (full - part) / (args.new_tokens - half)
@@ -158,10 +163,16 @@ def case(model, batch: int, args, bw: float, flops: float) -> dict:
     context = args.prompt_len + (half + args.new_tokens) / 2  # the mean context over the marginal steps
     memory = (weights + batch * context * kv_bytes_per_token(model)) / bw
     out["floor_ms"] = 1e3 * max(memory, 2 * sum(p.numel() for p in model.parameters()) * batch / flops)
-    out["eager_x_floor"], out["static_x_floor"] = out["eager_ms"] / out["floor_ms"], out["static_ms"] / out["floor_ms"]
-    out["step_ms"] = step_ms(model, prompts, args.device)
-    out["step_x_floor"] = out["step_ms"] / out["floor_ms"]
-    out["same_tokens"] = same  # share of equal tokens (bf16 kernels of different shapes may round apart)
+    for kind in args.kinds:
+        out[f"{kind}_x_floor"] = out[f"{kind}_ms"] / out["floor_ms"]
+        if kind != "eager":
+            out[f"{kind}_step_ms"] = step_ms(model, prompts, args.device, kind)
+            out[f"{kind}_step_x_floor"] = out[f"{kind}_step_ms"] / out["floor_ms"]
+            if "eager" in tokens_of:  # the share of eager's tokens (bf16 kernels of other shapes may round apart)
+                out[f"{kind}_same_tokens"] = float((tokens_of["eager"] == tokens_of[kind]).float().mean())
+    if "static" in args.kinds:  # the names earlier JSON files used
+        out["step_ms"], out["step_x_floor"] = out["static_step_ms"], out["static_step_x_floor"]
+        out["same_tokens"] = out.get("static_same_tokens")
     return out
 
 
@@ -175,6 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kinds", nargs="+", default=["eager", "static", "compiled"], help="generator.decode kinds")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     if args.device == "cpu":
@@ -197,16 +209,17 @@ def main(argv=None) -> int:
         f"{flops / 1e9:.0f} GFLOP/s"
     )
     rows = [case(model, b, args, bw, flops) for b in args.batch]
-    print(
-        f"{'batch':>5} {'floor ms':>9} {'eager ms':>9} {'x floor':>8} {'static ms':>10} {'x floor':>8} "
-        f"{'step alone':>11} {'x floor':>8} {'same tokens':>12}"
-    )
+    print(f"{'batch':>5} {'floor ms':>9} " + " ".join(f"{k + ' ms':>12} {'x floor':>8}" for k in args.kinds), end="")
+    print(" " + " ".join(f"{k[:8] + ' step':>14} {'x floor':>8} {'same':>6}" for k in args.kinds if k != "eager"))
     for r in rows:
-        print(
-            f"{r['batch']:>5} {r['floor_ms']:>9.3f} {r['eager_ms']:>9.3f} {r['eager_x_floor']:>7.1f}x "
-            f"{r['static_ms']:>10.3f} {r['static_x_floor']:>7.1f}x {r['step_ms']:>11.3f} {r['step_x_floor']:>7.1f}x "
-            f"{r['same_tokens']:>12.3f}"
-        )
+        cells = [f"{r[k + '_ms']:>12.3f} {r[k + '_x_floor']:>7.1f}x" for k in args.kinds]
+        same = {k: r.get(k + "_same_tokens") for k in args.kinds}
+        steps = [
+            f"{r[k + '_step_ms']:>14.3f} {r[k + '_step_x_floor']:>7.1f}x {same[k] if same[k] is not None else -1:>6.3f}"
+            for k in args.kinds
+            if k != "eager"
+        ]
+        print(f"{r['batch']:>5} {r['floor_ms']:>9.3f} " + " ".join(cells + steps))
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -214,6 +227,7 @@ def main(argv=None) -> int:
                     "device": device_name,
                     "shape": args.model or args.shape,
                     "dtype": args.dtype,
+                    "kinds": args.kinds,
                     "flops": flops,
                     "parameters": params,
                     "bandwidth_measured": measured,

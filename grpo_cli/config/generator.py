@@ -48,9 +48,10 @@ class HFGeneratorConfig(GeneratorConfig):
 
     decode: str = setting(
         "auto",
-        "the one-token steps: static (a static KV cache, CUDA graphs on CUDA) | direct (the "
-        "layers over a cache with room) | eager | auto (static on CUDA, else direct)",
-        choices=("auto", "static", "direct", "eager"),
+        "the one-token steps: static (a static KV cache, CUDA graphs on CUDA) | compiled (static, its "
+        "kernels fused by torch.compile) | direct (the layers over a cache with room) | eager | auto (static on "
+        "CUDA, else direct)",
+        choices=("auto", "static", "compiled", "direct", "eager"),
     )
     matmul: str = setting(
         "auto",

@@ -4,7 +4,9 @@ or the model's own layers called one after another over a KV cache of buffers he
   so far, with no mask when no row is padded, so the logits are bitwise the forward's, without its per-step mask
   building and cache concatenation;
 - static (CUDA's default): the buffers hold every slot at once (prompt + max_new_tokens), and on CUDA each step is
-  one CUDA graph replay over them, the slots not yet written masked out.
+  one CUDA graph replay over them, the slots not yet written masked out;
+- compiled: static, the step's small kernels fused by torch.compile (Triton on CUDA, C++ on a CPU), then on CUDA
+  captured as the graph; the first batches pay the compile.
 Both take the model types whose forward is embed -> rotary -> layers -> norm -> head (`TYPES`, each checked
 bitwise against its forward in tests/generate/test_steps.py), with sdpa or eager attention and no sliding window;
 another model decodes eagerly."""
@@ -112,6 +114,7 @@ class Steps:
         *,
         static: bool = False,
         graphs: bool = False,
+        compiled: bool = False,
         source: Tensor | None = None,
     ):
         """`prefill_cache`: the prefill's, one row per decode row or, with `source` (each decode row's row of it), per
@@ -119,6 +122,9 @@ class Steps:
         each row's next position id."""
         hf = hf_model(model)
         self.inner, self.head, self.static, self.graphs = hf.model, hf.get_output_embeddings(), static, graphs
+        self.compiled, self.fixed = compiled, graphs or compiled  # fixed: every slot on every step, as a graph takes
+        self.forward = _compile(type(self)._forward) if compiled else type(self)._forward
+        self.proven = not compiled  # a compiled step that failed its first call falls back to the plain one
         self.drop_at = STATIC_DROP_AT if static else DROP_FINISHED_AT
         self.additive = (getattr(hf.config, "_attn_implementation", None) or "eager") not in SDPA_KERNELS
         params = inspect.signature(type(self.inner.layers[0]).forward).parameters
@@ -168,14 +174,14 @@ class Steps:
                 warnings.warn(
                     f"decoding without CUDA graphs: capturing a decode step failed ({e})", RuntimeWarning, stacklevel=3
                 )
-                self.graphs, self.graph = False, None
+                self.graphs, self.graph, self.fixed = False, None, self.compiled  # compiled: still fixed shapes
                 self._unstep(start)  # the warm-up may have run, in part or whole
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         """The cache call each attention layer makes: this step's keys and values written at the next slot; every
         slot written so far returned, or (a graph's fixed shapes) every slot, the unwritten ones masked."""
         layer = self.layers[layer_idx]
-        if self.graphs:
+        if self.fixed:
             layer.keys.index_copy_(2, self.slot, key_states.to(layer.keys.dtype))
             layer.values.index_copy_(2, self.slot, value_states.to(layer.values.dtype))
             return layer.keys, layer.values
@@ -187,7 +193,7 @@ class Steps:
     def _attention_mask(self, dtype: torch.dtype) -> Tensor | None:
         """What the model's forward gives its layers for a one-token step: for sdpa nothing when no row is padded,
         else [rows, 1, 1, slots] boolean; for eager attention that additive (0 or the minimum of `dtype`)."""
-        if self.graphs:
+        if self.fixed:
             if self.additive:
                 self.mask.copy_(torch.where(self.allowed, 0.0, torch.finfo(self.mask.dtype).min)[:, None, None, :])
             return self.mask
@@ -198,7 +204,7 @@ class Steps:
 
     def _forward(self) -> Tensor:
         """One step of `ids` (all a graph holds): the next slot opened, each layer's forward, the positions moved."""
-        if self.graphs:
+        if self.fixed:
             self.allowed.index_fill_(1, self.slot, True)
         else:
             self.allowed[:, self.filled] = True
@@ -225,12 +231,33 @@ class Steps:
         stream, start = torch.cuda.Stream(), self.position.clone()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._forward()
+            self._first()
         torch.cuda.current_stream().wait_stream(stream)
         self._unstep(start)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self._forward()
+            self.logits = self.forward(self)
+
+    def _first(self) -> Tensor:
+        """The first call of a compiled step, which compiles it: where compiling fails (no C++ compiler for a CPU's
+        kernels, a model dynamo cannot trace) the step runs uncompiled, with a warning, over the same buffers."""
+        if self.proven:
+            return self.forward(self)
+        start = self.position.clone()
+        try:
+            logits = self.forward(self)
+        except Exception as e:  # an optimisation only, as a graph's capture
+            warnings.warn(
+                f"decoding without torch.compile: compiling the decode step failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300] if str(e) else ''})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._unstep(start)
+            self.forward = type(self)._forward
+            logits = self.forward(self)
+        self.proven = True
+        return logits
 
     def _unstep(self, position: Tensor) -> None:
         """Undo a step that ran but must not count (the warm-up, or a capture that failed after it)."""
@@ -249,7 +276,7 @@ class Steps:
         else:
             if self.filled == self.allowed.shape[1]:
                 self._grow()
-            logits = self._forward()
+            logits = self.forward(self) if self.proven else self._first()
         self.filled += 1
         return logits
 
@@ -271,8 +298,8 @@ class Steps:
 def decode_steps(
     model, cache, mask: Tensor, position: Tensor, max_new_tokens: int, kind: str, source: Tensor | None = None
 ):
-    """The one-token steps of `kind` (generator.decode: static, direct, eager, or auto: static on CUDA, direct
-    elsewhere); eager where the model allows no other, with a warning when one was asked for by name. `source`:
+    """The one-token steps of `kind` (generator.decode: static, compiled, direct, eager, or auto: static on CUDA,
+    direct elsewhere); eager where the model allows no other, with a warning when one was asked for by name. `source`:
     each row's row of `cache` (generation.prefill_rows), None when the rows are the cache's."""
     cuda = mask.device.type == "cuda"
     chosen = ("static" if cuda else "direct") if kind == "auto" else kind
@@ -283,8 +310,28 @@ def decode_steps(
         if source is not None:
             cache.batch_select_indices(source)
         return EagerSteps(model, cache, mask, position)
-    static = chosen == "static"
-    return Steps(model, cache, mask, position, max_new_tokens, static=static, graphs=static and cuda, source=source)
+    static, compiled = chosen in ("static", "compiled"), chosen == "compiled"
+    return Steps(
+        model,
+        cache,
+        mask,
+        position,
+        max_new_tokens,
+        static=static,
+        graphs=static and cuda,
+        compiled=compiled,
+        source=source,
+    )
+
+
+_COMPILED: dict = {}
+
+
+def _compile(forward):
+    """`forward` compiled once a process (torch.compile's own cache holds its code's graphs, each shape's guards)."""
+    if forward not in _COMPILED:
+        _COMPILED[forward] = torch.compile(forward, dynamic=None)
+    return _COMPILED[forward]
 
 
 def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:

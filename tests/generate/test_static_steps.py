@@ -5,6 +5,8 @@ on a machine without CUDA those cases skip, saying so)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -283,3 +285,45 @@ def test_a_capture_that_fails_decodes_without_graphs_and_says_so(tiny_model, tin
         static, static_lp = _decode(model, tok, "static", sampling)
     assert torch.equal(eager, static)
     torch.testing.assert_close(static_lp, eager_lp, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow  # torch.compile builds the step's kernels first: about 30 s on a CPU (C++), a minute on a GPU
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_steps_sample_the_eager_tokens_and_logprobs_across_batch_sizes(tiny_model, tiny_dir, device):
+    """generator.decode=compiled: the static steps with their kernels fused by torch.compile give eager decoding's
+    tokens and log-probs, for two sampler settings and batch sizes (rows leave as they finish, so the compiled step
+    meets several shapes), and on CUDA the compiled step is what the graph replays."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", device)
+    for sampling, group_size in ((SamplerConfig(max_new_tokens=12, temperature=1.4), 4), (SAMPLED_TOPP, 2)):
+        eager_ids, eager_lp = _decode(model, tok, "eager", sampling, group_size)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a compile that fell back would warn: not here
+            compiled_ids, compiled_lp = _decode(model, tok, "compiled", sampling, group_size)
+        assert torch.equal(eager_ids, compiled_ids)
+        torch.testing.assert_close(compiled_lp, eager_lp, atol=1e-5, rtol=1e-5)
+        assert len(set(tok.batch_decode(compiled_ids, skip_special_tokens=True))) > 4  # varied completions
+
+
+SAMPLED_TOPP = SamplerConfig(max_new_tokens=10, temperature=0.9, top_k=5, top_p=0.8)
+
+
+def test_a_compile_that_fails_decodes_uncompiled_and_says_so(tiny_model, tiny_dir, monkeypatch):
+    """Compiling is an optimisation: where it fails (no C++ compiler for a CPU's kernels, a model dynamo cannot
+    trace), the first step warns and the steps run uncompiled over the same buffers, with eager's tokens."""
+    _, tok = tiny_model
+    model = _model(tiny_dir, "sdpa", "cpu")
+    sampling = SamplerConfig(max_new_tokens=10, temperature=1.3)
+    eager, eager_lp = _decode(model, tok, "eager", sampling)
+
+    def broken(forward):
+        def run(steps):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+        return run
+
+    monkeypatch.setattr(steps_module, "_compile", broken)
+    with pytest.warns(RuntimeWarning, match=r"decoding without torch.compile: .*\(RuntimeError: InvalidCxxCompiler"):
+        compiled, compiled_lp = _decode(model, tok, "compiled", sampling)
+    assert torch.equal(eager, compiled)
+    torch.testing.assert_close(compiled_lp, eager_lp, atol=1e-5, rtol=1e-5)
