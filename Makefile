@@ -175,11 +175,13 @@ clean:
 
 # The GPU lane (scripts/gpu_check.py; docs/gpu-check.md): one CUDA GPU, about 10 minutes on an H100. A CUDA
 # machine with no network runs it from a copy of this tree: `make gpu-wheels` here first puts the wheels a
-# bare CUDA image with torch and transformers lacks into .whl/ (Hydra, datasets, TRL, bitsandbytes); there,
+# bare CUDA image with torch and transformers lacks into .whl/ (Hydra, datasets, TRL, bitsandbytes, and the openai
+# client the agent demo's code calls the endpoint with); there,
 # `make gpu-check` installs them into /tmp/gpu-site and runs every stage, writing runs/gpu-check/.
 GPU_PY ?= python3
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 trl==1.16.0 \
-	bitsandbytes==0.50.2
+	bitsandbytes==0.50.2 openai==3.63.0 jiter==0.19.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+	typing-inspection==0.4.5 sniffio==1.3.1
 gpu-wheels: $(STAMP)
 	mkdir -p .whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
