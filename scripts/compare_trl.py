@@ -622,6 +622,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run (default cpu)")
+    p.add_argument("--json", help="also write each workload's figures (both trainers' means) here")
     p.add_argument("--work", default=None, help="where runs and the random model go (default: a temporary dir)")
     p.add_argument("--child", choices=["trl", "grpo"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -698,6 +699,9 @@ def main(argv=None) -> int:
         if task == "long":
             print_lengths(runs, skip)
     print_tables(table, peak)
+    if args.json:
+        rows = [{"task": t, "precision": pr, "trl": a, "grpo": b} for t, pr, a, b in table]
+        Path(args.json).write_text(json.dumps({"device": where, "trl": trl.__version__, "rows": rows}, indent=1))
     return 0
 
 

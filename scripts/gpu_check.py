@@ -3,6 +3,7 @@
     make gpu-check                                    # on a CUDA machine: every stage, about 10 minutes on an H100
     python scripts/gpu_check.py --out runs/gpu-check --only probe decode train
     python scripts/gpu_check.py --small               # CPU smoke run of the harness (tests/slow/test_gpu_check.py)
+    python scripts/gpu_report.py runs/gpu-check/gpu_check.json   # then: the results as data, the page's tables
 
 It needs no network: the 0.5B-class model is Qwen2.5-0.5B's architecture with random weights written
 on the spot (scripts/compare_trl.py's), with a reward that is a fixed function of the completion's text,
@@ -239,8 +240,7 @@ STATIC_TESTS = "tests/generate/test_static_steps.py"
 
 def stage_static(c: Check) -> dict:
     code, tail, seconds = c.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "slow or not slow"]
-        + ["tests/generate/test_static_steps.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "slow or not slow", STATIC_TESTS],
         300,
     )  # the compiled steps' tests included: torch.compile builds their kernels first
     summary = re.findall(r"(\d+) (passed|failed|skipped|error)", tail)
@@ -459,13 +459,17 @@ def stage_trl(c: Check) -> dict:
             "1",
             "--work",
             str(c.work),
+            "--json",
+            str(c.out / "trl.json"),
         ],
         300,
     )  # the 0.5B model the other stages wrote is reused
+    found = json.loads((c.out / "trl.json").read_text())["rows"] if (c.out / "trl.json").exists() else []
     return {
         "ok": code == 0,
         "trl": trl.__version__,
         "wall_s": round(seconds, 1),
+        "rows": found,
         "table": tail.strip().splitlines()[-14:],
         **({"tail": tail} if code else {}),
     }
