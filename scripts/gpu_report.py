@@ -79,7 +79,8 @@ def section(results: dict, date: str, commit: str, name: str) -> str:
         f"## Latest run: {probe.get('device', 'unknown device')}, {date}, commit {commit}",
         "",
         f"From [`gpu-check/{name}`](gpu-check/{name}): torch {probe.get('torch', '?')}, transformers "
-        f"{probe.get('transformers', '?')}, Python {probe.get('python', '?')}; {probe.get('nvidia_smi', '')}",
+        f"{probe.get('transformers', '?')}, Python {probe.get('python', '?')}"
+        + (f"; {probe['nvidia_smi']}" if probe.get("nvidia_smi") else ""),
         "",
         "Goals:",
         "",
