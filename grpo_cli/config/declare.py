@@ -93,8 +93,8 @@ class Settings:
 
 
 def freeze(config):
-    """`config` and every group in it, frozen; returns `config`. A list's items stay as saved and compared (a list):
-    the keys holding one are not reassigned either."""
+    """`config` and every group in it, frozen; returns `config`. A list stays a list (config.yaml and the resume
+    check compare it as one): its key cannot be reassigned, though its items are not guarded."""
     for f in fields(config):
         value = getattr(config, f.name)
         if is_dataclass(value):
