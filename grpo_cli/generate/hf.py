@@ -19,15 +19,14 @@ from grpo_cli.config import SamplerConfig
 from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.errors import GrpoError
 from grpo_cli.generate.packed import float32_attention, has_packable, packed_linears, packing_helps
+from grpo_cli.generate.sampling import Noise, picker
 from grpo_cli.generate.steps import cache_kwarg, decode_steps, distinct_rows, left_pad
-from grpo_cli.models.memory import noise_steps_ahead
 from grpo_cli.models.precision import Precision, decode_ratio
 from grpo_cli.samples.rollout import Rollout
 
 if TYPE_CHECKING:
     from grpo_cli.generate.turn_cache import TurnCache
 
-NEG_INF = float("-inf")
 # How often decoding reads the rows' end-of-sequence flags on a GPU: each read makes the host wait for the GPU,
 # so read every token the host could not queue the next token's work while the GPU runs this one. A row
 # that ended meanwhile samples a few tokens more, never read (what a row holds after its EOS is arbitrary).
@@ -42,66 +41,6 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     ids = list(ids) if isinstance(ids, (list, tuple)) else [ids]
     ids.append(tokenizer.eos_token_id)
     return sorted({int(i) for i in ids if i is not None})
-
-
-def _filter(scores: Tensor, top_k: int, top_p: float) -> Tensor:
-    """Logits outside the top-k, or outside the smallest set holding top_p of the mass, set to -inf."""
-    if top_k and top_k < scores.shape[-1]:
-        kth = scores.topk(top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, NEG_INF)
-    if top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)
-        probs = sorted_scores.softmax(-1)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reaches top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # the top token is always kept
-        scores = scores.masked_fill(drop, NEG_INF)
-    return scores
-
-
-class _Noise:
-    """Per-row noise for the exponential race, drawn from each group's own generator: a group's draws
-    depend on its seed only. argmax(logit - log E) with E ~ Exp(1) is an exact sample from
-    softmax(logit) (the Gumbel-max trick: -log E is Gumbel noise).
-
-    Each group draws `ahead` steps of noise at once ([ahead, G, vocab] from its generator: on CPU exactly the
-    numbers `ahead` one-step draws give), so a step costs one indexing op, not one draw per group: on a
-    GPU each op is a kernel launch, and the host's launches, not the GPU, set the pace of decoding."""
-
-    def __init__(self, seeds: list[int], group_size: int, vocab: int, device, steps: int):
-        self.G, self.vocab, self.device = group_size, vocab, device
-        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-        self.ahead = noise_steps_ahead(len(seeds) * group_size, vocab, steps, torch.device(device).type)
-        self.drawn: Tensor = torch.empty(0)  # [groups, ahead, G, vocab] log E, drawn on the first call
-        self.slot: dict[int, int] = {}  # group -> its row of `drawn`
-        self.used = self.ahead
-        self._rows: Tensor | None = None  # the live rows last asked for
-        self._groups: list[int] = []  # and their groups
-        self._index: tuple[tuple, Tensor] | None = None  # (the live rows, their noise rows) once some rows have left
-
-    def _draw(self, groups: list[int]) -> None:
-        drawn = torch.empty(len(groups), self.ahead, self.G, self.vocab, device=self.device)
-        for k, g in enumerate(groups):
-            drawn[k].uniform_(generator=self.generators[g])  # (exponential_ is 7x slower on CPU)
-        # E = -log U ~ Exp(1); in place, so no temporaries of the block's size
-        self.drawn = drawn.clamp_(min=1e-20).log_().neg_().log_()
-        self.slot, self.used = {g: k for k, g in enumerate(groups)}, 0
-        self._index = None
-
-    def __call__(self, rows: Tensor) -> Tensor:
-        """log E, [len(rows), vocab], for the given original row indices (sorted, on the host, so reading
-        them costs no device sync); one draw per live group and step."""
-        if rows is not self._rows:  # the live rows changed (decode passes the same tensor until they do)
-            self._rows, self._groups = rows, torch.unique_consecutive(rows // self.G).tolist()
-        groups = self._groups
-        if self.used == self.ahead:
-            self._draw(groups)
-        step, self.used = self.used, self.used + 1
-        if len(groups) == len(self.slot) and len(groups) * self.G == len(rows):  # every row of every group is live
-            return self.drawn[:, step].reshape(-1, self.vocab)
-        if self._index is None or self._index[0] != tuple(rows.tolist()):  # rows left: which noise rows are theirs
-            index = [self.slot[g] * self.G + r % self.G for g, r in zip((rows // self.G).tolist(), rows.tolist())]
-            self._index = (tuple(rows.tolist()), torch.tensor(index, device=self.device))
-        return self.drawn[:, step].reshape(-1, self.vocab).index_select(0, self._index[1])
 
 
 def prefill_rows(model, prompt_ids: list[list[int]], group_size: int, pad_id: int):
@@ -128,19 +67,6 @@ def prefill(model, prompt_ids: list[list[int]], group_size: int, pad_id: int, tu
 
         return (*prefill_after(model, prompt_ids, found, pad_id, cache_kwarg(model)), None)
     return prefill_rows(model, prompt_ids, group_size, pad_id)
-
-
-def choose(logits: Tensor, sampling: SamplerConfig, noise, host_rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Each live row's next token (greedy, or Gumbel-max over the tempered, filtered logits: the noise is the
-    row's own) and the scores it was drawn from: under top-k or top-p, -inf outside the kept set, so their
-    log-softmax is the log-prob renormalised over it (docs/math.md, "Truncated sampling")."""
-    scores = logits.float()
-    if sampling.greedy:
-        return scores.argmax(-1), scores
-    if sampling.temperature != 1.0:
-        scores = scores / sampling.temperature
-    scores = _filter(scores, sampling.top_k, sampling.top_p)
-    return (scores - noise(host_rows)).argmax(-1), scores
 
 
 def keep_rows(
@@ -186,7 +112,8 @@ def decode(
     del cache, mask, position, source  # the steps hold what they need: a static cache frees the prefill's
     B, eos = n * G, torch.tensor(eos_ids, device=device)
     assert sampling.greedy or seeds is not None, "sampling draws from each group's seed"
-    noise = None if sampling.greedy else _Noise(seeds or [], G, logits.shape[-1], device, T)
+    noise = None if sampling.greedy else Noise(seeds or [], G, logits.shape[-1], device, T)
+    pick, settings = picker(steps == "compiled"), (sampling.temperature, sampling.top_k, sampling.top_p)
     tokens = torch.full((B, T), pad_id, dtype=torch.long, device=device)
     logps = torch.zeros((B, T) if with_logprobs else (0,), device=device)  # filled only with_logprobs
     rows = torch.arange(B, device=device)  # original index of each live row
@@ -195,10 +122,10 @@ def decode(
 
     keeping = turns is not None and G == 1 and stepper is not None
     for t in range(T):
-        chosen, scores = choose(logits, sampling, noise, host_rows)
+        chosen, logp = pick(logits, None if noise is None else noise(host_rows), *settings, with_logprobs)
         tokens[rows, t] = chosen
-        if with_logprobs:
-            logps[rows, t] = scores.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
+        if logp is not None:
+            logps[rows, t] = logp
         done |= torch.isin(chosen, eos)  # a row that ended stays ended, whatever it draws after its EOS
         if t + 1 == T:
             break

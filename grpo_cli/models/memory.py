@@ -131,7 +131,7 @@ def activation_bytes_per_token(
 
 
 def noise_steps_ahead(rows: int, vocab: int, max_new_tokens: int, device_type: str) -> int:
-    """How many tokens of sampling noise generation draws at once (generation._Noise): up to 16, within
+    """How many tokens of sampling noise generation draws at once (generate/sampling.py's Noise): up to 16, within
     512 MiB on a GPU (where each draw is a launch the host pays for) and 32 MiB on a CPU."""
     budget = (512 if device_type == "cuda" else 32) << 20
     return max(1, min(16, max_new_tokens, budget // max(1, rows * vocab * 4)))

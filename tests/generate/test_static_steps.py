@@ -13,6 +13,7 @@ import torch
 from grpo_cli.config import SamplerConfig
 from grpo_cli.data.prompts import encode_prompts
 from grpo_cli.generate import hf as generation
+from grpo_cli.generate import sampling as sampling_module
 from grpo_cli.generate import steps as steps_module
 from grpo_cli.generate.hf import HFGenerator, completion_mask, decode, eos_token_ids
 from grpo_cli.generate.steps import Steps
@@ -203,12 +204,12 @@ def test_static_steps_under_bf16_autocast_write_each_state_in_its_cache_dtype(ti
 
 
 def test_noise_drawn_ahead_is_exactly_the_one_step_draws_and_survives_rows_leaving():
-    """_Noise draws `ahead` steps per group at once: on CPU the very numbers one draw per group and step give
+    """Noise draws `ahead` steps per group at once: on CPU the very numbers one draw per group and step give
     (each group's own generator, [G, vocab] a step), also as rows and whole groups leave."""
-    from grpo_cli.generate.hf import _Noise
+    from grpo_cli.generate.sampling import Noise
 
     G, V, seeds = 3, 11, [5, 6, 7, 8]
-    noise = _Noise(seeds, G, V, "cpu", steps=10)
+    noise = Noise(seeds, G, V, "cpu", steps=10)
     assert noise.ahead == 10
     reference = [torch.Generator().manual_seed(s) for s in seeds]
     live = torch.arange(len(seeds) * G)
@@ -317,13 +318,17 @@ def test_a_compile_that_fails_decodes_uncompiled_and_says_so(tiny_model, tiny_di
     eager, eager_lp = _decode(model, tok, "eager", sampling)
 
     def broken(forward):
-        def run(steps):
+        def run(*args):
             raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
 
         return run
 
     monkeypatch.setattr(steps_module, "_compile", broken)
-    with pytest.warns(RuntimeWarning, match=r"decoding without torch.compile: .*\(RuntimeError: InvalidCxxCompiler"):
+    monkeypatch.setattr(sampling_module, "_FUSED", [sampling_module.Fused(broken(None))])
+    with pytest.warns(RuntimeWarning) as warned:
         compiled, compiled_lp = _decode(model, tok, "compiled", sampling)
+    said = sorted(str(w.message).split(":")[0] for w in warned)
+    assert said == ["decoding without torch.compile", "sampling without torch.compile"]  # once each
+    assert all("(RuntimeError: InvalidCxxCompiler: no working C++ compiler found)" in str(w.message) for w in warned)
     assert torch.equal(eager, compiled)
     torch.testing.assert_close(compiled_lp, eager_lp, atol=1e-5, rtol=1e-5)

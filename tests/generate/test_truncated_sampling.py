@@ -10,7 +10,7 @@ import torch
 
 from grpo_cli.algo.objective import sampler_correction_weight
 from grpo_cli.config import SamplerConfig
-from grpo_cli.generate.hf import choose
+from grpo_cli.generate.sampling import pick
 from helpers import generate, grid, grpo, metric_rows, padded
 
 PROBS = [0.45, 0.4, 0.07, 0.05, 0.03]  # the policy's (tempered) distribution over five tokens
@@ -22,10 +22,9 @@ CASES = [(dict(top_p=0.8), [0, 1], 0.85), (dict(top_k=3), [0, 1, 2], 0.92)]
 def draws(settings: dict, rows: int = 64):
     """`rows` tokens drawn by the generator's own choice from PROBS, each with the log-prob the decoder records."""
     logits = torch.log(torch.tensor([PROBS] * rows))
-    sampling = SamplerConfig(max_new_tokens=1, temperature=1.0, **settings)
+    s = SamplerConfig(max_new_tokens=1, temperature=1.0, **settings)
     noise = torch.empty(rows, len(PROBS)).uniform_(generator=torch.Generator().manual_seed(0)).log().neg().log()
-    tokens, scores = choose(logits, sampling, lambda _rows: noise, torch.arange(rows))
-    return tokens, scores.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return pick(logits, noise, s.temperature, s.top_k, s.top_p, logprobs=True)
 
 
 @pytest.mark.parametrize("settings,kept,mass", CASES)

@@ -137,7 +137,7 @@ def test_greedy_decoding_equals_transformers_generate(tiny_model):
 
 
 def test_top_k_and_top_p_keep_the_expected_tokens():
-    from grpo_cli.generate.hf import _filter
+    from grpo_cli.generate.sampling import _filter
 
     scores = torch.log(torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]))
     kept = lambda s: (s > float("-inf")).int().tolist()  # noqa: E731
