@@ -4,11 +4,10 @@ fused by torch.compile (`picker`)."""
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
+from grpo_cli.generate.steps import compile_failed, compile_once
 from grpo_cli.models.memory import noise_steps_ahead
 
 NEG_INF = float("-inf")
@@ -107,12 +106,7 @@ class Fused:
         except Exception as e:  # an optimisation only, as the compiled decode step
             if self.fn is pick:
                 raise
-            warnings.warn(
-                f"sampling without torch.compile: compiling the sampler failed ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:300] if str(e) else ''})",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            compile_failed("sampling", "the sampler", e)
             self.fn = pick
             return pick(*args)
 
@@ -126,5 +120,5 @@ def picker(compiled: bool):
     if not compiled:
         return pick
     if not _FUSED:
-        _FUSED.append(Fused(torch.compile(pick, dynamic=None)))
+        _FUSED.append(Fused(compile_once(pick)))
     return _FUSED[0]

@@ -13,6 +13,7 @@ another model decodes eagerly."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from typing import Any
@@ -123,7 +124,7 @@ class Steps:
         hf = hf_model(model)
         self.inner, self.head, self.static, self.graphs = hf.model, hf.get_output_embeddings(), static, graphs
         self.compiled, self.fixed = compiled, graphs or compiled  # fixed: every slot on every step, as a graph takes
-        self.forward = _compile(type(self)._forward) if compiled else type(self)._forward
+        self.forward = compile_once(type(self)._forward) if compiled else type(self)._forward
         self.proven = not compiled  # a compiled step that failed its first call falls back to the plain one
         self.drop_at = STATIC_DROP_AT if static else DROP_FINISHED_AT
         self.additive = (getattr(hf.config, "_attn_implementation", None) or "eager") not in SDPA_KERNELS
@@ -247,12 +248,7 @@ class Steps:
         try:
             logits = self.forward(self)
         except Exception as e:  # an optimisation only, as a graph's capture
-            warnings.warn(
-                f"decoding without torch.compile: compiling the decode step failed ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:300] if str(e) else ''})",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            compile_failed("decoding", "the decode step", e)
             self._unstep(start)
             self.forward = type(self)._forward
             logits = self.forward(self)
@@ -324,14 +320,21 @@ def decode_steps(
     )
 
 
-_COMPILED: dict = {}
+@functools.cache
+def compile_once(fn):
+    """`fn` compiled once a process, shapes made dynamic once they change (torch.compile's own cache holds each
+    shape's graphs and guards): the decode step's forward, the sampler (sampling.py)."""
+    return torch.compile(fn, dynamic=None)
 
 
-def _compile(forward):
-    """`forward` compiled once a process (torch.compile's own cache holds its code's graphs, each shape's guards)."""
-    if forward not in _COMPILED:
-        _COMPILED[forward] = torch.compile(forward, dynamic=None)
-    return _COMPILED[forward]
+def compile_failed(doing: str, what: str, e: Exception) -> None:
+    """The one warning of a compile that failed: `doing` goes on uncompiled (an optimisation only)."""
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    warnings.warn(
+        f"{doing} without torch.compile: compiling {what} failed ({type(e).__name__}: {first})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def distinct_rows(rows: list[list[int]]) -> tuple[list[int], list[int]]:

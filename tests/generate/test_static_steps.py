@@ -323,7 +323,7 @@ def test_a_compile_that_fails_decodes_uncompiled_and_says_so(tiny_model, tiny_di
 
         return run
 
-    monkeypatch.setattr(steps_module, "_compile", broken)
+    monkeypatch.setattr(steps_module, "compile_once", broken)
     monkeypatch.setattr(sampling_module, "_FUSED", [sampling_module.Fused(broken(None))])
     with pytest.warns(RuntimeWarning) as warned:
         compiled, compiled_lp = _decode(model, tok, "compiled", sampling)
